@@ -1,0 +1,28 @@
+-- release.lua: the owner frees the lock; in the same script the oldest live
+-- waiter becomes the owner (direct handoff) and is woken.
+--
+-- KEYS[1] owner   KEYS[2] queue   KEYS[3] alive   KEYS[4] fence
+-- ARGV[1] member          the releasing owner
+-- ARGV[2] grant_lease_ms  lease of the handed-on lock until its new owner confirms
+-- ARGV[3] channel_prefix  waiters are woken on channel_prefix .. client tag
+--
+-- Replies:
+--   {1, handed_on, evicted}  released; handed_on is 1 if a waiter now owns it
+--   {0}                      refused: the caller does not own the lock
+--
+-- Owner-only: anyone but the owner changes nothing. Idempotent: a resent
+-- release by the member that freed the lock last answers {1, 0, 0} again.
+
+local err = check_types({'hash', 'zset', 'zset', 'hash'})
+if err then return err end
+
+local member = ARGV[1]
+if redis.call('HGET', KEYS[1], 'id') ~= member then
+  if redis.call('HGET', KEYS[4], 'freed') == member then
+    return {1, 0, 0}
+  end
+  return {0}
+end
+
+local next_owner, evicted = release_and_hand_on(member, tonumber(ARGV[2]), ARGV[3])
+return {1, next_owner and 1 or 0, evicted}

@@ -1,0 +1,46 @@
+//! The fairlock protocol, without any network I/O.
+//!
+//! fairlock keeps each lock in four Redis keys that share one cluster hash
+//! tag (see [`LockKeys`]) and changes them only through the Lua scripts in
+//! this crate's `scripts/` folder, one file per operation, each opening with
+//! a header that lists its KEYS, its ARGV and its replies. This crate holds:
+//!
+//! * the scripts themselves ([`Script`]), with their SHA1 for `EVALSHA`;
+//! * a Rust type per script call (e.g. [`Acquire`], [`Release`]) whose fields
+//!   mirror the script's ARGV and whose `decode` turns the raw reply into a
+//!   typed answer;
+//! * the key layout and the rules for valid lock names ([`LockName`],
+//!   [`KeyPrefix`]).
+//!
+//! The async client in the `fairlock` crate runs these calls over a Redis
+//! connection; anything that can be checked without Redis is checked here.
+//!
+//! ```
+//! use fairlock_core::{Acquire, AcquireMode, AcquireReply, KeyPrefix, LockKeys, LockName, Reply, ScriptCall, Timings};
+//!
+//! let keys = LockKeys::new(&KeyPrefix::default(), &LockName::new("orders:42")?);
+//! assert_eq!(keys.owner(), "fairlock:{orders:42}:owner");
+//!
+//! let call = Acquire {
+//!     member: "0123456789abcdef0123456789abcdef.00ff",
+//!     lease_ms: 30_000,
+//!     mode: AcquireMode::Wait,
+//!     timings: &Timings::default(),
+//!     channel_prefix: "fairlock:notify:",
+//! };
+//! assert_eq!(call.args()[0], "0123456789abcdef0123456789abcdef.00ff");
+//! let granted = Acquire::decode(Reply::Array(vec![Reply::Int(1), Reply::Int(7), Reply::Int(0)]))?;
+//! assert_eq!(granted, AcquireReply::Granted { token: 7, evicted: 0 });
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![deny(missing_docs)]
+
+mod calls;
+mod keys;
+mod reply;
+mod script;
+
+pub use calls::*;
+pub use keys::{KeyPrefix, LockKeys, LockName, NameError, MAX_NAME_BYTES, MAX_PREFIX_BYTES};
+pub use reply::{ProtocolError, Reply};
+pub use script::{Script, ALL_SCRIPTS};

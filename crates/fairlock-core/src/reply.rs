@@ -1,0 +1,94 @@
+//! Raw script replies and the error for replies that break the protocol.
+
+/// A script reply, independent of the Redis client that fetched it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// An integer.
+    Int(i64),
+    /// A bulk or simple string.
+    Str(String),
+    /// An array of replies.
+    Array(Vec<Reply>),
+    /// A null reply.
+    Nil,
+}
+
+/// A reply that does not have the shape the script's header promises.
+///
+/// Seeing one means the scripts in Redis are not the ones this crate
+/// expects (for example another fairlock version loaded them under the
+/// same SHA, which cannot happen, or a proxy rewrote the reply).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unexpected reply from script {script}: {detail}")]
+pub struct ProtocolError {
+    /// The script whose reply was malformed.
+    pub script: &'static str,
+    /// What was wrong with it.
+    pub detail: String,
+}
+
+impl Reply {
+    pub(crate) fn into_array(self, script: &'static str) -> Result<Vec<Reply>, ProtocolError> {
+        match self {
+            Reply::Array(items) => Ok(items),
+            other => Err(ProtocolError {
+                script,
+                detail: format!("expected an array, got {other:?}"),
+            }),
+        }
+    }
+}
+
+/// Reads typed fields off an array reply, naming the script on error.
+pub(crate) struct Fields {
+    script: &'static str,
+    items: std::vec::IntoIter<Reply>,
+}
+
+impl Fields {
+    pub(crate) fn new(script: &'static str, reply: Reply) -> Result<Self, ProtocolError> {
+        Ok(Self {
+            script,
+            items: reply.into_array(script)?.into_iter(),
+        })
+    }
+
+    fn error(&self, detail: String) -> ProtocolError {
+        ProtocolError {
+            script: self.script,
+            detail,
+        }
+    }
+
+    pub(crate) fn int(&mut self) -> Result<i64, ProtocolError> {
+        match self.items.next() {
+            Some(Reply::Int(value)) => Ok(value),
+            Some(Reply::Str(text)) => text
+                .parse()
+                .map_err(|_| self.error(format!("expected an integer, got {text:?}"))),
+            other => Err(self.error(format!("expected an integer, got {other:?}"))),
+        }
+    }
+
+    pub(crate) fn uint(&mut self) -> Result<u64, ProtocolError> {
+        let value = self.int()?;
+        u64::try_from(value)
+            .map_err(|_| self.error(format!("expected a non-negative integer, got {value}")))
+    }
+
+    pub(crate) fn string(&mut self) -> Result<String, ProtocolError> {
+        match self.items.next() {
+            Some(Reply::Str(text)) => Ok(text),
+            Some(Reply::Nil) => Ok(String::new()),
+            other => Err(self.error(format!("expected a string, got {other:?}"))),
+        }
+    }
+
+    pub(crate) fn remaining(&self) -> usize {
+        self.items.len()
+    }
+
+    pub(crate) fn unknown_status(&self, status: i64) -> ProtocolError {
+        self.error(format!("unknown status {status}"))
+    }
+}

@@ -1,0 +1,281 @@
+//! Acquiring a lock: one script call, then (if queued) a bounded wait for a
+//! grant that arrives by pub/sub, by heartbeat, or by re-running the script.
+//!
+//! Cancellation safety lives in [`PendingAcquire`]: until a guard exists,
+//! dropping the acquire future at any await point deregisters the waiter
+//! and runs `cancel.lua`, which removes the queue entry and, if a grant
+//! raced the cancellation, hands the lock on at once. Commands of one client
+//! travel one pipelined connection in order, so the cancel always runs after
+//! any acquire call it races.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fairlock_core::{Acquire, AcquireMode, AcquireReply, Cancel, LockKeys, Renew, RenewReply};
+use fairlock_metrics as names;
+use tokio::sync::mpsc;
+
+use crate::client::{Core, LockClient};
+use crate::config::{millis, Lease, LockOptions};
+use crate::error::{Error, Result};
+use crate::guard::{HeldLock, LockGuard};
+use crate::registry::WaiterEvent;
+
+/// Whether the caller waits in the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Wait,
+    Try,
+}
+
+/// The shortest bounded wait: a holder whose lease is about to run out is
+/// re-checked no sooner than this, so no loop spins on Redis.
+const MIN_RECHECK: Duration = Duration::from_millis(10);
+/// The longest bounded wait before a waiter re-runs acquire by itself; the
+/// heartbeat catches lost grants much earlier.
+const MAX_RECHECK: Duration = Duration::from_secs(60);
+/// Margin after the holder's lease ends before re-checking.
+const RECHECK_MARGIN: Duration = Duration::from_millis(5);
+
+pub(crate) async fn acquire(
+    client: &LockClient,
+    name: &str,
+    options: LockOptions,
+    mode: Mode,
+) -> Result<Option<LockGuard>> {
+    options.validate()?;
+    let keys = client.keys(name)?;
+    let core = client.core();
+    let started = Instant::now();
+    let lease_ms = match options.lease {
+        Lease::Fixed(lease) => millis(lease),
+        Lease::Watchdog => millis(core.config.watchdog_lease),
+    };
+    let member = core.new_member();
+    let mut pending = PendingAcquire::new(client, &keys, &member, mode);
+    let deadline = options
+        .wait_timeout
+        .filter(|_| mode == Mode::Wait)
+        .map(|timeout| tokio::time::Instant::from_std(started + timeout));
+    let mut contended = false;
+
+    loop {
+        let sent_at = Instant::now();
+        let call = Acquire {
+            member: &member,
+            lease_ms,
+            mode: match mode {
+                Mode::Wait => AcquireMode::Wait,
+                Mode::Try => AcquireMode::Try,
+            },
+            timings: &core.timings,
+            channel_prefix: &core.channel_prefix,
+        };
+        let reply = match core.run(&keys, &call).await {
+            Ok(reply) => reply,
+            Err(error) => {
+                record_outcome("error", started);
+                return Err(error);
+            }
+        };
+        let owner_pttl_ms = match reply {
+            AcquireReply::Granted { token, evicted } => {
+                count_evicted(evicted);
+                let held = pending.granted(name, token, options.lease, sent_at);
+                return Ok(Some(LockGuard::new(client.clone(), held)));
+            }
+            AcquireReply::Busy { evicted, .. } => {
+                count_evicted(evicted);
+                pending.finished();
+                record_outcome("busy", started);
+                return Ok(None);
+            }
+            AcquireReply::Queued {
+                position,
+                owner_pttl_ms,
+                evicted,
+                ..
+            } => {
+                count_evicted(evicted);
+                if !contended {
+                    contended = true;
+                    metrics::counter!(names::CONTENDED_TOTAL).increment(1);
+                    metrics::gauge!(names::QUEUE_DEPTH).set(position as f64);
+                }
+                core.registry.mark_queued(&member);
+                owner_pttl_ms
+            }
+        };
+
+        // Bounded wait: the holder's remaining lease, after which its
+        // expiry lets the script grant us (or the next in line).
+        let recheck = u64::try_from(owner_pttl_ms)
+            .map(|ms| Duration::from_millis(ms) + RECHECK_MARGIN)
+            .unwrap_or(core.config.heartbeat_interval)
+            .clamp(MIN_RECHECK, MAX_RECHECK);
+        let event = tokio::select! {
+            event = pending.next_event() => event,
+            _ = tokio::time::sleep(recheck) => {
+                metrics::counter!(names::WAIT_RECHECK_TOTAL).increment(1);
+                continue;
+            }
+            _ = sleep_until_deadline(deadline) => {
+                pending.cancel_now().await;
+                record_outcome("timeout", started);
+                return Err(Error::WaitTimeout {
+                    name: name.to_owned(),
+                    waited: started.elapsed(),
+                });
+            }
+        };
+        if let Some(WaiterEvent::Granted { token }) = event {
+            metrics::counter!(names::HANDOFF_TOTAL).increment(1);
+            let held = pending.granted(name, token, options.lease, sent_at);
+            confirm_lease(client, &held, lease_ms);
+            return Ok(Some(LockGuard::new(client.clone(), held)));
+        }
+        // Recheck: we are no longer queued (evicted after a stall, or the
+        // queue was lost in a failover); the script re-enqueues us.
+    }
+}
+
+async fn sleep_until_deadline(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A handed-on grant carries the short grant lease; set the holder's own
+/// lease right away, in the background so the woken task starts at once.
+fn confirm_lease(client: &LockClient, held: &Arc<HeldLock>, lease_ms: u64) {
+    let task_client = client.clone();
+    let held = Arc::clone(held);
+    client.spawn(async move {
+        let call = Renew {
+            member: &held.member,
+            lease_ms,
+        };
+        match task_client.core().run(&held.keys, &call).await {
+            Ok(RenewReply::Renewed { .. }) => {}
+            Ok(RenewReply::NotOwner) if !held.is_released() => {
+                held.mark_lost("the handed-on grant expired before it was confirmed");
+            }
+            Ok(RenewReply::NotOwner) => {}
+            Err(error) => tracing::warn!(lock = %held.name, %error, "fairlock could not confirm a handed-on lease; the watchdog retries"),
+        }
+    });
+}
+
+fn count_evicted(evicted: u64) {
+    if evicted > 0 {
+        metrics::counter!(names::WAITERS_EVICTED_TOTAL).increment(evicted);
+    }
+}
+
+fn record_outcome(outcome: &'static str, started: Instant) {
+    metrics::counter!(names::ACQUIRE_TOTAL, "outcome" => outcome).increment(1);
+    metrics::histogram!(names::WAIT_SECONDS, "outcome" => outcome)
+        .record(started.elapsed().as_secs_f64());
+}
+
+/// An acquire that has not produced a guard yet. Dropping it cancels.
+struct PendingAcquire<'a> {
+    client: &'a LockClient,
+    keys: &'a Arc<LockKeys>,
+    member: &'a str,
+    events: Option<mpsc::UnboundedReceiver<WaiterEvent>>,
+    started: Instant,
+    done: bool,
+}
+
+impl<'a> PendingAcquire<'a> {
+    fn new(client: &'a LockClient, keys: &'a Arc<LockKeys>, member: &'a str, mode: Mode) -> Self {
+        // Register before the first script call: the grant may be published
+        // the instant the script queues us.
+        let events = (mode == Mode::Wait).then(|| client.core().registry.register(member, keys));
+        Self {
+            client,
+            keys,
+            member,
+            events,
+            started: Instant::now(),
+            done: false,
+        }
+    }
+
+    async fn next_event(&mut self) -> Option<WaiterEvent> {
+        match self.events.as_mut() {
+            Some(events) => events.recv().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Ends the pending state without cancelling.
+    fn finished(&mut self) {
+        self.done = true;
+        if self.events.take().is_some() {
+            self.client.core().registry.deregister(self.member);
+        }
+    }
+
+    /// The caller owns the lock: build the grant and hand it to the
+    /// watchdog if the lease is watchdog-kept.
+    fn granted(&mut self, name: &str, token: u64, lease: Lease, sent_at: Instant) -> Arc<HeldLock> {
+        self.finished();
+        record_outcome("acquired", self.started);
+        let held = Arc::new(HeldLock::new(
+            name.to_owned(),
+            Arc::clone(self.keys),
+            self.member.to_owned(),
+            token,
+            lease,
+            sent_at,
+        ));
+        if lease == Lease::Watchdog {
+            self.client.core().watchdog.watch(&held);
+        }
+        held
+    }
+
+    /// Leaves the queue now (wait timeout), passing on a raced grant.
+    async fn cancel_now(&mut self) {
+        self.finished();
+        if let Err(error) = run_cancel(self.client.core(), self.keys, self.member).await {
+            tracing::warn!(%error, "fairlock could not leave the queue; the waiter entry expires with its heartbeat deadline");
+        }
+    }
+}
+
+impl Drop for PendingAcquire<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        self.finished();
+        record_outcome("cancelled", self.started);
+        let client = self.client.clone();
+        let keys = Arc::clone(self.keys);
+        let member = self.member.to_owned();
+        self.client.spawn(async move {
+            if let Err(error) = run_cancel(client.core(), &keys, &member).await {
+                tracing::warn!(%error, "fairlock could not clean up a cancelled acquire; its entry expires with its heartbeat deadline");
+            }
+        });
+    }
+}
+
+async fn run_cancel(core: &Core, keys: &LockKeys, member: &str) -> Result<()> {
+    let reply = core
+        .run(
+            keys,
+            &Cancel {
+                member,
+                timings: &core.timings,
+                channel_prefix: &core.channel_prefix,
+            },
+        )
+        .await?;
+    count_evicted(reply.evicted);
+    Ok(())
+}

@@ -1,0 +1,201 @@
+//! Client configuration and per-call lock options, validated before any
+//! Redis call so that bad input never reaches Redis.
+
+use std::time::Duration;
+
+use fairlock_core::{KeyPrefix, Timings};
+
+use crate::error::{Error, Result};
+
+/// The longest lease or timing fairlock accepts: anything longer is almost
+/// certainly a unit mistake (seconds given as milliseconds).
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// How a lock's lease is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    /// A fixed lease: the lock expires this long after the grant unless
+    /// the holder calls `extend`. No background renewal.
+    Fixed(Duration),
+    /// The client's watchdog renews the lease while the guard lives
+    /// (see [`ClientConfig::watchdog_lease`]).
+    Watchdog,
+}
+
+/// Options of one lock call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockOptions {
+    pub(crate) lease: Lease,
+    pub(crate) wait_timeout: Option<Duration>,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        Self {
+            lease: Lease::Watchdog,
+            wait_timeout: None,
+        }
+    }
+}
+
+impl LockOptions {
+    /// Watchdog-renewed lease, wait without limit.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A fixed lease: the lock frees itself this long after the grant.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Lease::Fixed(lease);
+        self
+    }
+
+    /// Give up with [`Error::WaitTimeout`] after waiting this long.
+    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
+        self.wait_timeout = Some(timeout);
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if let Lease::Fixed(lease) = self.lease {
+            check_duration("lease", lease, Duration::from_millis(1))?;
+        }
+        if let Some(timeout) = self.wait_timeout {
+            if timeout > MAX_DURATION {
+                return Err(Error::InvalidOptions(format!(
+                    "wait timeout {timeout:?} is longer than {MAX_DURATION:?}; leave it unset to wait without limit"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How a [`crate::LockClient`] connects and the protocol timings it uses.
+///
+/// All processes sharing locks should use the same timings.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// `redis://[user:password@]host:port[/db]` (or `rediss://` with the `tls` feature).
+    pub url: String,
+    /// Namespace of every key and channel, `fairlock:` by default.
+    pub prefix: KeyPrefix,
+    /// Limit for connecting; an unreachable Redis fails after this long.
+    pub connect_timeout: Duration,
+    /// Limit for every Redis call.
+    pub command_timeout: Duration,
+    /// How often this process refreshes its waiters' deadlines (batched,
+    /// one script call per lock).
+    pub heartbeat_interval: Duration,
+    /// A waiter without a heartbeat for this long is dead and skipped.
+    pub waiter_timeout: Duration,
+    /// Lease of a lock handed to a waiter until the waiter confirms it.
+    pub grant_lease: Duration,
+    /// Lease of watchdog-kept locks; renewed every third of it.
+    pub watchdog_lease: Duration,
+}
+
+impl ClientConfig {
+    /// Defaults for `url`: 5 s timeouts, 1 s heartbeat, 5 s waiter timeout
+    /// and grant lease, 30 s watchdog lease.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            prefix: KeyPrefix::default(),
+            connect_timeout: Duration::from_secs(5),
+            command_timeout: Duration::from_secs(5),
+            heartbeat_interval: Duration::from_secs(1),
+            waiter_timeout: Duration::from_secs(5),
+            grant_lease: Duration::from_secs(5),
+            watchdog_lease: Duration::from_secs(30),
+        }
+    }
+
+    /// Checks every value; the message of the error names the bad one.
+    pub fn validate(&self) -> Result<()> {
+        check_duration(
+            "connect timeout",
+            self.connect_timeout,
+            Duration::from_millis(1),
+        )?;
+        check_duration(
+            "command timeout",
+            self.command_timeout,
+            Duration::from_millis(1),
+        )?;
+        check_duration(
+            "heartbeat interval",
+            self.heartbeat_interval,
+            Duration::from_millis(10),
+        )?;
+        check_duration(
+            "waiter timeout",
+            self.waiter_timeout,
+            Duration::from_millis(20),
+        )?;
+        check_duration("grant lease", self.grant_lease, Duration::from_millis(10))?;
+        check_duration(
+            "watchdog lease",
+            self.watchdog_lease,
+            Duration::from_millis(30),
+        )?;
+        if self.heartbeat_interval >= self.waiter_timeout {
+            return Err(Error::InvalidOptions(format!(
+                "heartbeat interval {:?} must be shorter than the waiter timeout {:?} (a third of it or less is safe), or live waiters would be evicted",
+                self.heartbeat_interval, self.waiter_timeout
+            )));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn timings(&self) -> Timings {
+        Timings {
+            waiter_ttl_ms: millis(self.waiter_timeout),
+            // An abandoned queue vanishes; a live one is refreshed by every heartbeat.
+            queue_ttl_ms: millis(self.waiter_timeout.max(self.heartbeat_interval) * 4),
+            grant_lease_ms: millis(self.grant_lease),
+        }
+    }
+}
+
+fn check_duration(what: &str, value: Duration, min: Duration) -> Result<()> {
+    if value < min {
+        return Err(Error::InvalidOptions(format!(
+            "{what} is {value:?}; it must be at least {min:?}"
+        )));
+    }
+    if value > MAX_DURATION {
+        return Err(Error::InvalidOptions(format!(
+            "{what} is {value:?}; the limit is {MAX_DURATION:?} (was a value in ms given as seconds?)"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absurd_options_are_refused() {
+        assert!(LockOptions::new().lease(Duration::ZERO).validate().is_err());
+        assert!(LockOptions::new()
+            .lease(Duration::from_secs(90_000))
+            .validate()
+            .is_err());
+        assert!(LockOptions::new()
+            .lease(Duration::from_secs(1))
+            .validate()
+            .is_ok());
+        let mut config = ClientConfig::new("redis://127.0.0.1");
+        assert!(config.validate().is_ok());
+        config.heartbeat_interval = config.waiter_timeout;
+        assert!(config.validate().is_err());
+    }
+}

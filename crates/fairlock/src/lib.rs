@@ -1,0 +1,46 @@
+//! fairlock: a fair, notified, fenced distributed lock on Redis.
+//!
+//! * **Fair.** Waiters queue first come, first served, ordered by a ticket
+//!   that Redis assigns. A newcomer never overtakes a waiter, not even
+//!   through [`LockClient::try_lock`].
+//! * **Notified.** A release hands the lock to the next live waiter inside
+//!   the same script and wakes it through the waiter's process's one pub/sub
+//!   channel; the woken task already owns the lock. Nobody polls.
+//! * **Leased and fenced.** Every grant has a lease (kept by a watchdog
+//!   unless fixed) and a [`FencingToken`] that increases strictly per lock.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use fairlock::{LockClient, LockOptions};
+//!
+//! # async fn demo() -> fairlock::Result<()> {
+//! let client = LockClient::connect("redis://127.0.0.1:6379").await?;
+//! let guard = client
+//!     .lock_with("inventory:sku-42", LockOptions::new().wait_timeout(Duration::from_secs(2)))
+//!     .await?;
+//! // ... the critical section; pass guard.token() to the resource ...
+//! guard.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The protocol itself (keys, scripts, replies) is in the `fairlock-core`
+//! crate; its `scripts/` folder reads as the specification.
+#![deny(missing_docs)]
+
+mod acquire;
+mod client;
+mod config;
+mod error;
+mod guard;
+mod heartbeat;
+mod redis;
+mod registry;
+mod subscription;
+mod watchdog;
+
+pub use client::{ClientStats, LockClient};
+pub use config::{ClientConfig, Lease, LockOptions, MAX_DURATION};
+pub use error::{Error, Result};
+pub use fairlock_core::{KeyPrefix, LockState, MAX_NAME_BYTES};
+pub use guard::{FencingToken, LockGuard};

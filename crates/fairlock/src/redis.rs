@@ -1,0 +1,317 @@
+//! The only module that talks to fred.
+//!
+//! Everything else in the client speaks in fairlock-core's terms (script
+//! calls, [`Reply`]) so the Redis client can be swapped by rewriting this
+//! file alone. Two connections per process: one for commands (pipelined,
+//! so commands from one process reach Redis in the order they were issued)
+//! and one subscriber that carries the process's single pub/sub channel.
+
+use std::time::Duration;
+
+use fairlock_core::{LockKeys, Reply, ScriptCall};
+use fred::clients::SubscriberClient;
+use fred::prelude::{
+    Builder, Client, ClientLike, Config, Error as FredError, ErrorKind, EventInterface, Key,
+    LuaInterface, PubsubInterface, ReconnectPolicy, Server, Value,
+};
+use tokio::sync::broadcast;
+
+use crate::config::ClientConfig;
+use crate::error::{Error, Result};
+
+/// The command connection and the subscriber connection of one client.
+pub(crate) struct RedisConnection {
+    commands: Client,
+    subscriber: SubscriberClient,
+    command_timeout: Duration,
+}
+
+impl RedisConnection {
+    /// Connects both connections, each within the connect timeout.
+    pub(crate) async fn connect(config: &ClientConfig) -> Result<Self> {
+        let url = redact(&config.url);
+        let fred_config = Config::from_url(&config.url).map_err(|e| {
+            Error::InvalidOptions(format!(
+                "Redis URL {url} is not valid: {}; expected redis://[user:password@]host:port[/db]",
+                e.details()
+            ))
+        })?;
+        let mut builder = Builder::from_config(fred_config);
+        builder
+            .with_connection_config(|c| {
+                c.connection_timeout = config.connect_timeout;
+                c.internal_command_timeout = config.command_timeout;
+                // fred resends a command after a reconnect; every fairlock
+                // script is idempotent, so a resend is harmless.
+                c.max_command_attempts = 3;
+            })
+            .with_performance_config(|p| {
+                p.default_command_timeout = config.command_timeout;
+            })
+            // Keep reconnecting forever (0 = no attempt limit), backing off to 2 s.
+            .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2));
+        let commands = builder.build().map_err(|e| redis_error(&e))?;
+        let subscriber = builder
+            .build_subscriber_client()
+            .map_err(|e| redis_error(&e))?;
+
+        let unreachable = |reason: String| Error::Unreachable {
+            url: url.clone(),
+            reason,
+        };
+        let started = async {
+            commands.init().await?;
+            subscriber.init().await?;
+            Ok::<(), FredError>(())
+        };
+        let failure = match tokio::time::timeout(config.connect_timeout, started).await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.details().to_owned()),
+            Err(_) => Some(format!(
+                "no connection within the connect timeout of {:?}",
+                config.connect_timeout
+            )),
+        };
+        if let Some(reason) = failure {
+            let grace = Duration::from_millis(100);
+            let _ = tokio::time::timeout(grace, commands.quit()).await;
+            let _ = tokio::time::timeout(grace, subscriber.quit()).await;
+            return Err(unreachable(reason));
+        }
+        // Resubscribe by itself after every reconnect of the subscriber.
+        let _resubscriber = subscriber.manage_subscriptions();
+        Ok(Self {
+            commands,
+            subscriber,
+            command_timeout: config.command_timeout,
+        })
+    }
+
+    /// Runs one script with EVALSHA; on NOSCRIPT (after `SCRIPT FLUSH` or a
+    /// restart) loads it and retries once, transparently.
+    pub(crate) async fn run<C: ScriptCall>(&self, keys: &LockKeys, call: &C) -> Result<C::Output> {
+        let script = C::SCRIPT;
+        let keys: Vec<Key> = keys.all()[..C::KEYS]
+            .iter()
+            .map(|k| Key::from(k.as_str()))
+            .collect();
+        let args = call.args();
+        let reply = match self
+            .evalsha(script.sha1(), &keys, &args, script.name())
+            .await
+        {
+            Err(EvalError::NoScript) => {
+                self.bounded(
+                    "SCRIPT LOAD",
+                    self.commands.script_load::<String, _>(script.source()),
+                )
+                .await?;
+                match self
+                    .evalsha(script.sha1(), &keys, &args, script.name())
+                    .await
+                {
+                    Err(EvalError::NoScript) => return Err(Error::ScriptMissing(script.name())),
+                    other => other,
+                }
+            }
+            other => other,
+        };
+        let reply = reply.map_err(|e| match e {
+            EvalError::Other(error) => error,
+            EvalError::NoScript => Error::ScriptMissing(script.name()),
+        })?;
+        Ok(C::decode(reply)?)
+    }
+
+    async fn evalsha(
+        &self,
+        sha: &str,
+        keys: &[Key],
+        args: &[String],
+        name: &'static str,
+    ) -> std::result::Result<Reply, EvalError> {
+        let call = self
+            .commands
+            .evalsha::<Value, _, _, _>(sha, keys.to_vec(), args.to_vec());
+        match tokio::time::timeout(self.command_timeout + SLACK, call).await {
+            Ok(Ok(value)) => Ok(to_reply(value)),
+            Ok(Err(e)) if e.details().starts_with("NOSCRIPT") => Err(EvalError::NoScript),
+            Ok(Err(e)) => Err(EvalError::Other(classify(&e, name, self.command_timeout))),
+            Err(_) => Err(EvalError::Other(Error::Timeout {
+                operation: format!("script {name}"),
+                timeout: self.command_timeout,
+            })),
+        }
+    }
+
+    async fn bounded<T>(
+        &self,
+        operation: &str,
+        call: impl std::future::Future<Output = Result<T, FredError>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(self.command_timeout + SLACK, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(classify(&e, operation, self.command_timeout)),
+            Err(_) => Err(Error::Timeout {
+                operation: operation.to_owned(),
+                timeout: self.command_timeout,
+            }),
+        }
+    }
+
+    /// Subscribes the process's one subscriber connection to `channel`.
+    pub(crate) async fn subscribe(&self, channel: &str) -> Result<()> {
+        self.bounded("SUBSCRIBE", self.subscriber.subscribe(channel))
+            .await
+    }
+
+    /// Messages arriving on the subscriber connection.
+    pub(crate) fn messages(&self) -> Messages {
+        Messages {
+            rx: self.subscriber.message_rx(),
+        }
+    }
+
+    /// Fires once per reconnect of the subscriber connection.
+    pub(crate) fn subscriber_reconnects(&self) -> Reconnects {
+        Reconnects {
+            rx: self.subscriber.reconnect_rx(),
+        }
+    }
+
+    /// Closes both connections.
+    pub(crate) async fn quit(&self) {
+        let _ = tokio::time::timeout(self.command_timeout, self.subscriber.quit()).await;
+        let _ = tokio::time::timeout(self.command_timeout, self.commands.quit()).await;
+    }
+}
+
+/// Extra time over fred's own command timeout before fairlock gives up on a
+/// call itself: fred's timeout should fire first; this one is the backstop
+/// that guarantees no call hangs.
+const SLACK: Duration = Duration::from_millis(250);
+
+enum EvalError {
+    NoScript,
+    Other(Error),
+}
+
+/// Pub/sub messages: `(channel, payload)`.
+pub(crate) struct Messages {
+    rx: broadcast::Receiver<fred::types::Message>,
+}
+
+impl Messages {
+    /// The next message, or `None` once the connection is closed for good.
+    /// A lagging receiver skips what it missed: the waiter heartbeat
+    /// re-delivers every grant that a lost message carried.
+    pub(crate) async fn recv(&mut self) -> Option<(String, String)> {
+        loop {
+            match self.rx.recv().await {
+                Ok(message) => {
+                    let payload = match message.value {
+                        Value::String(s) => s.to_string(),
+                        Value::Bytes(b) => String::from_utf8_lossy(&b).into_owned(),
+                        other => format!("{other:?}"),
+                    };
+                    return Some((message.channel.to_string(), payload));
+                }
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    tracing::warn!(
+                        missed,
+                        "fairlock pub/sub receiver lagged; heartbeats will recover the grants"
+                    );
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
+}
+
+/// Reconnect events of the subscriber connection.
+pub(crate) struct Reconnects {
+    rx: broadcast::Receiver<Server>,
+}
+
+impl Reconnects {
+    /// Waits for the next reconnect; `false` once closed for good.
+    pub(crate) async fn next(&mut self) -> bool {
+        loop {
+            match self.rx.recv().await {
+                Ok(_) => return true,
+                Err(broadcast::error::RecvError::Lagged(_)) => return true,
+                Err(broadcast::error::RecvError::Closed) => return false,
+            }
+        }
+    }
+}
+
+fn to_reply(value: Value) -> Reply {
+    match value {
+        Value::Integer(i) => Reply::Int(i),
+        Value::Boolean(b) => Reply::Int(i64::from(b)),
+        Value::Double(d) => Reply::Str(d.to_string()),
+        Value::String(s) => Reply::Str(s.to_string()),
+        Value::Bytes(b) => Reply::Str(String::from_utf8_lossy(&b).into_owned()),
+        Value::Null => Reply::Nil,
+        Value::Array(items) => Reply::Array(items.into_iter().map(to_reply).collect()),
+        Value::Map(map) => Reply::Array(
+            map.inner()
+                .into_iter()
+                .flat_map(|(k, v)| {
+                    [
+                        Reply::Str(k.as_str().map(|s| s.to_owned()).unwrap_or_default()),
+                        to_reply(v),
+                    ]
+                })
+                .collect(),
+        ),
+        Value::Queued => Reply::Nil,
+    }
+}
+
+fn classify(error: &FredError, operation: &str, timeout: Duration) -> Error {
+    let details = error.details();
+    if details.starts_with("WRONGTYPE") {
+        return Error::WrongType(details.to_owned());
+    }
+    match error.kind() {
+        ErrorKind::Timeout => Error::Timeout {
+            operation: operation.to_owned(),
+            timeout,
+        },
+        ErrorKind::Canceled => Error::Closed,
+        _ => Error::Redis(format!("{operation}: {details}")),
+    }
+}
+
+fn redis_error(error: &FredError) -> Error {
+    Error::Redis(error.details().to_owned())
+}
+
+/// The URL without its password, for error messages.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{}{}:***{}", &url[..scheme + 3], user, &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            super::redact("redis://u:secret@h:1/0"),
+            "redis://u:***@h:1/0"
+        );
+        assert_eq!(
+            super::redact("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
+    }
+}

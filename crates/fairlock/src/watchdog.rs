@@ -1,0 +1,99 @@
+//! The lease watchdog: one background task per client renewing the leases
+//! of all watchdog-kept locks the client holds.
+//!
+//! Every third of the watchdog lease it runs `renew.lua` once per held
+//! lock. A renewal that finds the lock gone or taken fires that guard's
+//! lease-lost signal and stops watching it. A failing renewal (Redis down)
+//! does not stop the watchdog: it keeps trying, and once a whole lease has
+//! passed without a successful renewal the lock may have expired, so the
+//! lost signal fires too. A guard leaves the watchdog exactly when it is
+//! released or dropped.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use fairlock_core::{Renew, RenewReply};
+use fairlock_metrics as names;
+use tokio::task::JoinSet;
+use tokio::time::MissedTickBehavior;
+
+use crate::client::Core;
+use crate::config::millis;
+use crate::guard::HeldLock;
+
+/// The locks whose leases this client renews.
+#[derive(Default)]
+pub(crate) struct LeaseWatchdog {
+    held: Mutex<HashMap<String, Arc<HeldLock>>>,
+}
+
+impl LeaseWatchdog {
+    fn held(&self) -> MutexGuard<'_, HashMap<String, Arc<HeldLock>>> {
+        self.held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Starts renewing `lock`.
+    pub(crate) fn watch(&self, lock: &Arc<HeldLock>) {
+        self.held().insert(lock.member.clone(), Arc::clone(lock));
+    }
+
+    /// Stops renewing the lock held by `member`.
+    pub(crate) fn unwatch(&self, member: &str) {
+        self.held().remove(member);
+    }
+
+    /// How many leases are being renewed.
+    pub(crate) fn len(&self) -> usize {
+        self.held().len()
+    }
+
+    fn snapshot(&self) -> Vec<Arc<HeldLock>> {
+        self.held().values().cloned().collect()
+    }
+}
+
+/// Runs until the client shuts down (the task is aborted).
+pub(crate) async fn run_lease_watchdog(core: Arc<Core>) {
+    let mut ticker = tokio::time::interval(core.config.watchdog_lease / 3);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    ticker.tick().await;
+    loop {
+        ticker.tick().await;
+        let mut renewals = JoinSet::new();
+        for lock in core.watchdog.snapshot() {
+            let core = Arc::clone(&core);
+            renewals.spawn(async move { renew_once(&core, &lock).await });
+        }
+        while renewals.join_next().await.is_some() {}
+    }
+}
+
+async fn renew_once(core: &Core, lock: &Arc<HeldLock>) {
+    let started = Instant::now();
+    let call = Renew {
+        member: &lock.member,
+        lease_ms: millis(core.config.watchdog_lease),
+    };
+    match core.redis.run(&lock.keys, &call).await {
+        Ok(RenewReply::Renewed { .. }) => {
+            metrics::counter!(names::LEASE_RENEWALS_TOTAL, "result" => "renewed").increment(1);
+            lock.renewed_at(started);
+        }
+        Ok(RenewReply::NotOwner) => {
+            metrics::counter!(names::LEASE_RENEWALS_TOTAL, "result" => "lost").increment(1);
+            core.watchdog.unwatch(&lock.member);
+            lock.mark_lost("the watchdog found the lock gone or owned by another");
+        }
+        Err(error) => {
+            metrics::counter!(names::LEASE_RENEWALS_TOTAL, "result" => "error").increment(1);
+            tracing::warn!(lock = %lock.name, %error, "fairlock lease renewal failed; retrying");
+            if lock.renewal_overdue(core.config.watchdog_lease) {
+                core.watchdog.unwatch(&lock.member);
+                lock.mark_lost("no renewal succeeded for a whole lease");
+            }
+        }
+    }
+}
