@@ -1,1 +1,135 @@
-//! shared test helpers
+//! Shared helpers of fairlock's integration tests: a fresh redis-server per
+//! test (from fairlock-testkit), clients with short protocol timings so
+//! fault tests finish quickly, and raw script calls for setting up states
+//! that a well-behaved client never produces (a dead waiter, an expired
+//! holder).
+
+use std::time::Duration;
+
+use fairlock::{ClientConfig, LockClient};
+use fairlock_core::{KeyPrefix, LockKeys, LockName, ScriptCall};
+pub use fairlock_testkit::{RedisServer, Resp};
+use fred::prelude::{Client, ClientLike, KeysInterface};
+
+/// Short timings: 100 ms heartbeats, 1 s waiter timeout and grant lease,
+/// 3 s watchdog lease.
+pub fn fast_config(server: &RedisServer) -> ClientConfig {
+    let mut config = ClientConfig::new(server.url());
+    config.connect_timeout = Duration::from_secs(3);
+    config.command_timeout = Duration::from_secs(3);
+    config.heartbeat_interval = Duration::from_millis(100);
+    config.waiter_timeout = Duration::from_secs(1);
+    config.grant_lease = Duration::from_secs(1);
+    config.watchdog_lease = Duration::from_secs(3);
+    config
+}
+
+/// Starts a redis-server for one test; it is killed when dropped.
+pub fn server() -> RedisServer {
+    match RedisServer::start() {
+        Ok(server) => server,
+        Err(error) => panic!("cannot start redis-server for the test: {error}"),
+    }
+}
+
+/// A client with [`fast_config`].
+pub async fn client(server: &RedisServer) -> LockClient {
+    match LockClient::with_config(fast_config(server)).await {
+        Ok(client) => client,
+        Err(error) => panic!("cannot connect to the test redis-server: {error}"),
+    }
+}
+
+/// `n` clients with [`fast_config`].
+pub async fn clients(server: &RedisServer, n: usize) -> Vec<LockClient> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(client(server).await);
+    }
+    out
+}
+
+/// The four keys of lock `name` under the default prefix.
+pub fn keys(name: &str) -> LockKeys {
+    LockKeys::new(
+        &KeyPrefix::default(),
+        &LockName::new(name).expect("valid test lock name"),
+    )
+}
+
+/// Runs a fairlock script with plain EVAL over the testkit's own admin
+/// connection, bypassing the client: for crafting states like a waiter
+/// that never heartbeats.
+pub fn raw<C: ScriptCall>(server: &RedisServer, name: &str, call: &C) -> C::Output {
+    let keys = keys(name);
+    let numkeys = C::KEYS.to_string();
+    let args = call.args();
+    let mut cmd: Vec<&str> = vec!["EVAL", C::SCRIPT.source(), &numkeys];
+    cmd.extend(keys.all()[..C::KEYS].iter().map(String::as_str));
+    cmd.extend(args.iter().map(String::as_str));
+    let reply = server.cmd(&cmd).expect("raw script call");
+    C::decode(to_reply(reply)).expect("raw script reply")
+}
+
+fn to_reply(resp: Resp) -> fairlock_core::Reply {
+    use fairlock_core::Reply;
+    match resp {
+        Resp::Int(i) => Reply::Int(i),
+        Resp::Simple(s) => Reply::Str(s),
+        Resp::Bulk(Some(b)) => Reply::Str(String::from_utf8_lossy(&b).into_owned()),
+        Resp::Bulk(None) | Resp::Array(None) => Reply::Nil,
+        Resp::Array(Some(items)) => Reply::Array(items.into_iter().map(to_reply).collect()),
+        Resp::Error(e) => panic!("raw script failed: {e}"),
+    }
+}
+
+/// A snapshot of every key and its value, to prove a call changed nothing.
+pub fn dump(server: &RedisServer) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let keys = match server.cmd(&["KEYS", "*"]) {
+        Ok(Resp::Array(Some(keys))) => keys,
+        other => panic!("KEYS failed: {other:?}"),
+    };
+    for key in keys {
+        let key = key.as_str().unwrap_or_default().to_owned();
+        let dumped = server.cmd(&["DUMP", &key]).expect("DUMP");
+        out.push((key, format!("{dumped:?}")));
+    }
+    out.sort();
+    out
+}
+
+/// A plain fred client for the data a test's critical section touches.
+pub async fn data_client(server: &RedisServer) -> Client {
+    let config = fred::prelude::Config::from_url(&server.url()).expect("test url");
+    let client = Client::new(config, None, None, None);
+    client.init().await.expect("data client connects");
+    client
+}
+
+/// GET a counter (missing = 0).
+pub async fn get_counter(client: &Client, key: &str) -> i64 {
+    client
+        .get::<Option<i64>, _>(key)
+        .await
+        .expect("GET")
+        .unwrap_or(0)
+}
+
+/// SET a counter.
+pub async fn set_counter(client: &Client, key: &str, value: i64) {
+    client
+        .set::<(), _, _>(key, value, None, None, false)
+        .await
+        .expect("SET");
+}
+
+/// Reads one stats counter from `INFO commandstats` (0 if absent).
+pub fn calls(server: &RedisServer, command: &str) -> u64 {
+    server
+        .commandstats()
+        .expect("INFO commandstats")
+        .get(command)
+        .copied()
+        .unwrap_or(0)
+}
