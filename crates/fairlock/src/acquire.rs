@@ -31,9 +31,11 @@ pub(crate) enum Mode {
 /// The shortest bounded wait: a holder whose lease is about to run out is
 /// re-checked no sooner than this, so no loop spins on Redis.
 const MIN_RECHECK: Duration = Duration::from_millis(10);
-/// The longest bounded wait before a waiter re-runs acquire by itself; the
-/// heartbeat catches lost grants much earlier.
-const MAX_RECHECK: Duration = Duration::from_secs(60);
+/// The bounded wait of a waiter that is not first in line. Such a waiter
+/// cannot be granted by its own re-check; the batched heartbeat grants a
+/// lock whose holder vanished and re-delivers lost grants long before this
+/// backstop fires, so waiters behind the head cost Redis nothing.
+const BACKSTOP_RECHECK: Duration = Duration::from_secs(30);
 /// Margin after the holder's lease ends before re-checking.
 const RECHECK_MARGIN: Duration = Duration::from_millis(5);
 
@@ -78,7 +80,7 @@ pub(crate) async fn acquire(
                 return Err(error);
             }
         };
-        let owner_pttl_ms = match reply {
+        let (position, owner_pttl_ms) = match reply {
             AcquireReply::Granted { token, evicted } => {
                 count_evicted(evicted);
                 let held = pending.granted(name, token, options.lease, sent_at);
@@ -103,16 +105,21 @@ pub(crate) async fn acquire(
                     metrics::gauge!(names::QUEUE_DEPTH).set(position as f64);
                 }
                 core.registry.mark_queued(&member);
-                owner_pttl_ms
+                (position, owner_pttl_ms)
             }
         };
 
-        // Bounded wait: the holder's remaining lease, after which its
-        // expiry lets the script grant us (or the next in line).
-        let recheck = u64::try_from(owner_pttl_ms)
+        // Bounded wait. First in line: the holder's remaining lease, after
+        // which its expiry lets the script grant us at once. Behind it: the
+        // backstop (see BACKSTOP_RECHECK).
+        let until_expiry = u64::try_from(owner_pttl_ms)
             .map(|ms| Duration::from_millis(ms) + RECHECK_MARGIN)
-            .unwrap_or(core.config.heartbeat_interval)
-            .clamp(MIN_RECHECK, MAX_RECHECK);
+            .unwrap_or(core.config.heartbeat_interval);
+        let recheck = if position == 0 {
+            until_expiry.clamp(MIN_RECHECK, BACKSTOP_RECHECK)
+        } else {
+            BACKSTOP_RECHECK.max(until_expiry)
+        };
         let event = tokio::select! {
             event = pending.next_event() => event,
             _ = tokio::time::sleep(recheck) => {

@@ -1,0 +1,326 @@
+//! Faults: dead holders and waiters, lost pub/sub messages, a flushed
+//! script cache, a restarted Redis, and the cost of waiting.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fairlock::{LockClient, LockOptions};
+use fairlock_core::{Acquire, AcquireMode, AcquireReply, Timings};
+use fairlock_tests::*;
+
+const CHILD_URL: &str = "FAIRLOCK_TEST_CHILD_URL";
+const LONG: Duration = Duration::from_secs(20);
+
+async fn wait_for_queue_len(client: &LockClient, name: &str, len: u64) {
+    for _ in 0..1000 {
+        if client.inspect(name).await.expect("inspect").queue_len >= len {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("queue of {name} never reached {len}");
+}
+
+/// Not a test of its own: the holder process that `holder_killed_with_sigkill_frees_the_lock`
+/// starts and kills. It takes the lock and then hangs.
+#[tokio::test]
+#[ignore = "run as a child process by holder_killed_with_sigkill_frees_the_lock"]
+async fn holder_child() {
+    let Ok(url) = std::env::var(CHILD_URL) else {
+        return;
+    };
+    let mut config = fairlock::ClientConfig::new(url);
+    config.watchdog_lease = Duration::from_secs(2);
+    let client = LockClient::with_config(config)
+        .await
+        .expect("child connects");
+    let guard = client.lock("killed").await.expect("child locks");
+    println!("LOCKED {} {}", guard.owner_id(), guard.token());
+    // Killed long before this; the bound keeps a stray child from lingering.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+}
+
+/// A holder process killed with SIGKILL never releases; the lock frees
+/// when its (watchdog-kept, no longer renewed) lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_killed_with_sigkill_frees_the_lock() {
+    let server = server();
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "holder_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_URL, server.url())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the holder process");
+    let stdout = child.stdout.take().expect("child stdout");
+    let (child_id, child_token) = tokio::task::spawn_blocking(move || {
+        for line in BufReader::new(stdout).lines() {
+            let line = line.expect("child output");
+            // libtest prints "test holder_child ... " before it on the same line.
+            if let Some((_, rest)) = line.split_once("LOCKED ") {
+                let (id, token) = rest.split_once(' ').expect("id and token");
+                return (id.to_owned(), token.parse::<u64>().expect("token"));
+            }
+        }
+        panic!("the holder process exited without locking");
+    })
+    .await
+    .expect("reader");
+
+    let client = client(&server).await;
+    let state = client.inspect("killed").await.expect("inspect");
+    assert_eq!(state.owner.as_deref(), Some(child_id.as_str()));
+    assert!(
+        state.owner_pttl_ms > 0 && state.owner_pttl_ms <= 2_000,
+        "{state:?}"
+    );
+    child.kill().expect("SIGKILL the holder");
+    child.wait().expect("reap");
+
+    let guard = client
+        .lock_with("killed", LockOptions::new().wait_timeout(LONG))
+        .await
+        .expect("the lock frees when the dead holder's lease runs out");
+    assert!(guard.token().0 > child_token);
+    guard.release().await.expect("release");
+}
+
+/// A holder whose client is shut down (connections closed, watchdog gone)
+/// without releasing: the lock frees within its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_whose_client_is_gone_frees_the_lock() {
+    let server = server();
+    let doomed = client(&server).await;
+    let guard = doomed
+        .lock_with(
+            "abandoned",
+            LockOptions::new().lease(Duration::from_millis(500)),
+        )
+        .await
+        .expect("lock");
+    let token = guard.token();
+    std::mem::forget(guard);
+    doomed.shutdown().await;
+
+    let client = client(&server).await;
+    let guard = client
+        .lock_with("abandoned", LockOptions::new().wait_timeout(LONG))
+        .await
+        .expect("granted after the abandoned lease");
+    assert!(guard.token() > token);
+}
+
+/// A dead waiter (no heartbeats) at the head of the queue is skipped once
+/// its waiter timeout passes; the next live waiter gets the lock directly.
+/// If the handoff reaches it before that, its short grant lease runs out
+/// and the next live waiter gets the lock then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_waiter_at_the_head_is_skipped() {
+    let server = server();
+    let client = client(&server).await;
+    let dead_timings = Timings {
+        waiter_ttl_ms: 300,
+        ..Timings::default()
+    };
+    let dead = |member: &'static str| Acquire {
+        member,
+        lease_ms: 60_000,
+        mode: AcquireMode::Wait,
+        timings: &dead_timings,
+        channel_prefix: "test:nobody:",
+    };
+
+    for (name, hold) in [
+        ("dead-skipped", Duration::from_millis(600)),
+        ("dead-granted", Duration::ZERO),
+    ] {
+        let holder = client.lock(name).await.expect("holder");
+        assert!(matches!(
+            raw(&server, name, &dead("dead0.00")),
+            AcquireReply::Queued { .. }
+        ));
+        let live = {
+            let client = client.clone();
+            tokio::spawn(async move {
+                client
+                    .lock_with(name, LockOptions::new().wait_timeout(LONG))
+                    .await
+                    .map(|g| g.token())
+            })
+        };
+        wait_for_queue_len(&client, name, 2).await;
+        tokio::time::sleep(hold).await;
+        let holder_token = holder.token();
+        holder.release().await.expect("release");
+        let token = live
+            .await
+            .expect("task")
+            .expect("the live waiter is granted");
+        if hold > Duration::ZERO {
+            // Skipped at release: no grant went to the dead waiter.
+            assert_eq!(token.0, holder_token.0 + 1, "{name}");
+        } else {
+            // Granted to the dead waiter first, then passed on.
+            assert_eq!(token.0, holder_token.0 + 2, "{name}");
+        }
+        let state = client.inspect(name).await.expect("inspect");
+        assert_eq!(state.queue_len, 0, "{name}: the dead waiter is gone");
+    }
+}
+
+/// Pub/sub is at-most-once: kill the subscriber connections while waiters
+/// wait. Every waiter is still granted (heartbeats re-deliver grants).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_survive_killed_pubsub_connections() {
+    const PER_CLIENT: usize = 10;
+    let server = server();
+    let clients = clients(&server, 2).await;
+    let holder = clients[0].lock("notify").await.expect("holder");
+    let granted = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for client in &clients {
+        for _ in 0..PER_CLIENT {
+            let client = client.clone();
+            let granted = Arc::clone(&granted);
+            tasks.push(tokio::spawn(async move {
+                let guard = client
+                    .lock_with("notify", LockOptions::new().wait_timeout(LONG))
+                    .await
+                    .expect("granted despite lost messages");
+                granted.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                guard.release().await.expect("release");
+            }));
+        }
+    }
+    wait_for_queue_len(&clients[0], "notify", (2 * PER_CLIENT) as u64).await;
+    let killed = server
+        .cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])
+        .expect("CLIENT KILL");
+    assert_eq!(
+        killed.as_int(),
+        Some(2),
+        "one subscriber connection per client"
+    );
+    holder.release().await.expect("release");
+    // Kill them again while the queue drains.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    server
+        .cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])
+        .expect("CLIENT KILL");
+    for task in tasks {
+        task.await.expect("waiter task");
+    }
+    assert_eq!(granted.load(Ordering::SeqCst), 2 * PER_CLIENT);
+}
+
+/// SCRIPT FLUSH between operations: EVALSHA meets NOSCRIPT, the client
+/// loads the script and retries transparently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushed_script_cache_is_reloaded() {
+    let server = server();
+    let client = client(&server).await;
+    for round in 0..3 {
+        server.cmd(&["SCRIPT", "FLUSH"]).expect("flush");
+        let guard = client.lock("flushed").await.expect("lock after flush");
+        server.cmd(&["SCRIPT", "FLUSH"]).expect("flush");
+        let waiter = {
+            let client = client.clone();
+            tokio::spawn(async move { client.lock("flushed").await.map(|g| g.token()) })
+        };
+        wait_for_queue_len(&client, "flushed", 1).await;
+        server.cmd(&["SCRIPT", "FLUSH"]).expect("flush");
+        guard.release().await.expect("release after flush");
+        let token = waiter.await.expect("task").expect("waiter after flush");
+        assert!(token.0 >= 2 * round + 2);
+    }
+    assert!(calls(&server, "script|load") >= 6, "scripts were reloaded");
+}
+
+/// Restarting Redis (no persistence) loses every lock and queue: the
+/// holder's lease-lost signal fires, and waiters re-register through their
+/// heartbeat and are all granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restart_fires_lease_lost_and_waiters_recover() {
+    let mut server = server();
+    let client = client(&server).await;
+    let holder = client.lock("restart").await.expect("holder");
+    let mut waiters = Vec::new();
+    for _ in 0..5 {
+        let client = client.clone();
+        waiters.push(tokio::spawn(async move {
+            let guard = client
+                .lock_with("restart", LockOptions::new().wait_timeout(LONG))
+                .await
+                .expect("granted after the restart");
+            guard.release().await.ok();
+        }));
+    }
+    wait_for_queue_len(&client, "restart", 5).await;
+    server.restart().expect("restart redis");
+    tokio::time::timeout(LONG, holder.lost())
+        .await
+        .expect("the holder learns its lease is lost");
+    assert!(holder.is_lost());
+    assert!(!holder.is_held().await.expect("is_held"));
+    for waiter in waiters {
+        waiter.await.expect("waiter");
+    }
+}
+
+/// Waiting costs Redis nothing per waiter: 100 blocked waiters on 2
+/// clients for 3 s. Bound on EVALSHA calls in the window:
+///   heartbeats: 2 clients x (3 s / 100 ms + 2) = 64
+///   watchdog renewals of the holder: 3 s / 1 s + 1 = 4
+///   re-checks of the first waiter (holder's lease, >= 2 s left): 2
+/// = 70, plus 10 slack = 80, below one call per waiter (100), while polling
+/// even once a second would take 300. Also: one subscriber connection per
+/// client, not per waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_waiters_do_not_spin() {
+    const WAITERS: usize = 100;
+    let server = server();
+    let clients = clients(&server, 2).await;
+    let holder = clients[0].lock("spin").await.expect("holder");
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        let client = clients[i % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = client.lock("spin").await.expect("waiter");
+            guard.release().await.expect("release");
+        }));
+    }
+    wait_for_queue_len(&clients[0], "spin", WAITERS as u64).await;
+    server.cmd(&["CONFIG", "RESETSTAT"]).expect("reset stats");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let evalsha = calls(&server, "evalsha");
+    let stats = server.commandstats().expect("stats");
+    eprintln!("{WAITERS} waiters, 3 s: {evalsha} EVALSHA calls");
+    assert!(
+        evalsha <= 80,
+        "{evalsha} script calls for {WAITERS} waiters in 3 s: {stats:?}"
+    );
+
+    let list = server.cmd(&["CLIENT", "LIST"]).expect("CLIENT LIST");
+    let subscribers = list
+        .as_str()
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| line.contains(" sub=1 "))
+        .count();
+    assert_eq!(subscribers, 2, "one pub/sub subscription per client");
+
+    holder.release().await.expect("release");
+    for task in tasks {
+        task.await.expect("task");
+    }
+}
