@@ -1,0 +1,166 @@
+//! Bad input gets a typed error and leaves Redis unchanged; an unreachable
+//! Redis gets a typed error within the configured timeout, never a hang.
+
+use std::time::{Duration, Instant};
+
+use fairlock::{ClientConfig, Error, LockClient, LockOptions, MAX_NAME_BYTES};
+use fairlock_tests::*;
+
+/// Hang guard: a call that does not finish in this time fails the test.
+const NEVER: Duration = Duration::from_secs(15);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_names_and_leases_are_refused_without_touching_redis() {
+    let server = server();
+    let client = client(&server).await;
+    let _held = client
+        .lock("existing")
+        .await
+        .expect("some state to compare");
+    let before = dump(&server);
+    server.cmd(&["CONFIG", "RESETSTAT"]).expect("reset");
+
+    let empty = client.lock("").await;
+    assert!(matches!(empty, Err(Error::InvalidName(_))), "{empty:?}");
+    let long = "n".repeat(MAX_NAME_BYTES + 1);
+    let too_long = client.try_lock(&long).await;
+    assert!(
+        matches!(too_long, Err(Error::InvalidName(_))),
+        "{too_long:?}"
+    );
+    assert!(
+        client.lock(&"n".repeat(MAX_NAME_BYTES)).await.is_ok(),
+        "the limit itself is fine"
+    );
+    let zero = client
+        .lock_with("existing", LockOptions::new().lease(Duration::ZERO))
+        .await;
+    assert!(matches!(zero, Err(Error::InvalidOptions(_))), "{zero:?}");
+    let absurd = client
+        .lock_with(
+            "existing",
+            LockOptions::new().lease(Duration::from_secs(10 * 86_400)),
+        )
+        .await;
+    assert!(
+        matches!(absurd, Err(Error::InvalidOptions(_))),
+        "{absurd:?}"
+    );
+    let message = absurd.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        message.contains("lease"),
+        "the message names the option: {message}"
+    );
+
+    let mut after = dump(&server);
+    after.retain(|(key, _)| !key.contains(&long[..MAX_NAME_BYTES]));
+    assert_eq!(after, before, "refused calls changed Redis");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_of_another_type_is_a_typed_error_and_stays_untouched() {
+    let server = server();
+    let client = client(&server).await;
+    for (role, key) in [
+        ("owner", keys("typed").owner().to_owned()),
+        ("queue", keys("typed").queue().to_owned()),
+    ] {
+        server.cmd(&["FLUSHALL"]).expect("flush");
+        server
+            .cmd(&["SET", &key, "somebody else's data"])
+            .expect("set");
+        let before = dump(&server);
+        for result in [
+            client.lock("typed").await.map(|_| ()),
+            client.try_lock("typed").await.map(|_| ()),
+            client.force_release("typed").await.map(|_| ()),
+        ] {
+            assert!(
+                matches!(result, Err(Error::WrongType(_))),
+                "{role}: {result:?}"
+            );
+        }
+        assert_eq!(
+            dump(&server),
+            before,
+            "{role}: a WRONGTYPE call changed Redis"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inconsistent_client_options_are_refused_before_connecting() {
+    let mut config = ClientConfig::new("redis://127.0.0.1:1");
+    config.heartbeat_interval = Duration::from_secs(5);
+    config.waiter_timeout = Duration::from_secs(5);
+    let refused = LockClient::with_config(config).await;
+    assert!(matches!(refused, Err(Error::InvalidOptions(_))));
+    let bad_url = LockClient::connect("http://127.0.0.1:1").await;
+    assert!(
+        matches!(
+            bad_url,
+            Err(Error::InvalidOptions(_)) | Err(Error::Unreachable { .. })
+        ),
+        "{:?}",
+        bad_url.err()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_redis_is_a_typed_error_within_the_connect_timeout() {
+    // A closed port: refused at once.
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr").port()
+    };
+    let mut config = ClientConfig::new(format!("redis://127.0.0.1:{port}"));
+    config.connect_timeout = Duration::from_millis(500);
+    let result = tokio::time::timeout(NEVER, LockClient::with_config(config)).await;
+    assert!(
+        matches!(result, Ok(Err(Error::Unreachable { .. }))),
+        "{:?}",
+        result.map(|r| r.err())
+    );
+
+    // A server that accepts and never answers: the connect timeout ends it.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let mut config = ClientConfig::new(format!(
+        "redis://127.0.0.1:{}",
+        silent.local_addr().expect("addr").port()
+    ));
+    config.connect_timeout = Duration::from_millis(500);
+    let started = Instant::now();
+    let result = tokio::time::timeout(NEVER, LockClient::with_config(config)).await;
+    assert!(
+        matches!(result, Ok(Err(Error::Unreachable { .. }))),
+        "{:?}",
+        result.map(|r| r.err())
+    );
+    eprintln!("silent server refused after {:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_to_a_dead_server_fail_instead_of_hanging() {
+    let mut server = server();
+    let mut config = fast_config(&server);
+    config.command_timeout = Duration::from_millis(500);
+    let client = LockClient::with_config(config).await.expect("connect");
+    let guard = client.lock("gone").await.expect("lock");
+    server.kill();
+    let result = tokio::time::timeout(NEVER, client.lock("other")).await;
+    assert!(
+        matches!(
+            result,
+            Ok(Err(Error::Timeout { .. }
+                | Error::Redis(_)
+                | Error::Unreachable { .. }))
+        ),
+        "{:?}",
+        result.map(|r| r.err())
+    );
+    let released = tokio::time::timeout(NEVER, guard.release()).await;
+    assert!(
+        matches!(released, Ok(Err(_))),
+        "release against a dead server must fail, typed"
+    );
+}
