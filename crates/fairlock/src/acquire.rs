@@ -59,7 +59,7 @@ pub(crate) async fn acquire(
         .wait_timeout
         .filter(|_| mode == Mode::Wait)
         .map(|timeout| tokio::time::Instant::from_std(started + timeout));
-    let mut contended = false;
+    let mut ticket = None;
 
     loop {
         let sent_at = Instant::now();
@@ -83,7 +83,7 @@ pub(crate) async fn acquire(
         let (position, owner_pttl_ms) = match reply {
             AcquireReply::Granted { token, evicted } => {
                 count_evicted(evicted);
-                let held = pending.granted(name, token, options.lease, sent_at);
+                let held = pending.granted(name, token, ticket, options.lease, sent_at);
                 return Ok(Some(LockGuard::new(client.clone(), held)));
             }
             AcquireReply::Busy { evicted, .. } => {
@@ -93,14 +93,13 @@ pub(crate) async fn acquire(
                 return Ok(None);
             }
             AcquireReply::Queued {
+                ticket: queued_with,
                 position,
                 owner_pttl_ms,
                 evicted,
-                ..
             } => {
                 count_evicted(evicted);
-                if !contended {
-                    contended = true;
+                if ticket.replace(queued_with).is_none() {
                     metrics::counter!(names::CONTENDED_TOTAL).increment(1);
                     metrics::gauge!(names::QUEUE_DEPTH).set(position as f64);
                 }
@@ -137,7 +136,7 @@ pub(crate) async fn acquire(
         };
         if let Some(WaiterEvent::Granted { token }) = event {
             metrics::counter!(names::HANDOFF_TOTAL).increment(1);
-            let held = pending.granted(name, token, options.lease, sent_at);
+            let held = pending.granted(name, token, ticket, options.lease, sent_at);
             confirm_lease(client, &held, lease_ms);
             return Ok(Some(LockGuard::new(client.clone(), held)));
         }
@@ -228,7 +227,14 @@ impl<'a> PendingAcquire<'a> {
 
     /// The caller owns the lock: build the grant and hand it to the
     /// watchdog if the lease is watchdog-kept.
-    fn granted(&mut self, name: &str, token: u64, lease: Lease, sent_at: Instant) -> Arc<HeldLock> {
+    fn granted(
+        &mut self,
+        name: &str,
+        token: u64,
+        ticket: Option<u64>,
+        lease: Lease,
+        sent_at: Instant,
+    ) -> Arc<HeldLock> {
         self.finished();
         record_outcome("acquired", self.started);
         let held = Arc::new(HeldLock::new(
@@ -236,6 +242,7 @@ impl<'a> PendingAcquire<'a> {
             Arc::clone(self.keys),
             self.member.to_owned(),
             token,
+            ticket,
             lease,
             sent_at,
         ));

@@ -34,6 +34,8 @@ pub(crate) struct HeldLock {
     pub(crate) keys: Arc<LockKeys>,
     pub(crate) member: String,
     pub(crate) token: u64,
+    /// The queue ticket, if the grant came after waiting in the queue.
+    pub(crate) ticket: Option<u64>,
     pub(crate) lease: Lease,
     pub(crate) granted_at: Instant,
     last_renewed: Mutex<Instant>,
@@ -49,6 +51,7 @@ impl HeldLock {
         keys: Arc<LockKeys>,
         member: String,
         token: u64,
+        ticket: Option<u64>,
         lease: Lease,
         requested_at: Instant,
     ) -> Self {
@@ -57,6 +60,7 @@ impl HeldLock {
             keys,
             member,
             token,
+            ticket,
             lease,
             granted_at: Instant::now(),
             last_renewed: Mutex::new(requested_at),
@@ -121,6 +125,13 @@ impl LockGuard {
     /// The fencing token of this grant.
     pub fn token(&self) -> FencingToken {
         FencingToken(self.held.token)
+    }
+
+    /// The queue ticket this grant waited with, or `None` if the lock was
+    /// free and granted at once. Among the waiters of one lock, grants
+    /// follow ticket order.
+    pub fn ticket(&self) -> Option<u64> {
+        self.held.ticket
     }
 
     /// This holder's owner id as stored in Redis (random, 128-bit, plus the

@@ -236,13 +236,7 @@ pub(crate) struct Reconnects {
 impl Reconnects {
     /// Waits for the next reconnect; `false` once closed for good.
     pub(crate) async fn next(&mut self) -> bool {
-        loop {
-            match self.rx.recv().await {
-                Ok(_) => return true,
-                Err(broadcast::error::RecvError::Lagged(_)) => return true,
-                Err(broadcast::error::RecvError::Closed) => return false,
-            }
-        }
+        !matches!(self.rx.recv().await, Err(broadcast::error::RecvError::Closed))
     }
 }
 
