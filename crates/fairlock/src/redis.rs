@@ -236,7 +236,10 @@ pub(crate) struct Reconnects {
 impl Reconnects {
     /// Waits for the next reconnect; `false` once closed for good.
     pub(crate) async fn next(&mut self) -> bool {
-        !matches!(self.rx.recv().await, Err(broadcast::error::RecvError::Closed))
+        !matches!(
+            self.rx.recv().await,
+            Err(broadcast::error::RecvError::Closed)
+        )
     }
 }
 
