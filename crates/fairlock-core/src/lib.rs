@@ -36,11 +36,13 @@
 #![deny(missing_docs)]
 
 mod calls;
+mod fenced;
 mod keys;
 mod reply;
 mod script;
 
 pub use calls::*;
+pub use fenced::{decode_fenced, FencedOp, FencedReply, FencedScript, FencedWrite};
 pub use keys::{KeyPrefix, LockKeys, LockName, NameError, MAX_NAME_BYTES, MAX_PREFIX_BYTES};
 pub use reply::{ProtocolError, Reply};
-pub use script::{Script, ALL_SCRIPTS};
+pub use script::{Script, ScriptSource, ALL_SCRIPTS};

@@ -84,6 +84,10 @@ impl Fields {
         }
     }
 
+    pub(crate) fn next(&mut self) -> Option<Reply> {
+        self.items.next()
+    }
+
     pub(crate) fn remaining(&self) -> usize {
         self.items.len()
     }

@@ -39,6 +39,28 @@ impl Script {
     }
 }
 
+/// Borrowed parts of a script, static or built at run time.
+#[derive(Debug, Clone, Copy)]
+pub struct ScriptSource<'a> {
+    /// A name for error messages.
+    pub name: &'a str,
+    /// The full source.
+    pub source: &'a str,
+    /// Its lowercase hex SHA1.
+    pub sha1: &'a str,
+}
+
+impl Script {
+    /// The parts needed to run it.
+    pub fn as_source(&self) -> ScriptSource<'_> {
+        ScriptSource {
+            name: self.name,
+            source: self.source,
+            sha1: self.sha1(),
+        }
+    }
+}
+
 macro_rules! script {
     ($name:literal) => {
         Script::new(
@@ -67,8 +89,19 @@ pub static FORCE_RELEASE: Script = script!("force_release");
 /// `inspect.lua`: read-only snapshot of a lock.
 pub static INSPECT: Script = script!("inspect");
 
+/// `fenced_write.lua`: a write applied only with a fresh enough token.
+pub static FENCED_WRITE: Script = Script::new(
+    "fenced_write",
+    concat!(
+        include_str!("../scripts/includes/fence_check.lua"),
+        "\n",
+        include_str!("../scripts/fenced_write.lua")
+    ),
+);
+
 /// Every script, for preloading with `SCRIPT LOAD`.
-pub static ALL_SCRIPTS: [&Script; 7] = [
+pub static ALL_SCRIPTS: [&Script; 8] = [
+    &FENCED_WRITE,
     &ACQUIRE,
     &RELEASE,
     &RENEW,

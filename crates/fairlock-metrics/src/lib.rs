@@ -1,48 +1,206 @@
-//! Metric names and descriptions for fairlock.
+//! Metric names, descriptions and the optional Prometheus exporter of
+//! fairlock.
 //!
-//! The `fairlock` client records through the [`metrics`] facade, so without
-//! an installed recorder recording costs next to nothing. Names follow the
-//! Prometheus conventions: base units in the name, counters end in `_total`,
-//! labels have bounded cardinality (the lock name is not a label unless the
-//! user asks for it).
+//! The `fairlock` client records through the [`metrics`] facade. Until a
+//! recorder is installed, every recording is a check of one global and a
+//! return (a few nanoseconds; see `docs/METRICS.md` for the measurement),
+//! so a process that does not export metrics pays next to nothing.
+//!
+//! Names follow the Prometheus conventions: base units in the name
+//! (`_seconds`), counters end in `_total`, labels have bounded cardinality.
+//! **The lock name is not a label**: a service that locks one key per SKU,
+//! order or job would otherwise create one time series per key and swamp
+//! Prometheus. Every series below is per process.
+//!
+//! # Exporting to Prometheus
+//!
+//! With the `prometheus` feature, one call installs a recorder, describes
+//! every metric and serves the text format over HTTP:
+//!
+//! ```no_run
+//! # #[cfg(feature = "prometheus")]
+//! # fn demo() -> Result<(), fairlock_metrics::MetricsError> {
+//! // Inside or outside a Tokio runtime; once per process.
+//! let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 9464));
+//! let handle = fairlock_metrics::install_prometheus(addr)?;
+//! // Prometheus scrapes http://127.0.0.1:9464/metrics; the handle renders
+//! // the same text in-process.
+//! let _text = handle.render();
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! With another recorder (OpenTelemetry, StatsD, a recorder of your own),
+//! install it yourself and call [`describe_metrics`] once afterwards.
+//!
+//! # The metrics, and when to alarm
+//!
+//! | metric | type | labels | counts |
+//! |---|---|---|---|
+//! | [`fairlock_acquire_total`](ACQUIRE_TOTAL) | counter | `outcome` | finished acquire calls |
+//! | [`fairlock_wait_seconds`](WAIT_SECONDS) | histogram | `outcome` | how long each acquire call took |
+//! | [`fairlock_hold_seconds`](HOLD_SECONDS) | histogram | | grant to release |
+//! | [`fairlock_contended_total`](CONTENDED_TOTAL) | counter | | acquire calls that joined a queue |
+//! | [`fairlock_queue_depth`](QUEUE_DEPTH) | gauge | | waiters ahead of the latest task to queue |
+//! | [`fairlock_handoff_total`](HANDOFF_TOTAL) | counter | | grants handed over by a release |
+//! | [`fairlock_lease_renewals_total`](LEASE_RENEWALS_TOTAL) | counter | `result` | watchdog renewals |
+//! | [`fairlock_lease_lost_total`](LEASE_LOST_TOTAL) | counter | | grants whose lease was lost |
+//! | [`fairlock_waiters_evicted_total`](WAITERS_EVICTED_TOTAL) | counter | | dead waiters purged |
+//! | [`fairlock_wait_recheck_total`](WAIT_RECHECK_TOTAL) | counter | | bounded waits that re-ran the script |
+//! | [`fairlock_pubsub_reconnects_total`](PUBSUB_RECONNECTS_TOTAL) | counter | | pub/sub reconnections |
+//!
+//! Each constant's documentation says exactly what is counted and when to
+//! alarm on it. In short, page on any increase of
+//! `fairlock_lease_lost_total` (two holders may have overlapped; only
+//! fencing tokens protected the resource) and on a sustained rate of
+//! `outcome="error"`; warn on wait p99 above your latency budget and on
+//! a rising `outcome="timeout"` share.
 #![deny(missing_docs)]
 
-/// Acquire attempts, by `outcome` (`acquired`, `busy`, `timeout`, `cancelled`, `error`).
+#[cfg(feature = "prometheus")]
+mod prometheus;
+#[cfg(feature = "prometheus")]
+pub use prometheus::{install_prometheus, prometheus_builder, MetricsError, PrometheusHandle};
+
+/// `fairlock_acquire_total{outcome}`: counter of finished acquire calls
+/// (`lock`, `lock_with`, `try_lock`, `try_lock_with`), one per call,
+/// labelled with how the call ended:
+///
+/// * `acquired`: the caller got the lock (at once, by handoff, or after a
+///   re-check);
+/// * `busy`: a `try_lock` found the lock held or waiters queued;
+/// * `timeout`: the `wait_timeout` ran out in the queue;
+/// * `cancelled`: the acquire future was dropped before a grant (e.g. by
+///   `tokio::time::timeout` or `select!`);
+/// * `error`: a Redis call failed (unreachable, command timeout, wrong key
+///   type).
+///
+/// Calls refused before touching Redis (an invalid name or options) are
+/// not counted.
+///
+/// Alarm: a sustained rate of `outcome="error"` (Redis is unreachable or a
+/// lock key has the wrong type); the share of `timeout` among all outcomes
+/// rising above what your callers tolerate (the lock is a bottleneck).
 pub const ACQUIRE_TOTAL: &str = "fairlock_acquire_total";
-/// Time from the start of an acquire to its end, by `outcome`.
+
+/// `fairlock_wait_seconds{outcome}`: histogram of the time from the start
+/// of an acquire call to its end, labelled like [`ACQUIRE_TOTAL`], so each
+/// outcome's `_count` equals that outcome's acquire count.
+///
+/// Alarm: p99 of `outcome="acquired"` above your latency budget. In a fair
+/// queue the wait is about (waiters ahead) x (hold time), so look at
+/// [`QUEUE_DEPTH`] and [`HOLD_SECONDS`] next.
 pub const WAIT_SECONDS: &str = "fairlock_wait_seconds";
-/// Time from grant to release.
+
+/// `fairlock_hold_seconds`: histogram of the time from grant to release,
+/// one sample per release (explicit, or by dropping the guard), including
+/// a release that found the lease already lost.
+///
+/// Alarm: p99 approaching the lease (a fixed lease, or the watchdog lease
+/// when renewals fail): holders are about to lose their lease. Long holds
+/// also lengthen every waiter's wait.
 pub const HOLD_SECONDS: &str = "fairlock_hold_seconds";
-/// Acquisitions that had to wait in the queue.
+
+/// `fairlock_contended_total`: counter of acquire calls that found the
+/// lock held (or other waiters queued) and joined the queue. Counted once
+/// per call, whatever its outcome: a queued call that later times out or
+/// is cancelled is counted here too.
+///
+/// `rate(fairlock_contended_total) / rate(fairlock_acquire_total)` is the
+/// contention ratio. Alarm: only together with wait times; contention by
+/// itself is what a fair lock is for.
 pub const CONTENDED_TOTAL: &str = "fairlock_contended_total";
-/// Waiters ahead of a task when it joined the queue.
+
+/// `fairlock_queue_depth`: gauge of the waiters ahead of the task in this
+/// process that most recently joined a queue (0 = first in line), over all
+/// locks. A sample, not a running total: it changes only when a task
+/// queues.
+///
+/// Alarm: sustained high values. Each waiter ahead costs one hold time of
+/// wait, so depth x hold p50 approaches the wait p50.
 pub const QUEUE_DEPTH: &str = "fairlock_queue_depth";
-/// Grants received by direct handoff from a release.
+
+/// `fairlock_handoff_total`: counter of grants this process's waiters
+/// received by direct handoff: a release (or an admin `force_release`)
+/// made the waiter the owner in the same script and notified it, by
+/// pub/sub or by the heartbeat that re-delivers lost messages.
+///
+/// Queued calls that were granted otherwise got the lock on a re-check
+/// after the holder's lease ran out (the holder died or leaked its guard).
+/// Alarm: `fairlock_contended_total` minus handoffs, timeouts and
+/// cancellations growing: holders are dying with the lock held.
 pub const HANDOFF_TOTAL: &str = "fairlock_handoff_total";
-/// Lease renewals by the watchdog, by `result` (`renewed`, `lost`, `error`).
+
+/// `fairlock_lease_renewals_total{result}`: counter of lease renewals by
+/// the watchdog (locks held without a fixed lease), by `result`:
+///
+/// * `renewed`: the lease was extended;
+/// * `lost`: the lock was gone or owned by another (expired, or taken by
+///   `force_release`); the guard's lease-lost signal fires;
+/// * `error`: the Redis call failed; it is retried at the next tick, and
+///   the lease counts as lost once no renewal succeeded for a whole lease.
+///
+/// Alarm: any `lost`; `error` at more than a trickle (Redis slow or
+/// unreachable: holders are about to lose their leases).
 pub const LEASE_RENEWALS_TOTAL: &str = "fairlock_lease_renewals_total";
-/// Held locks whose lease was found lost.
+
+/// `fairlock_lease_lost_total`: counter of grants whose lease-lost signal
+/// fired, at most once per grant: the watchdog found the lock gone, no
+/// renewal succeeded for a whole lease, a fixed lease ran out, or a release
+/// or extend found the lock no longer held.
+///
+/// Alarm: any increase. For a while two holders may each have believed
+/// they held the lock; only fencing tokens checked by the resource kept
+/// that safe. Usual causes: holds longer than a fixed lease, a stalled
+/// process (GC, swap, a blocked async runtime), an admin `force_release`.
 pub const LEASE_LOST_TOTAL: &str = "fairlock_lease_lost_total";
-/// Dead waiters removed from queues by this process's scripts.
+
+/// `fairlock_waiters_evicted_total`: counter of dead waiters (their
+/// heartbeat deadline passed) removed from queues by scripts this process
+/// ran. The waiters may belong to any process.
+///
+/// Alarm: a sustained rate. Processes are dying while they wait, or live
+/// ones cannot heartbeat (a blocked async runtime, Redis too slow).
 pub const WAITERS_EVICTED_TOTAL: &str = "fairlock_waiters_evicted_total";
-/// Bounded waits whose timer fired and re-checked with Redis.
+
+/// `fairlock_wait_recheck_total`: counter of bounded waits whose timer
+/// fired, after which the waiter re-ran the acquire script. The first
+/// waiter in line re-checks when the holder's lease runs out; the others
+/// only after a long backstop.
+///
+/// Alarm: a rate comparable to acquisitions. Grants are not arriving by
+/// handoff: holders die with the lock held, or grant messages are lost.
 pub const WAIT_RECHECK_TOTAL: &str = "fairlock_wait_recheck_total";
-/// Reconnections of the pub/sub connection.
+
+/// `fairlock_pubsub_reconnects_total`: counter of reconnections of the
+/// client's pub/sub connection. Each one triggers an immediate heartbeat
+/// that re-delivers grants sent while it was away.
+///
+/// Alarm: a sustained rate (network trouble, Redis restarts or failovers,
+/// `CLIENT KILL`, output buffer limits on the subscriber).
 pub const PUBSUB_RECONNECTS_TOTAL: &str = "fairlock_pubsub_reconnects_total";
 
+/// Histogram bucket upper bounds, in seconds, for [`WAIT_SECONDS`] and
+/// [`HOLD_SECONDS`]: lock waits and holds from 100 µs to a minute.
+pub const SECONDS_BUCKETS: [f64; 18] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0,
+];
+
 /// Registers help text and units for every fairlock metric with the
-/// installed recorder. Call it once after installing a recorder.
+/// installed recorder. Call it once after installing a recorder
+/// ([`install_prometheus`](crate#exporting-to-prometheus) calls it for you).
 pub fn describe_metrics() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(
         ACQUIRE_TOTAL,
         Unit::Count,
-        "Lock acquire attempts by outcome."
+        "Finished lock acquire calls by outcome (acquired, busy, timeout, cancelled, error)."
     );
     describe_histogram!(
         WAIT_SECONDS,
         Unit::Seconds,
-        "Time spent acquiring a lock, by outcome."
+        "Time from the start of an acquire call to its end, by outcome."
     );
     describe_histogram!(
         HOLD_SECONDS,
@@ -52,37 +210,37 @@ pub fn describe_metrics() {
     describe_counter!(
         CONTENDED_TOTAL,
         Unit::Count,
-        "Acquisitions that had to wait in the queue."
+        "Acquire calls that found the lock busy and joined the queue, whatever their outcome."
     );
     describe_gauge!(
         QUEUE_DEPTH,
         Unit::Count,
-        "Waiters ahead of the last task that joined a queue."
+        "Waiters ahead of the task in this process that most recently joined a queue."
     );
     describe_counter!(
         HANDOFF_TOTAL,
         Unit::Count,
-        "Grants received by direct handoff."
+        "Grants received by direct handoff from a release."
     );
     describe_counter!(
         LEASE_RENEWALS_TOTAL,
         Unit::Count,
-        "Watchdog lease renewals by result."
+        "Watchdog lease renewals by result (renewed, lost, error)."
     );
     describe_counter!(
         LEASE_LOST_TOTAL,
         Unit::Count,
-        "Held locks whose lease was lost."
+        "Grants whose lease was lost while held: another holder may have overlapped."
     );
     describe_counter!(
         WAITERS_EVICTED_TOTAL,
         Unit::Count,
-        "Dead waiters removed from queues."
+        "Dead waiters removed from queues by this process's scripts."
     );
     describe_counter!(
         WAIT_RECHECK_TOTAL,
         Unit::Count,
-        "Bounded waits that fired and re-checked."
+        "Bounded waits whose timer fired and re-ran the acquire script."
     );
     describe_counter!(
         PUBSUB_RECONNECTS_TOTAL,

@@ -246,9 +246,7 @@ impl<'a> PendingAcquire<'a> {
             lease,
             sent_at,
         ));
-        if lease == Lease::Watchdog {
-            self.client.core().watchdog.watch(&held);
-        }
+        self.client.core().watchdog.track(&held);
         held
     }
 

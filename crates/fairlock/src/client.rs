@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use fairlock_core::{
-    ForceRelease, Inspect, LockKeys, LockName, LockState, Release, ReleaseReply, Renew, RenewReply,
+    decode_fenced, FencedOp, FencedReply, FencedScript, FencedWrite, ForceRelease, Inspect,
+    LockKeys, LockName, LockState, Release, ReleaseReply, Renew, RenewReply, Reply, ScriptSource,
     Timings,
 };
 use fairlock_metrics as names;
@@ -15,9 +16,10 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use crate::acquire::{acquire, Mode};
-use crate::config::{millis, ClientConfig, Lease, LockOptions};
+use crate::config::{millis, ClientConfig, LockOptions};
 use crate::error::{Error, Result};
-use crate::guard::{HeldLock, LockGuard};
+use crate::guard::{FencingToken, HeldLock, LockGuard};
+use crate::owner::LockOwner;
 use crate::redis::RedisConnection;
 use crate::registry::WaiterRegistry;
 use crate::watchdog::LeaseWatchdog;
@@ -62,6 +64,8 @@ pub struct ClientStats {
     pub waiters: usize,
     /// Leases the watchdog renews.
     pub watched_leases: usize,
+    /// Grants held (watchdog-kept or fixed), not yet released.
+    pub held: usize,
 }
 
 /// A fairlock client: connect once per process and clone it into tasks.
@@ -237,11 +241,109 @@ impl LockClient {
         self.core().run(&keys, &Inspect).await
     }
 
+    /// An owner handle for re-entrant locking (see [`LockOwner`]).
+    pub fn owner(&self) -> LockOwner {
+        LockOwner::new(self.clone())
+    }
+
+    /// Releases every lock this client holds, handing each to its next
+    /// waiter, e.g. before shutting down. Their guards become inert. Returns
+    /// how many were released; the first error, if any, after trying all.
+    pub async fn release_all(&self) -> Result<usize> {
+        let core = self.core();
+        let mut released = 0;
+        let mut first_error = None;
+        for held in core.watchdog.all() {
+            match core.release(&held).await {
+                Ok(()) => released += 1,
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        match first_error {
+            Some(error) => Err(error),
+            None => Ok(released),
+        }
+    }
+
+    /// Applies `op` to `target_key` only if `token` is not older than the
+    /// newest token that wrote to the resource whose fence key is
+    /// `fence_key`; otherwise fails with [`Error::StaleToken`], changing
+    /// nothing. Keep `fence_key` and `target_key` under one hash tag.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: fairlock::LockClient, guard: fairlock::LockGuard) -> fairlock::Result<()> {
+    /// use fairlock::FencedOp;
+    /// client
+    ///     .fenced_write("{stock:42}:fence", "{stock:42}:count", guard.token(), FencedOp::IncrBy(-1))
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn fenced_write(
+        &self,
+        fence_key: &str,
+        target_key: &str,
+        token: FencingToken,
+        op: FencedOp<'_>,
+    ) -> Result<Reply> {
+        let write = FencedWrite { token: token.0, op };
+        self.fenced(
+            FencedWrite::script(),
+            &[fence_key, target_key],
+            token,
+            write.args(),
+        )
+        .await
+    }
+
+    /// Runs a user script (see [`FencedScript`]) only if `token` is not
+    /// older than the newest token the resource behind `fence_key` has
+    /// seen; otherwise fails with [`Error::StaleToken`], changing nothing.
+    pub async fn fenced_eval(
+        &self,
+        script: &FencedScript,
+        fence_key: &str,
+        keys: &[&str],
+        token: FencingToken,
+        args: &[&str],
+    ) -> Result<Reply> {
+        let mut all_keys = vec![fence_key];
+        all_keys.extend_from_slice(keys);
+        let mut all_args = vec![token.0.to_string()];
+        all_args.extend(args.iter().map(|a| (*a).to_owned()));
+        self.fenced(script.as_source(), &all_keys, token, all_args)
+            .await
+    }
+
+    async fn fenced(
+        &self,
+        script: ScriptSource<'_>,
+        keys: &[&str],
+        token: FencingToken,
+        args: Vec<String>,
+    ) -> Result<Reply> {
+        let core = self.core();
+        if core.closed.load(Ordering::SeqCst) {
+            return Err(Error::Closed);
+        }
+        let reply = core.redis.eval(script, keys, args).await?;
+        match decode_fenced("fenced write", reply)? {
+            FencedReply::Applied(reply) => Ok(reply),
+            FencedReply::Stale { newest } => Err(Error::StaleToken {
+                token: token.0,
+                newest,
+            }),
+        }
+    }
+
     /// What this client is doing right now.
     pub fn stats(&self) -> ClientStats {
         ClientStats {
             waiters: self.core().registry.len(),
-            watched_leases: self.core().watchdog.len(),
+            watched_leases: self.core().watchdog.watched(),
+            held: self.core().watchdog.all().len(),
         }
     }
 
@@ -282,10 +384,11 @@ impl Core {
 
     /// Releases a guard's grant.
     pub(crate) async fn release(&self, held: &HeldLock) -> Result<()> {
-        held.set_released();
-        if held.lease == Lease::Watchdog {
-            self.watchdog.unwatch(&held.member);
+        if !held.set_released() {
+            // Released already (by `release_all`): nothing left to do.
+            return Ok(());
         }
+        self.watchdog.forget(&held.member);
         let result = self
             .release_member(&held.name, &held.keys, &held.member)
             .await;

@@ -59,7 +59,17 @@ pub enum Error {
     /// A script was missing from Redis even right after loading it, e.g. a
     /// proxy that routes `SCRIPT LOAD` and `EVALSHA` to different servers.
     #[error("script {0} is missing from Redis even after SCRIPT LOAD; if a proxy sits in front of Redis, make it route scripts to one server")]
-    ScriptMissing(&'static str),
+    ScriptMissing(String),
+
+    /// A fenced write was refused: a holder with a newer fencing token has
+    /// written to the resource since. Nothing was changed.
+    #[error("fencing token {token} is stale: the resource has seen token {newest}; this holder lost the lock (its lease ran out) and must not write")]
+    StaleToken {
+        /// The refused token.
+        token: u64,
+        /// The newest token the resource has seen.
+        newest: u64,
+    },
 
     /// A script's reply had an unexpected shape.
     #[error(transparent)]

@@ -6,19 +6,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fairlock_core::LockKeys;
+use fairlock_core::{LockKeys, Renew, RenewReply};
 use fairlock_metrics as names;
 use tokio::sync::watch;
 
 use crate::client::LockClient;
-use crate::config::Lease;
-use crate::error::Result;
+use crate::config::{millis, Lease, LockOptions};
+use crate::error::{Error, Result};
+use crate::owner::OwnerShared;
 
 /// A fencing token: strictly increasing per lock name across all grants.
 ///
 /// Hand it to the resource the lock protects and have the resource refuse
-/// any write carrying a token older than the newest it has seen: a holder
-/// that was paused past its lease then cannot overwrite a newer holder.
+/// any write carrying a token older than the newest it has seen (see
+/// [`LockClient::fenced_write`]): a holder that was paused past its lease
+/// then cannot overwrite a newer holder's work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken(pub u64);
 
@@ -28,7 +30,8 @@ impl fmt::Display for FencingToken {
     }
 }
 
-/// One grant, shared by its guard and the watchdog.
+/// One grant, shared by its guards (several, when re-entered), the client's
+/// held-lock list and, for watchdog leases, the watchdog.
 pub(crate) struct HeldLock {
     pub(crate) name: String,
     pub(crate) keys: Arc<LockKeys>,
@@ -38,14 +41,17 @@ pub(crate) struct HeldLock {
     pub(crate) ticket: Option<u64>,
     pub(crate) lease: Lease,
     pub(crate) granted_at: Instant,
-    last_renewed: Mutex<Instant>,
+    /// Watchdog: the start of the last successful renewal. Fixed lease:
+    /// the start of the call that set the lease. Either way the lease is
+    /// counted from before Redis set it, so local expiry is conservative.
+    lease_from: Mutex<Instant>,
+    /// The current fixed lease (changed by `extend`).
+    fixed_lease: Mutex<Duration>,
     lost: watch::Sender<bool>,
     released: AtomicBool,
 }
 
 impl HeldLock {
-    /// `requested_at` is when the granting call was sent: the lease is
-    /// counted from then, conservatively.
     pub(crate) fn new(
         name: String,
         keys: Arc<LockKeys>,
@@ -55,6 +61,10 @@ impl HeldLock {
         lease: Lease,
         requested_at: Instant,
     ) -> Self {
+        let fixed = match lease {
+            Lease::Fixed(lease) => lease,
+            Lease::Watchdog => Duration::MAX,
+        };
         Self {
             name,
             keys,
@@ -63,28 +73,37 @@ impl HeldLock {
             ticket,
             lease,
             granted_at: Instant::now(),
-            last_renewed: Mutex::new(requested_at),
+            lease_from: Mutex::new(requested_at),
+            fixed_lease: Mutex::new(fixed),
             lost: watch::Sender::new(false),
             released: AtomicBool::new(false),
         }
     }
 
-    pub(crate) fn set_released(&self) {
-        self.released.store(true, Ordering::SeqCst);
-    }
-
-    pub(crate) fn is_released(&self) -> bool {
-        self.released.load(Ordering::SeqCst)
-    }
-
+    /// A renewal or extend that started at `at` succeeded.
     pub(crate) fn renewed_at(&self, at: Instant) {
-        let mut last = self.last_renewed.lock().unwrap_or_else(|p| p.into_inner());
-        *last = (*last).max(at);
+        let mut from = self.lease_from.lock().unwrap_or_else(|p| p.into_inner());
+        *from = (*from).max(at);
     }
 
     pub(crate) fn renewal_overdue(&self, lease: Duration) -> bool {
-        let last = *self.last_renewed.lock().unwrap_or_else(|p| p.into_inner());
-        last.elapsed() >= lease
+        let from = *self.lease_from.lock().unwrap_or_else(|p| p.into_inner());
+        from.elapsed() >= lease
+    }
+
+    /// When a fixed lease runs out, by the local monotonic clock.
+    fn fixed_deadline(&self) -> Option<Instant> {
+        if self.lease == Lease::Watchdog {
+            return None;
+        }
+        let from = *self.lease_from.lock().unwrap_or_else(|p| p.into_inner());
+        let lease = *self.fixed_lease.lock().unwrap_or_else(|p| p.into_inner());
+        from.checked_add(lease)
+    }
+
+    fn set_fixed_lease(&self, lease: Duration, from: Instant) {
+        *self.fixed_lease.lock().unwrap_or_else(|p| p.into_inner()) = lease;
+        *self.lease_from.lock().unwrap_or_else(|p| p.into_inner()) = from;
     }
 
     /// Fires the lease-lost signal (once).
@@ -94,17 +113,42 @@ impl HeldLock {
             tracing::warn!(lock = %self.name, token = self.token, why, "fairlock lease lost");
         }
     }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        if *self.lost.borrow() {
+            return true;
+        }
+        if self
+            .fixed_deadline()
+            .is_some_and(|deadline| Instant::now() >= deadline)
+        {
+            self.mark_lost("the fixed lease ran out");
+            return true;
+        }
+        false
+    }
+
+    pub(crate) fn set_released(&self) -> bool {
+        !self.released.swap(true, Ordering::SeqCst)
+    }
+
+    pub(crate) fn is_released(&self) -> bool {
+        self.released.load(Ordering::SeqCst)
+    }
 }
 
 /// Holds a lock until released or dropped.
 ///
 /// Prefer [`LockGuard::release`], which reports whether the lease was still
 /// held. Dropping the guard releases in the background (the lock is handed
-/// to the next waiter either way).
+/// to the next waiter either way). A guard from a [`crate::LockOwner`] that
+/// re-entered the lock only gives back its own hold; the last hold frees
+/// the lock.
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct LockGuard {
     pub(crate) client: LockClient,
     pub(crate) held: Arc<HeldLock>,
+    owner: Option<Arc<OwnerShared>>,
     released: bool,
 }
 
@@ -113,8 +157,14 @@ impl LockGuard {
         Self {
             client,
             held,
+            owner: None,
             released: false,
         }
+    }
+
+    pub(crate) fn with_owner(mut self, owner: Arc<OwnerShared>) -> Self {
+        self.owner = Some(owner);
+        self
     }
 
     /// The lock's name.
@@ -122,7 +172,7 @@ impl LockGuard {
         &self.held.name
     }
 
-    /// The fencing token of this grant.
+    /// The fencing token of this grant; re-entry keeps it.
     pub fn token(&self) -> FencingToken {
         FencingToken(self.held.token)
     }
@@ -140,18 +190,47 @@ impl LockGuard {
         &self.held.member
     }
 
-    /// Whether the lease-lost signal has fired.
+    /// Whether the lease is known to be lost: the watchdog found the lock
+    /// gone or taken, no renewal succeeded for a whole lease, a release or
+    /// extend was refused, or a fixed lease ran out by the local clock.
     pub fn is_lost(&self) -> bool {
-        *self.held.lost.borrow()
+        self.held.is_lost()
     }
 
-    /// Resolves when the lease is known to be lost: the watchdog found the
-    /// lock gone or taken, or could not renew it for a whole lease. Select
-    /// on it to abandon work that is no longer protected.
+    /// Resolves when the lease is known to be lost (see
+    /// [`LockGuard::is_lost`]). Select on it to abandon work that the lock
+    /// no longer protects:
+    ///
+    /// ```no_run
+    /// # async fn work() {}
+    /// # async fn demo(guard: fairlock::LockGuard) {
+    /// tokio::select! {
+    ///     _ = work() => { /* done under the lock */ }
+    ///     _ = guard.lost() => { /* stop: another holder may be running */ }
+    /// }
+    /// # }
+    /// ```
     pub async fn lost(&self) {
         let mut rx = self.held.lost.subscribe();
-        // The sender lives in `held`, which outlives this borrow.
-        let _ = rx.wait_for(|lost| *lost).await;
+        loop {
+            let deadline = self.held.fixed_deadline();
+            let expiry = async {
+                match deadline {
+                    Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                // The sender lives in `held`, which outlives this borrow.
+                _ = rx.wait_for(|lost| *lost) => return,
+                _ = expiry => {
+                    // An extend may have moved the deadline meanwhile.
+                    if self.held.is_lost() {
+                        return;
+                    }
+                }
+            }
+        }
     }
 
     /// Asks Redis whether this guard still owns the lock.
@@ -159,14 +238,55 @@ impl LockGuard {
         self.client.core().owns(&self.held).await
     }
 
-    /// Releases the lock, handing it to the next waiter.
+    /// Sets the lease to `lease` from now. For a watchdog-kept lock the
+    /// watchdog keeps renewing afterwards; for a fixed lease this is the
+    /// new lease. Fails with [`Error::NotOwner`] (and fires the lost
+    /// signal) if the lock is no longer held.
+    pub async fn extend(&self, lease: Duration) -> Result<()> {
+        LockOptions::new().lease(lease).validate()?;
+        let sent_at = Instant::now();
+        let call = Renew {
+            member: &self.held.member,
+            lease_ms: millis(lease),
+        };
+        match self.client.core().run(&self.held.keys, &call).await? {
+            RenewReply::Renewed { .. } => {
+                match self.held.lease {
+                    Lease::Fixed(_) => self.held.set_fixed_lease(lease, sent_at),
+                    Lease::Watchdog => self.held.renewed_at(sent_at),
+                }
+                Ok(())
+            }
+            RenewReply::NotOwner => {
+                self.held.mark_lost("extend found the lock no longer held");
+                Err(Error::NotOwner {
+                    name: self.held.name.clone(),
+                })
+            }
+        }
+    }
+
+    /// Releases the lock, handing it to the next waiter. For a re-entered
+    /// lock, gives back this guard's hold only; the last one releases.
     ///
-    /// Fails with [`crate::Error::NotOwner`] if the lease had already run
-    /// out (or the lock was force-released): the critical section may then
-    /// have overlapped another holder.
+    /// Fails with [`Error::NotOwner`] if the lease had already run out (or
+    /// the lock was force-released): the critical section may then have
+    /// overlapped another holder.
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
+        if !self.last_hold() {
+            return Ok(());
+        }
         self.client.core().release(&self.held).await
+    }
+
+    /// Gives back this guard's hold on a re-entered lock; `true` if it was
+    /// the last one (or the guard was not re-entrant).
+    fn last_hold(&self) -> bool {
+        match &self.owner {
+            Some(owner) => owner.give_back(&self.held),
+            None => true,
+        }
     }
 }
 
@@ -182,7 +302,7 @@ impl fmt::Debug for LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if self.released {
+        if self.released || !self.last_hold() || self.held.is_released() {
             return;
         }
         let client = self.client.clone();

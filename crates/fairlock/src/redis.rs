@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use fairlock_core::{LockKeys, Reply, ScriptCall};
+use fairlock_core::{LockKeys, Reply, ScriptCall, ScriptSource};
 use fred::clients::SubscriberClient;
 use fred::prelude::{
     Builder, Client, ClientLike, Config, Error as FredError, ErrorKind, EventInterface, Key,
@@ -87,40 +87,37 @@ impl RedisConnection {
         })
     }
 
-    /// Runs one script with EVALSHA; on NOSCRIPT (after `SCRIPT FLUSH` or a
-    /// restart) loads it and retries once, transparently.
+    /// Runs one lock script call with EVALSHA and decodes its reply.
     pub(crate) async fn run<C: ScriptCall>(&self, keys: &LockKeys, call: &C) -> Result<C::Output> {
-        let script = C::SCRIPT;
-        let keys: Vec<Key> = keys.all()[..C::KEYS]
-            .iter()
-            .map(|k| Key::from(k.as_str()))
-            .collect();
-        let args = call.args();
-        let reply = match self
-            .evalsha(script.sha1(), &keys, &args, script.name())
-            .await
-        {
+        let keys: Vec<&str> = keys.all()[..C::KEYS].iter().map(String::as_str).collect();
+        let reply = self.eval(C::SCRIPT.as_source(), &keys, call.args()).await?;
+        Ok(C::decode(reply)?)
+    }
+
+    /// Runs any script with EVALSHA; on NOSCRIPT (after `SCRIPT FLUSH` or a
+    /// restart) loads it and retries once, transparently.
+    pub(crate) async fn eval(
+        &self,
+        script: ScriptSource<'_>,
+        keys: &[&str],
+        args: Vec<String>,
+    ) -> Result<Reply> {
+        let keys: Vec<Key> = keys.iter().map(|k| Key::from(*k)).collect();
+        match self.evalsha(script.sha1, &keys, &args, script.name).await {
             Err(EvalError::NoScript) => {
-                self.bounded(
-                    "SCRIPT LOAD",
-                    self.commands.script_load::<String, _>(script.source()),
-                )
-                .await?;
-                match self
-                    .evalsha(script.sha1(), &keys, &args, script.name())
-                    .await
-                {
-                    Err(EvalError::NoScript) => return Err(Error::ScriptMissing(script.name())),
-                    other => other,
+                let load = self
+                    .commands
+                    .script_load::<String, _>(script.source.to_owned());
+                self.bounded("SCRIPT LOAD", load).await?;
+                match self.evalsha(script.sha1, &keys, &args, script.name).await {
+                    Ok(reply) => Ok(reply),
+                    Err(EvalError::Other(error)) => Err(error),
+                    Err(EvalError::NoScript) => Err(Error::ScriptMissing(script.name.to_owned())),
                 }
             }
-            other => other,
-        };
-        let reply = reply.map_err(|e| match e {
-            EvalError::Other(error) => error,
-            EvalError::NoScript => Error::ScriptMissing(script.name()),
-        })?;
-        Ok(C::decode(reply)?)
+            Ok(reply) => Ok(reply),
+            Err(EvalError::Other(error)) => Err(error),
+        }
     }
 
     async fn evalsha(
@@ -128,7 +125,7 @@ impl RedisConnection {
         sha: &str,
         keys: &[Key],
         args: &[String],
-        name: &'static str,
+        name: &str,
     ) -> std::result::Result<Reply, EvalError> {
         let call = self
             .commands

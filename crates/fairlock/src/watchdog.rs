@@ -19,10 +19,11 @@ use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 
 use crate::client::Core;
-use crate::config::millis;
+use crate::config::{millis, Lease};
 use crate::guard::HeldLock;
 
-/// The locks whose leases this client renews.
+/// Every grant this client holds; the watchdog renews those with a
+/// watchdog lease, and `release_all` releases them all.
 #[derive(Default)]
 pub(crate) struct LeaseWatchdog {
     held: Mutex<HashMap<String, Arc<HeldLock>>>,
@@ -35,23 +36,35 @@ impl LeaseWatchdog {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Starts renewing `lock`.
-    pub(crate) fn watch(&self, lock: &Arc<HeldLock>) {
+    /// Tracks a new grant (and renews it, if its lease is watchdog-kept).
+    pub(crate) fn track(&self, lock: &Arc<HeldLock>) {
         self.held().insert(lock.member.clone(), Arc::clone(lock));
     }
 
-    /// Stops renewing the lock held by `member`.
-    pub(crate) fn unwatch(&self, member: &str) {
+    /// Forgets the grant of `member`: renewal stops here.
+    pub(crate) fn forget(&self, member: &str) {
         self.held().remove(member);
     }
 
-    /// How many leases are being renewed.
-    pub(crate) fn len(&self) -> usize {
-        self.held().len()
+    /// How many leases the watchdog renews.
+    pub(crate) fn watched(&self) -> usize {
+        self.held()
+            .values()
+            .filter(|l| l.lease == Lease::Watchdog)
+            .count()
+    }
+
+    /// Every grant held.
+    pub(crate) fn all(&self) -> Vec<Arc<HeldLock>> {
+        self.held().values().cloned().collect()
     }
 
     fn snapshot(&self) -> Vec<Arc<HeldLock>> {
-        self.held().values().cloned().collect()
+        self.held()
+            .values()
+            .filter(|l| l.lease == Lease::Watchdog)
+            .cloned()
+            .collect()
     }
 }
 
@@ -84,14 +97,14 @@ async fn renew_once(core: &Core, lock: &Arc<HeldLock>) {
         }
         Ok(RenewReply::NotOwner) => {
             metrics::counter!(names::LEASE_RENEWALS_TOTAL, "result" => "lost").increment(1);
-            core.watchdog.unwatch(&lock.member);
+            core.watchdog.forget(&lock.member);
             lock.mark_lost("the watchdog found the lock gone or owned by another");
         }
         Err(error) => {
             metrics::counter!(names::LEASE_RENEWALS_TOTAL, "result" => "error").increment(1);
             tracing::warn!(lock = %lock.name, %error, "fairlock lease renewal failed; retrying");
             if lock.renewal_overdue(core.config.watchdog_lease) {
-                core.watchdog.unwatch(&lock.member);
+                core.watchdog.forget(&lock.member);
                 lock.mark_lost("no renewal succeeded for a whole lease");
             }
         }

@@ -1,0 +1,38 @@
+-- fenced_write.lua: apply one write to a resource that lives in Redis only
+-- if the writer's fencing token is not older than the newest token the
+-- resource has seen. A holder paused past its lease carries an old token,
+-- so its late write is refused instead of clobbering a newer holder's.
+--
+-- KEYS[1] fence   string: the newest fencing token this resource has seen
+-- KEYS[2] target  the key written
+-- ARGV[1] token   the writer's fencing token
+-- ARGV[2] op      "set" | "hset" | "incrby"
+-- ARGV[3..]       set: value;  hset: field, value;  incrby: delta
+--
+-- Replies:
+--   {1, result}   applied; result is the write command's reply
+--   {0, newest}   refused: a newer token has written; nothing changed
+--
+-- Idempotent for set and hset; an incrby resent with the same token is
+-- applied again (the token alone cannot tell a resend from a second write).
+
+local expected = ({set = 'string', hset = 'hash', incrby = 'string'})[ARGV[2]]
+if not expected then
+  return redis.error_reply('ERR fairlock fenced write: unknown op ' .. tostring(ARGV[2]))
+end
+local kind = redis.call('TYPE', KEYS[2]).ok
+if ARGV[2] ~= 'set' and kind ~= 'none' and kind ~= expected then
+  return redis.error_reply('WRONGTYPE fairlock fenced write target ' .. KEYS[2] .. ' holds a ' ..
+    kind .. ' where a ' .. expected .. ' was expected')
+end
+
+local refused = fence_check()
+if refused then return refused end
+
+if ARGV[2] == 'set' then
+  return {1, redis.call('SET', KEYS[2], ARGV[3])}
+elseif ARGV[2] == 'hset' then
+  return {1, redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])}
+else
+  return {1, redis.call('INCRBY', KEYS[2], ARGV[3])}
+end

@@ -1,0 +1,315 @@
+//! Lease safety: watchdog, lease-lost signal, extend, release_all,
+//! force_release, fencing tokens and the fenced-write helper.
+
+use std::time::Duration;
+
+use fairlock::{Error, FencedOp, FencedScript, LockClient, LockOptions, Reply};
+use fairlock_tests::*;
+
+const LONG: Duration = Duration::from_secs(20);
+
+async fn evalsha_during(server: &RedisServer, window: Duration) -> u64 {
+    server.cmd(&["CONFIG", "RESETSTAT"]).expect("reset");
+    tokio::time::sleep(window).await;
+    calls(server, "evalsha")
+}
+
+/// The watchdog renews a held lock past its lease and stops exactly when
+/// the guard is released or dropped: no renewal work remains afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_renews_until_release_and_then_stops() {
+    let server = server();
+    let client = client(&server).await; // watchdog lease 3 s, renewed every 1 s
+    let guard = client.lock("watched").await.expect("lock");
+    assert_eq!(client.stats().watched_leases, 1);
+    let renewals = evalsha_during(&server, Duration::from_millis(3_500)).await;
+    assert!(renewals >= 3, "{renewals} renewals in 3.5 s");
+    assert!(
+        guard.is_held().await.expect("is_held"),
+        "held past its 3 s lease"
+    );
+    assert!(!guard.is_lost());
+    guard.release().await.expect("release");
+    assert_eq!(client.stats().watched_leases, 0);
+    assert_eq!(
+        evalsha_during(&server, Duration::from_millis(2_500)).await,
+        0,
+        "work after release"
+    );
+
+    let dropped = client.lock("watched").await.expect("lock again");
+    assert_eq!(client.stats().watched_leases, 1);
+    drop(dropped);
+    for _ in 0..100 {
+        if client
+            .inspect("watched")
+            .await
+            .expect("inspect")
+            .owner
+            .is_none()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(client.stats().watched_leases, 0);
+    assert_eq!(client.stats().held, 0);
+    assert_eq!(
+        evalsha_during(&server, Duration::from_millis(2_500)).await,
+        0,
+        "work after drop"
+    );
+}
+
+/// When a renewal finds the lock taken, the lost signal fires; the
+/// critical section selecting on it stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_signal_fires_when_the_lock_is_taken_away() {
+    let server = server();
+    let client = client(&server).await;
+    let admin = fairlock_tests::client(&server).await;
+    let guard = client.lock("taken").await.expect("lock");
+    let waiter = {
+        let admin = admin.clone();
+        tokio::spawn(async move {
+            admin
+                .lock_with("taken", LockOptions::new().wait_timeout(LONG))
+                .await
+                .map(|g| g.token())
+        })
+    };
+    while client.inspect("taken").await.expect("inspect").queue_len == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        admin.force_release("taken").await.expect("force"),
+        "it was held"
+    );
+    let next = waiter
+        .await
+        .expect("task")
+        .expect("force_release grants the next waiter");
+    assert!(next > guard.token());
+
+    let work = async {
+        tokio::time::sleep(LONG).await;
+        "finished"
+    };
+    let outcome = tokio::select! {
+        done = work => done,
+        _ = guard.lost() => "aborted",
+    };
+    assert_eq!(outcome, "aborted");
+    assert!(guard.is_lost());
+    assert!(!guard.is_held().await.expect("is_held"));
+    assert_eq!(client.stats().watched_leases, 0, "the watchdog let go");
+    assert!(matches!(
+        guard.extend(Duration::from_secs(5)).await,
+        Err(Error::NotOwner { .. })
+    ));
+    assert!(matches!(guard.release().await, Err(Error::NotOwner { .. })));
+}
+
+/// A fixed lease is not renewed: its lost signal fires when it runs out,
+/// unless `extend` moved it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_leases_expire_unless_extended() {
+    let server = server();
+    let client = client(&server).await;
+    let short = client
+        .lock_with(
+            "fixed",
+            LockOptions::new().lease(Duration::from_millis(300)),
+        )
+        .await
+        .expect("lock");
+    assert_eq!(
+        client.stats().watched_leases,
+        0,
+        "no watchdog for a fixed lease"
+    );
+    tokio::time::timeout(LONG, short.lost())
+        .await
+        .expect("lost fires at expiry");
+    assert!(!short.is_held().await.expect("is_held"));
+
+    let extended = client
+        .lock_with(
+            "fixed",
+            LockOptions::new().lease(Duration::from_millis(300)),
+        )
+        .await
+        .expect("lock");
+    extended
+        .extend(Duration::from_secs(30))
+        .await
+        .expect("extend");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(!extended.is_lost());
+    assert!(extended.is_held().await.expect("is_held"));
+    let state = client.inspect("fixed").await.expect("inspect");
+    assert!(state.owner_pttl_ms > 20_000, "{state:?}");
+    extended.release().await.expect("release");
+}
+
+/// release_all frees every lock the client holds and hands each on; the
+/// guards become inert.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_all_frees_everything_and_hands_on() {
+    let server = server();
+    let client = client(&server).await;
+    let other = fairlock_tests::client(&server).await;
+    let a = client.lock("all:a").await.expect("a");
+    let b = client
+        .lock_with("all:b", LockOptions::new().lease(Duration::from_secs(60)))
+        .await
+        .expect("b");
+    let c = client.lock("all:c").await.expect("c");
+    let waiter = {
+        let other = other.clone();
+        tokio::spawn(async move {
+            other
+                .lock_with("all:b", LockOptions::new().wait_timeout(LONG))
+                .await
+                .map(|g| g.token())
+        })
+    };
+    while client.inspect("all:b").await.expect("inspect").queue_len == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(client.release_all().await.expect("release_all"), 3);
+    assert!(waiter.await.expect("task").expect("handed on") > b.token());
+    assert_eq!(client.stats().held, 0);
+    assert_eq!(client.stats().watched_leases, 0);
+    for name in ["all:a", "all:c"] {
+        assert!(
+            client.inspect(name).await.expect("inspect").owner.is_none(),
+            "{name}"
+        );
+    }
+    // The guards are inert: releasing them changes nothing and succeeds.
+    a.release().await.expect("inert release");
+    drop(c);
+    drop(b);
+    assert_eq!(client.stats().held, 0);
+}
+
+/// The fencing scenario: a holder paused past its fixed lease (no
+/// watchdog) writes after a newer holder did; its write is refused and
+/// the resource keeps the newer value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_holders_stale_write_is_rejected() {
+    let server = server();
+    let paused_client = client(&server).await;
+    let client = fairlock_tests::client(&server).await;
+    let fence = "{stock:1}:fence";
+    let value = "{stock:1}:value";
+    let counter = "{stock:1}:count";
+    let hash = "{stock:1}:order";
+
+    let paused = paused_client
+        .lock_with(
+            "stock:1",
+            LockOptions::new().lease(Duration::from_millis(300)),
+        )
+        .await
+        .expect("first holder");
+    paused_client
+        .fenced_write(fence, value, paused.token(), FencedOp::Set("first"))
+        .await
+        .expect("a fresh token writes");
+    tokio::time::sleep(Duration::from_millis(600)).await; // the "GC pause"
+
+    let newer = client
+        .lock("stock:1")
+        .await
+        .expect("the lease ran out, a newer holder gets it");
+    assert!(newer.token() > paused.token());
+    client
+        .fenced_write(fence, value, newer.token(), FencedOp::Set("second"))
+        .await
+        .expect("newer write");
+    client
+        .fenced_write(fence, counter, newer.token(), FencedOp::IncrBy(5))
+        .await
+        .expect("newer incr");
+
+    for op in [
+        FencedOp::Set("stale"),
+        FencedOp::IncrBy(100),
+        FencedOp::HSet("f", "stale"),
+    ] {
+        let target = match op {
+            FencedOp::Set(_) => value,
+            FencedOp::IncrBy(_) => counter,
+            FencedOp::HSet(..) => hash,
+        };
+        let refused = paused_client
+            .fenced_write(fence, target, paused.token(), op)
+            .await;
+        match refused {
+            Err(Error::StaleToken { token, newest }) => {
+                assert_eq!(token, paused.token().0);
+                assert_eq!(newest, newer.token().0);
+            }
+            other => panic!("stale write not refused: {other:?}"),
+        }
+    }
+    let script = FencedScript::new("return redis.call('SET', KEYS[1], ARGV[1])");
+    let refused = paused_client
+        .fenced_eval(&script, fence, &[value], paused.token(), &["stale-script"])
+        .await;
+    assert!(
+        matches!(refused, Err(Error::StaleToken { .. })),
+        "{refused:?}"
+    );
+
+    assert_eq!(
+        server.cmd(&["GET", value]).expect("GET").as_str(),
+        Some("second")
+    );
+    assert_eq!(
+        server.cmd(&["GET", counter]).expect("GET").as_str(),
+        Some("5")
+    );
+    assert_eq!(
+        server.cmd(&["EXISTS", hash]).expect("EXISTS").as_int(),
+        Some(0)
+    );
+
+    // The current holder's user script runs, seeing its own KEYS and ARGV.
+    let applied = client
+        .fenced_eval(&script, fence, &[value], newer.token(), &["third"])
+        .await
+        .expect("fresh script");
+    assert_eq!(applied, Reply::Str("OK".into()));
+    assert_eq!(
+        server.cmd(&["GET", value]).expect("GET").as_str(),
+        Some("third")
+    );
+    assert!(matches!(
+        paused.release().await,
+        Err(Error::NotOwner { .. })
+    ));
+    newer.release().await.expect("release");
+}
+
+/// A fenced write to a key of the wrong type is a typed error and changes
+/// nothing, fence included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_write_refuses_wrong_types_untouched() {
+    let server = server();
+    let client: LockClient = client(&server).await;
+    server.cmd(&["HSET", "{r}:target", "a", "1"]).expect("hset");
+    let before = dump(&server);
+    let result = client
+        .fenced_write(
+            "{r}:fence",
+            "{r}:target",
+            fairlock::FencingToken(7),
+            FencedOp::IncrBy(1),
+        )
+        .await;
+    assert!(matches!(result, Err(Error::WrongType(_))), "{result:?}");
+    assert_eq!(dump(&server), before);
+}
