@@ -1,0 +1,525 @@
+//! Reentrancy through owner handles, cancellation safety, and idempotent
+//! script retries.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fairlock::{LockClient, LockOptions};
+use fairlock_core::{
+    Acquire, AcquireMode, AcquireReply, Cancel, CancelReply, Heartbeat, Release, ReleaseReply,
+    Renew, RenewReply, Timings, WaiterStatus,
+};
+use fairlock_tests::*;
+
+const LONG: Duration = Duration::from_secs(20);
+
+async fn wait_for_queue_len(client: &LockClient, name: &str, len: u64) {
+    for _ in 0..1000 {
+        if client.inspect(name).await.expect("inspect").queue_len >= len {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("queue of {name} never reached {len}");
+}
+
+/// Nested holds through one owner handle, across await points: same
+/// token, counted holds, and only the last release frees the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_holds_keep_the_token_and_the_last_release_frees() {
+    let server = server();
+    let client = client(&server).await;
+    let rival = fairlock_tests::client(&server).await;
+    let owner = client.owner();
+
+    let outer = owner.lock("nested").await.expect("outer");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let inner = owner
+        .lock("nested")
+        .await
+        .expect("inner re-enters without waiting");
+    let innermost = owner
+        .try_lock("nested")
+        .await
+        .expect("try")
+        .expect("try re-enters");
+    assert_eq!(owner.hold_count("nested"), 3);
+    assert_eq!(outer.token(), inner.token());
+    assert_eq!(outer.token(), innermost.token());
+    assert_eq!(client.stats().held, 1, "one grant in Redis");
+
+    innermost.release().await.expect("release innermost");
+    drop(inner);
+    assert_eq!(owner.hold_count("nested"), 1);
+    assert!(
+        outer.is_held().await.expect("is_held"),
+        "still held after inner releases"
+    );
+    assert!(rival.try_lock("nested").await.expect("try").is_none());
+
+    let outer_token = outer.token();
+    outer.release().await.expect("last release");
+    assert_eq!(owner.hold_count("nested"), 0);
+    assert!(client
+        .inspect("nested")
+        .await
+        .expect("inspect")
+        .owner
+        .is_none());
+    let again = owner.lock("nested").await.expect("fresh grant");
+    assert!(
+        again.token() > outer_token,
+        "a new grant after the last release"
+    );
+}
+
+/// Tasks sharing a handle share the hold, even while others queue: the
+/// second task re-enters; two tasks racing for a lock through one handle
+/// queue once and both end up holding the same grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_sharing_a_handle_share_the_hold() {
+    let server = server();
+    let client = client(&server).await;
+    let rival = fairlock_tests::client(&server).await;
+    let owner = client.owner();
+
+    let held = owner.lock("shared").await.expect("lock");
+    let queued = {
+        let rival = rival.clone();
+        tokio::spawn(async move {
+            rival
+                .lock_with("shared", LockOptions::new().wait_timeout(LONG))
+                .await
+                .map(|g| g.token())
+        })
+    };
+    wait_for_queue_len(&client, "shared", 1).await;
+    let in_task = {
+        let owner = owner.clone();
+        tokio::spawn(async move {
+            let guard = owner
+                .lock("shared")
+                .await
+                .expect("re-enter from another task");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let token = guard.token();
+            guard.release().await.expect("release");
+            token
+        })
+    };
+    assert_eq!(in_task.await.expect("task"), held.token());
+    assert_eq!(owner.hold_count("shared"), 1);
+    held.release().await.expect("release");
+    assert!(queued.await.expect("task").expect("rival granted") > fairlock::FencingToken(0));
+
+    // Two tasks of one handle race for a lock someone else holds.
+    let blocker = rival.lock("race").await.expect("blocker");
+    let racers: Vec<_> = (0..2)
+        .map(|_| {
+            let owner = owner.clone();
+            tokio::spawn(async move {
+                let guard = owner.lock("race").await.expect("racer");
+                let token = guard.token();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                guard.release().await.expect("release");
+                token
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        client.inspect("race").await.expect("inspect").queue_len,
+        1,
+        "one queue entry per handle"
+    );
+    blocker.release().await.expect("release");
+    let mut tokens = Vec::new();
+    for racer in racers {
+        tokens.push(racer.await.expect("racer"));
+    }
+    assert_eq!(tokens[0], tokens[1], "both hold the same grant");
+    assert!(client
+        .inspect("race")
+        .await
+        .expect("inspect")
+        .owner
+        .is_none());
+}
+
+/// A tiny deterministic generator, so the stress run is reproducible.
+struct XorShift(u64);
+
+impl XorShift {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Thousands of acquires over 3 clients, cancelled at random points by
+/// `timeout` and `select!`, while other tasks lock normally. Afterwards the
+/// lock is free, the queue empty, no waiter or lease work remains, and
+/// every task that kept waiting was granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_cancellation_leaves_nothing_behind() {
+    const CANCELLERS_PER_CLIENT: u64 = 40;
+    const ATTEMPTS: u64 = 20;
+    const STEADY_PER_CLIENT: usize = 3;
+    const STEADY_CYCLES: usize = 20;
+    let server = server();
+    let clients = clients(&server, 3).await;
+    let granted_in_time = Arc::new(AtomicU64::new(0));
+    let cancelled = Arc::new(AtomicU64::new(0));
+    let steady_done = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+
+    for (c, client) in clients.iter().enumerate() {
+        for t in 0..CANCELLERS_PER_CLIENT {
+            let client = client.clone();
+            let granted_in_time = Arc::clone(&granted_in_time);
+            let cancelled = Arc::clone(&cancelled);
+            tasks.push(tokio::spawn(async move {
+                let mut rng = XorShift(0x9E37_79B9_7F4A_7C15 ^ ((c as u64) << 32 | t) | 1);
+                for attempt in 0..ATTEMPTS {
+                    // Mostly short budgets (cancelled in the queue), some long
+                    // enough to be granted, often just as they run out.
+                    let budget = if rng.below(4) == 0 {
+                        Duration::from_micros(rng.below(300_000))
+                    } else {
+                        Duration::from_micros(rng.below(20_000))
+                    };
+                    let outcome = if attempt % 2 == 0 {
+                        tokio::time::timeout(budget, client.lock("stress"))
+                            .await
+                            .ok()
+                    } else {
+                        tokio::select! {
+                            guard = client.lock("stress") => Some(guard),
+                            _ = tokio::time::sleep(budget) => None,
+                        }
+                    };
+                    match outcome {
+                        Some(guard) => {
+                            let guard = guard.expect("lock");
+                            granted_in_time.fetch_add(1, Ordering::Relaxed);
+                            if rng.below(2) == 0 {
+                                drop(guard);
+                            } else {
+                                guard.release().await.expect("release");
+                            }
+                        }
+                        None => {
+                            cancelled.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }));
+        }
+        for _ in 0..STEADY_PER_CLIENT {
+            let client = client.clone();
+            let steady_done = Arc::clone(&steady_done);
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..STEADY_CYCLES {
+                    let guard = client
+                        .lock_with("stress", LockOptions::new().wait_timeout(LONG))
+                        .await
+                        .expect("a waiter that keeps waiting is granted");
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                    guard.release().await.expect("release");
+                }
+                steady_done.fetch_add(1, Ordering::SeqCst);
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.expect("task");
+    }
+    let cancelled = cancelled.load(Ordering::Relaxed);
+    eprintln!(
+        "stress: {} attempts, {} cancelled, {} granted in time",
+        3 * CANCELLERS_PER_CLIENT * ATTEMPTS,
+        cancelled,
+        granted_in_time.load(Ordering::Relaxed)
+    );
+    assert!(
+        cancelled > 100,
+        "the run must actually cancel acquires ({cancelled})"
+    );
+    assert!(
+        granted_in_time.load(Ordering::Relaxed) > 50,
+        "the run must also grant some of them"
+    );
+    assert_eq!(steady_done.load(Ordering::SeqCst), 3 * STEADY_PER_CLIENT);
+
+    // Cleanup of cancelled acquires and dropped guards runs in the background.
+    let mut state = clients[0].inspect("stress").await.expect("inspect");
+    for _ in 0..200 {
+        if state.owner.is_none() && state.queue_len == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        state = clients[0].inspect("stress").await.expect("inspect");
+    }
+    assert_eq!(state.owner, None, "the lock is free");
+    assert_eq!(state.queue_len, 0, "the queue is empty");
+    for client in &clients {
+        let stats = client.stats();
+        assert_eq!(
+            (stats.waiters, stats.watched_leases, stats.held),
+            (0, 0, 0),
+            "{stats:?}"
+        );
+    }
+    server.cmd(&["CONFIG", "RESETSTAT"]).expect("reset");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(
+        calls(&server, "evalsha"),
+        0,
+        "heartbeat or watchdog work remains"
+    );
+}
+
+/// A grant that lands just as its waiter gives up is passed on at once, in
+/// the cancel script itself, not after the grant lease (10 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_racing_a_cancel_is_passed_on_at_once() {
+    let server = server();
+    let mut config = fast_config(&server);
+    config.grant_lease = Duration::from_secs(10);
+    config.waiter_timeout = Duration::from_secs(10);
+    let client = LockClient::with_config(config.clone())
+        .await
+        .expect("client");
+    let next = LockClient::with_config(config).await.expect("client");
+    let timings = Timings {
+        grant_lease_ms: 10_000,
+        waiter_ttl_ms: 10_000,
+        ..Timings::default()
+    };
+
+    // Deterministic: a raw waiter is granted by the release, then cancels.
+    let holder = client.lock("race").await.expect("holder");
+    let member = "feedface0000000000000000000000aa.0000000000000001";
+    let queued = raw(
+        &server,
+        "race",
+        &Acquire {
+            member,
+            lease_ms: 30_000,
+            mode: AcquireMode::Wait,
+            timings: &timings,
+            channel_prefix: "test:nobody:",
+        },
+    );
+    assert!(matches!(queued, AcquireReply::Queued { .. }));
+    let second = {
+        let next = next.clone();
+        tokio::spawn(async move {
+            next.lock_with("race", LockOptions::new().wait_timeout(LONG))
+                .await
+        })
+    };
+    wait_for_queue_len(&client, "race", 2).await;
+    holder
+        .release()
+        .await
+        .expect("release hands the lock to the raw waiter");
+    assert_eq!(
+        client
+            .inspect("race")
+            .await
+            .expect("inspect")
+            .owner
+            .as_deref(),
+        Some(member)
+    );
+    let cancel = raw(
+        &server,
+        "race",
+        &Cancel {
+            member,
+            timings: &timings,
+            channel_prefix: "fairlock:notify:",
+        },
+    );
+    assert_eq!(
+        cancel,
+        CancelReply {
+            was_queued: false,
+            was_owner: true,
+            evicted: 0
+        }
+    );
+    let state = client.inspect("race").await.expect("inspect");
+    let second = second
+        .await
+        .expect("task")
+        .expect("the next waiter is granted");
+    assert_eq!(
+        state.owner.as_deref(),
+        Some(second.owner_id()),
+        "handed on inside the cancel"
+    );
+    second.release().await.expect("release");
+
+    // Through the client: the waiter's future is dropped right as the
+    // release grants it; the next waiter still gets the lock long before
+    // the 10 s grant lease could run out.
+    for round in 0..10 {
+        let holder = client.lock("race2").await.expect("holder");
+        let doomed = {
+            let client = client.clone();
+            tokio::spawn(async move { client.lock("race2").await.map(|g| g.token()) })
+        };
+        wait_for_queue_len(&client, "race2", 1).await;
+        let survivor = {
+            let next = next.clone();
+            tokio::spawn(async move {
+                next.lock_with(
+                    "race2",
+                    LockOptions::new().wait_timeout(Duration::from_secs(5)),
+                )
+                .await
+                .map(|g| g.token())
+            })
+        };
+        wait_for_queue_len(&client, "race2", 2).await;
+        let release = holder.release();
+        if round % 2 == 0 {
+            doomed.abort();
+            release.await.expect("release");
+        } else {
+            release.await.expect("release");
+            doomed.abort();
+        }
+        let granted = survivor.await.expect("task");
+        assert!(granted.is_ok(), "round {round}: {granted:?}");
+    }
+}
+
+/// Every script is safe to run twice with the same member: the second run
+/// changes nothing (heartbeat only moves deadlines) and answers the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_are_idempotent_on_retry() {
+    let server = server();
+    let timings = Timings::default();
+    let acquire = |member: &'static str| Acquire {
+        member,
+        lease_ms: 30_000,
+        mode: AcquireMode::Wait,
+        timings: &timings,
+        channel_prefix: "test:nobody:",
+    };
+    let name = "idem";
+
+    let first = raw(&server, name, &acquire("aa.01"));
+    let snapshot = dump(&server);
+    assert_eq!(
+        raw(&server, name, &acquire("aa.01")),
+        first,
+        "acquire retried"
+    );
+    assert_eq!(dump(&server), snapshot);
+
+    let queued = raw(&server, name, &acquire("bb.02"));
+    let snapshot = dump(&server);
+    let again = raw(&server, name, &acquire("bb.02"));
+    match (queued, again) {
+        (
+            AcquireReply::Queued {
+                ticket: t1,
+                position: p1,
+                ..
+            },
+            AcquireReply::Queued {
+                ticket: t2,
+                position: p2,
+                ..
+            },
+        ) => {
+            assert_eq!((t1, p1), (t2, p2), "a retried enqueue keeps its ticket");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        without_deadlines(dump(&server)),
+        without_deadlines(snapshot)
+    );
+
+    let members = vec!["bb.02".to_owned()];
+    let beat = Heartbeat {
+        members: &members,
+        timings: &timings,
+        channel_prefix: "test:nobody:",
+    };
+    let one = raw(&server, name, &beat);
+    let snapshot = dump(&server);
+    let two = raw(&server, name, &beat);
+    assert_eq!(one.statuses, two.statuses);
+    assert_eq!(one.statuses, vec![WaiterStatus::Queued]);
+    assert_eq!(
+        without_deadlines(dump(&server)),
+        without_deadlines(snapshot)
+    );
+
+    let renew = Renew {
+        member: "aa.01",
+        lease_ms: 40_000,
+    };
+    let one = raw(&server, name, &renew);
+    assert!(matches!(one, RenewReply::Renewed { .. }));
+    assert_eq!(raw(&server, name, &renew), one);
+
+    let release = Release {
+        member: "aa.01",
+        timings: &timings,
+        channel_prefix: "test:nobody:",
+    };
+    assert_eq!(
+        raw(&server, name, &release),
+        ReleaseReply::Released {
+            handed_on: true,
+            evicted: 0
+        }
+    );
+    let snapshot = dump(&server);
+    assert_eq!(
+        raw(&server, name, &release),
+        ReleaseReply::Released {
+            handed_on: false,
+            evicted: 0
+        },
+        "a resent release is recognised"
+    );
+    assert_eq!(dump(&server), snapshot, "and changes nothing");
+
+    let cancel = Cancel {
+        member: "bb.02",
+        timings: &timings,
+        channel_prefix: "test:nobody:",
+    };
+    assert_eq!(
+        raw(&server, name, &cancel).was_owner,
+        true,
+        "bb.02 had been handed the lock"
+    );
+    let snapshot = dump(&server);
+    assert_eq!(
+        raw(&server, name, &cancel),
+        CancelReply {
+            was_queued: false,
+            was_owner: false,
+            evicted: 0
+        }
+    );
+    assert_eq!(dump(&server), snapshot);
+}
+
+/// Drops the waiter-deadline key, the one thing a heartbeat may move.
+fn without_deadlines(mut dump: Vec<(String, String)>) -> Vec<(String, String)> {
+    dump.retain(|(key, _)| !key.ends_with(":alive"));
+    dump
+}
