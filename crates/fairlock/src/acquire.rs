@@ -11,15 +11,17 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 use fairlock_core::{Acquire, AcquireMode, AcquireReply, Cancel, LockKeys, Renew, RenewReply};
-use fairlock_metrics as names;
 use tokio::sync::mpsc;
 
 use crate::client::{Core, LockClient};
 use crate::config::{millis, Lease, LockOptions};
 use crate::error::{Error, Result};
-use crate::guard::{HeldLock, LockGuard};
+use crate::guard::{Grant, HeldLock, LockGuard};
 use crate::registry::WaiterEvent;
+use crate::telemetry::{waiters_evicted, LockTelemetry};
 
 /// Whether the caller waits in the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,14 +49,28 @@ pub(crate) async fn acquire(
 ) -> Result<Option<LockGuard>> {
     options.validate()?;
     let keys = client.keys(name)?;
+    let span = tracing::debug_span!("fairlock.acquire", lock = name, mode = ?mode);
+    acquire_validated(client, name, keys, options, mode)
+        .instrument(span)
+        .await
+}
+
+async fn acquire_validated(
+    client: &LockClient,
+    name: &str,
+    keys: Arc<LockKeys>,
+    options: LockOptions,
+    mode: Mode,
+) -> Result<Option<LockGuard>> {
     let core = client.core();
+    let telemetry = core.config.metrics_lock_label.labels(name);
     let started = Instant::now();
     let lease_ms = match options.lease {
         Lease::Fixed(lease) => millis(lease),
         Lease::Watchdog => millis(core.config.watchdog_lease),
     };
     let member = core.new_member();
-    let mut pending = PendingAcquire::new(client, &keys, &member, mode);
+    let mut pending = PendingAcquire::new(client, &keys, &member, mode, telemetry.clone());
     let deadline = options
         .wait_timeout
         .filter(|_| mode == Mode::Wait)
@@ -76,20 +92,20 @@ pub(crate) async fn acquire(
         let reply = match core.run(&keys, &call).await {
             Ok(reply) => reply,
             Err(error) => {
-                record_outcome("error", started);
+                telemetry.acquire_ended("error", started);
                 return Err(error);
             }
         };
         let (position, owner_pttl_ms) = match reply {
             AcquireReply::Granted { token, evicted } => {
-                count_evicted(evicted);
+                waiters_evicted(evicted);
                 let held = pending.granted(name, token, ticket, options.lease, sent_at);
                 return Ok(Some(LockGuard::new(client.clone(), held)));
             }
             AcquireReply::Busy { evicted, .. } => {
-                count_evicted(evicted);
+                waiters_evicted(evicted);
                 pending.finished();
-                record_outcome("busy", started);
+                telemetry.acquire_ended("busy", started);
                 return Ok(None);
             }
             AcquireReply::Queued {
@@ -98,10 +114,14 @@ pub(crate) async fn acquire(
                 owner_pttl_ms,
                 evicted,
             } => {
-                count_evicted(evicted);
+                waiters_evicted(evicted);
                 if ticket.replace(queued_with).is_none() {
-                    metrics::counter!(names::CONTENDED_TOTAL).increment(1);
-                    metrics::gauge!(names::QUEUE_DEPTH).set(position as f64);
+                    telemetry.contended(position);
+                    tracing::debug!(
+                        ticket = queued_with,
+                        position,
+                        "fairlock waiting in the queue"
+                    );
                 }
                 core.registry.mark_queued(&member);
                 (position, owner_pttl_ms)
@@ -122,12 +142,12 @@ pub(crate) async fn acquire(
         let event = tokio::select! {
             event = pending.next_event() => event,
             _ = tokio::time::sleep(recheck) => {
-                metrics::counter!(names::WAIT_RECHECK_TOTAL).increment(1);
+                telemetry.recheck();
                 continue;
             }
             _ = sleep_until_deadline(deadline) => {
                 pending.cancel_now().await;
-                record_outcome("timeout", started);
+                telemetry.acquire_ended("timeout", started);
                 return Err(Error::WaitTimeout {
                     name: name.to_owned(),
                     waited: started.elapsed(),
@@ -135,7 +155,8 @@ pub(crate) async fn acquire(
             }
         };
         if let Some(WaiterEvent::Granted { token }) = event {
-            metrics::counter!(names::HANDOFF_TOTAL).increment(1);
+            telemetry.handoff();
+            tracing::debug!(token, "fairlock lock handed on to this waiter");
             let held = pending.granted(name, token, ticket, options.lease, sent_at);
             confirm_lease(client, &held, lease_ms);
             return Ok(Some(LockGuard::new(client.clone(), held)));
@@ -173,18 +194,6 @@ fn confirm_lease(client: &LockClient, held: &Arc<HeldLock>, lease_ms: u64) {
     });
 }
 
-fn count_evicted(evicted: u64) {
-    if evicted > 0 {
-        metrics::counter!(names::WAITERS_EVICTED_TOTAL).increment(evicted);
-    }
-}
-
-fn record_outcome(outcome: &'static str, started: Instant) {
-    metrics::counter!(names::ACQUIRE_TOTAL, "outcome" => outcome).increment(1);
-    metrics::histogram!(names::WAIT_SECONDS, "outcome" => outcome)
-        .record(started.elapsed().as_secs_f64());
-}
-
 /// An acquire that has not produced a guard yet. Dropping it cancels.
 struct PendingAcquire<'a> {
     client: &'a LockClient,
@@ -192,11 +201,18 @@ struct PendingAcquire<'a> {
     member: &'a str,
     events: Option<mpsc::UnboundedReceiver<WaiterEvent>>,
     started: Instant,
+    telemetry: LockTelemetry,
     done: bool,
 }
 
 impl<'a> PendingAcquire<'a> {
-    fn new(client: &'a LockClient, keys: &'a Arc<LockKeys>, member: &'a str, mode: Mode) -> Self {
+    fn new(
+        client: &'a LockClient,
+        keys: &'a Arc<LockKeys>,
+        member: &'a str,
+        mode: Mode,
+        telemetry: LockTelemetry,
+    ) -> Self {
         // Register before the first script call: the grant may be published
         // the instant the script queues us.
         let events = (mode == Mode::Wait).then(|| client.core().registry.register(member, keys));
@@ -206,6 +222,7 @@ impl<'a> PendingAcquire<'a> {
             member,
             events,
             started: Instant::now(),
+            telemetry,
             done: false,
         }
     }
@@ -236,16 +253,20 @@ impl<'a> PendingAcquire<'a> {
         sent_at: Instant,
     ) -> Arc<HeldLock> {
         self.finished();
-        record_outcome("acquired", self.started);
+        self.telemetry.acquire_ended("acquired", self.started);
         let held = Arc::new(HeldLock::new(
             name.to_owned(),
             Arc::clone(self.keys),
             self.member.to_owned(),
-            token,
-            ticket,
-            lease,
-            sent_at,
+            Grant {
+                token,
+                ticket,
+                lease,
+                requested_at: sent_at,
+            },
+            self.telemetry.clone(),
         ));
+        tracing::debug!(token, ?ticket, waited = ?self.started.elapsed(), "fairlock lock granted");
         self.client.core().watchdog.track(&held);
         held
     }
@@ -265,7 +286,7 @@ impl Drop for PendingAcquire<'_> {
             return;
         }
         self.finished();
-        record_outcome("cancelled", self.started);
+        self.telemetry.acquire_ended("cancelled", self.started);
         let client = self.client.clone();
         let keys = Arc::clone(self.keys);
         let member = self.member.to_owned();
@@ -288,6 +309,6 @@ async fn run_cancel(core: &Core, keys: &LockKeys, member: &str) -> Result<()> {
             },
         )
         .await?;
-    count_evicted(reply.evicted);
+    waiters_evicted(reply.evicted);
     Ok(())
 }

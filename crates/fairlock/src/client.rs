@@ -10,7 +10,6 @@ use fairlock_core::{
     LockKeys, LockName, LockState, Release, ReleaseReply, Renew, RenewReply, Reply, ScriptSource,
     Timings,
 };
-use fairlock_metrics as names;
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
@@ -22,6 +21,7 @@ use crate::guard::{FencingToken, HeldLock, LockGuard};
 use crate::owner::LockOwner;
 use crate::redis::RedisConnection;
 use crate::registry::WaiterRegistry;
+use crate::telemetry::waiters_evicted;
 use crate::watchdog::LeaseWatchdog;
 use crate::{heartbeat, subscription, watchdog};
 
@@ -392,7 +392,8 @@ impl Core {
         let result = self
             .release_member(&held.name, &held.keys, &held.member)
             .await;
-        metrics::histogram!(names::HOLD_SECONDS).record(held.granted_at.elapsed().as_secs_f64());
+        held.telemetry.held_for(held.granted_at);
+        tracing::debug!(lock = %held.name, token = held.token, ok = result.is_ok(), "fairlock lock released");
         if matches!(result, Err(Error::NotOwner { .. })) {
             held.mark_lost("release found the lock no longer held");
         }
@@ -412,9 +413,7 @@ impl Core {
             .await?;
         match reply {
             ReleaseReply::Released { evicted, .. } => {
-                if evicted > 0 {
-                    metrics::counter!(names::WAITERS_EVICTED_TOTAL).increment(evicted);
-                }
+                waiters_evicted(evicted);
                 Ok(())
             }
             ReleaseReply::NotOwner => Err(Error::NotOwner {

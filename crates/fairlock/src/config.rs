@@ -6,6 +6,7 @@ use std::time::Duration;
 use fairlock_core::{KeyPrefix, Timings};
 
 use crate::error::{Error, Result};
+use crate::telemetry::MetricsLockLabel;
 
 /// The longest lease or timing fairlock accepts: anything longer is almost
 /// certainly a unit mistake (seconds given as milliseconds).
@@ -93,6 +94,9 @@ pub struct ClientConfig {
     pub grant_lease: Duration,
     /// Lease of watchdog-kept locks; renewed every third of it.
     pub watchdog_lease: Duration,
+    /// Whether metrics carry a `lock` label (off by default: lock names
+    /// can be unbounded).
+    pub metrics_lock_label: MetricsLockLabel,
 }
 
 impl ClientConfig {
@@ -108,6 +112,7 @@ impl ClientConfig {
             waiter_timeout: Duration::from_secs(5),
             grant_lease: Duration::from_secs(5),
             watchdog_lease: Duration::from_secs(30),
+            metrics_lock_label: MetricsLockLabel::Off,
         }
     }
 

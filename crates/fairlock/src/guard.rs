@@ -7,13 +7,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fairlock_core::{LockKeys, Renew, RenewReply};
-use fairlock_metrics as names;
 use tokio::sync::watch;
 
 use crate::client::LockClient;
 use crate::config::{millis, Lease, LockOptions};
 use crate::error::{Error, Result};
 use crate::owner::OwnerShared;
+use crate::telemetry::LockTelemetry;
 
 /// A fencing token: strictly increasing per lock name across all grants.
 ///
@@ -49,6 +49,16 @@ pub(crate) struct HeldLock {
     fixed_lease: Mutex<Duration>,
     lost: watch::Sender<bool>,
     released: AtomicBool,
+    pub(crate) telemetry: LockTelemetry,
+}
+
+/// What a script's grant told us.
+pub(crate) struct Grant {
+    pub(crate) token: u64,
+    pub(crate) ticket: Option<u64>,
+    pub(crate) lease: Lease,
+    /// When the granting call was sent: the lease is counted from then.
+    pub(crate) requested_at: Instant,
 }
 
 impl HeldLock {
@@ -56,11 +66,15 @@ impl HeldLock {
         name: String,
         keys: Arc<LockKeys>,
         member: String,
-        token: u64,
-        ticket: Option<u64>,
-        lease: Lease,
-        requested_at: Instant,
+        grant: Grant,
+        telemetry: LockTelemetry,
     ) -> Self {
+        let Grant {
+            token,
+            ticket,
+            lease,
+            requested_at,
+        } = grant;
         let fixed = match lease {
             Lease::Fixed(lease) => lease,
             Lease::Watchdog => Duration::MAX,
@@ -77,6 +91,7 @@ impl HeldLock {
             fixed_lease: Mutex::new(fixed),
             lost: watch::Sender::new(false),
             released: AtomicBool::new(false),
+            telemetry,
         }
     }
 
@@ -109,7 +124,7 @@ impl HeldLock {
     /// Fires the lease-lost signal (once).
     pub(crate) fn mark_lost(&self, why: &str) {
         if !self.lost.send_replace(true) {
-            metrics::counter!(names::LEASE_LOST_TOTAL).increment(1);
+            self.telemetry.lease_lost();
             tracing::warn!(lock = %self.name, token = self.token, why, "fairlock lease lost");
         }
     }

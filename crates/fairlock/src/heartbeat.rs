@@ -10,12 +10,12 @@
 use std::sync::Arc;
 
 use fairlock_core::{Heartbeat, WaiterStatus};
-use fairlock_metrics as names;
 use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 
 use crate::client::Core;
 use crate::registry::WaiterEvent;
+use crate::telemetry::waiters_evicted;
 
 /// Runs until the client shuts down (the task is aborted).
 pub(crate) async fn run_waiter_heartbeat(core: Arc<Core>) {
@@ -43,9 +43,7 @@ async fn beat(core: &Arc<Core>) {
             };
             match core.redis.run(&keys, &call).await {
                 Ok(reply) => {
-                    if reply.evicted > 0 {
-                        metrics::counter!(names::WAITERS_EVICTED_TOTAL).increment(reply.evicted);
-                    }
+                    waiters_evicted(reply.evicted);
                     for (member, status) in members.iter().zip(reply.statuses) {
                         let event = match status {
                             WaiterStatus::Queued => continue,

@@ -38,6 +38,7 @@ mod owner;
 mod redis;
 mod registry;
 mod subscription;
+mod telemetry;
 mod watchdog;
 
 pub use client::{ClientStats, LockClient};
@@ -46,3 +47,4 @@ pub use error::{Error, Result};
 pub use fairlock_core::{FencedOp, FencedScript, KeyPrefix, LockState, Reply, MAX_NAME_BYTES};
 pub use guard::{FencingToken, LockGuard};
 pub use owner::LockOwner;
+pub use telemetry::MetricsLockLabel;

@@ -10,11 +10,10 @@
 
 use std::sync::Arc;
 
-use fairlock_metrics as names;
-
 use crate::client::Core;
 use crate::redis::{Messages, Reconnects};
 use crate::registry::WaiterEvent;
+use crate::telemetry;
 
 /// Parses a grant message, `<member> <token>`.
 pub(crate) fn parse_grant(payload: &str) -> Option<(&str, u64)> {
@@ -43,7 +42,7 @@ pub(crate) async fn route_grants(core: Arc<Core>, mut messages: Messages) {
 /// lost: run a heartbeat at once, which re-delivers every grant.
 pub(crate) async fn heal_after_reconnect(core: Arc<Core>, mut reconnects: Reconnects) {
     while reconnects.next().await {
-        metrics::counter!(names::PUBSUB_RECONNECTS_TOTAL).increment(1);
+        telemetry::pubsub_reconnected();
         tracing::info!("fairlock pub/sub connection re-established; re-checking all waiters");
         core.heartbeat_now.notify_one();
     }

@@ -14,13 +14,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use fairlock_core::{Renew, RenewReply};
-use fairlock_metrics as names;
 use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 
 use crate::client::Core;
 use crate::config::{millis, Lease};
 use crate::guard::HeldLock;
+use crate::telemetry::lease_renewal;
 
 /// Every grant this client holds; the watchdog renews those with a
 /// watchdog lease, and `release_all` releases them all.
@@ -92,16 +92,17 @@ async fn renew_once(core: &Core, lock: &Arc<HeldLock>) {
     };
     match core.redis.run(&lock.keys, &call).await {
         Ok(RenewReply::Renewed { .. }) => {
-            metrics::counter!(names::LEASE_RENEWALS_TOTAL, "result" => "renewed").increment(1);
+            lease_renewal("renewed");
+            tracing::trace!(lock = %lock.name, "fairlock lease renewed");
             lock.renewed_at(started);
         }
         Ok(RenewReply::NotOwner) => {
-            metrics::counter!(names::LEASE_RENEWALS_TOTAL, "result" => "lost").increment(1);
+            lease_renewal("lost");
             core.watchdog.forget(&lock.member);
             lock.mark_lost("the watchdog found the lock gone or owned by another");
         }
         Err(error) => {
-            metrics::counter!(names::LEASE_RENEWALS_TOTAL, "result" => "error").increment(1);
+            lease_renewal("error");
             tracing::warn!(lock = %lock.name, %error, "fairlock lease renewal failed; retrying");
             if lock.renewal_overdue(core.config.watchdog_lease) {
                 core.watchdog.forget(&lock.member);
