@@ -501,9 +501,8 @@ async fn scripts_are_idempotent_on_retry() {
         timings: &timings,
         channel_prefix: "test:nobody:",
     };
-    assert_eq!(
+    assert!(
         raw(&server, name, &cancel).was_owner,
-        true,
         "bb.02 had been handed the lock"
     );
     let snapshot = dump(&server);
