@@ -133,3 +133,15 @@ pub fn calls(server: &RedisServer, command: &str) -> u64 {
         .copied()
         .unwrap_or(0)
 }
+
+/// Waits (bounded) until lock `name` has at least `len` queue entries, so a
+/// test can enqueue waiters in a known order.
+pub async fn wait_for_queue_len(client: &LockClient, name: &str, len: u64) {
+    for _ in 0..1000 {
+        if client.inspect(name).await.expect("inspect").queue_len >= len {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("queue of {name} never reached {len}");
+}

@@ -14,16 +14,6 @@ use fairlock_tests::*;
 const CHILD_URL: &str = "FAIRLOCK_TEST_CHILD_URL";
 const LONG: Duration = Duration::from_secs(20);
 
-async fn wait_for_queue_len(client: &LockClient, name: &str, len: u64) {
-    for _ in 0..1000 {
-        if client.inspect(name).await.expect("inspect").queue_len >= len {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("queue of {name} never reached {len}");
-}
-
 /// Not a test of its own: the holder process that `holder_killed_with_sigkill_frees_the_lock`
 /// starts and kills. It takes the lock and then hangs.
 #[tokio::test]

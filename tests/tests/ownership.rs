@@ -14,16 +14,6 @@ use fairlock_tests::*;
 
 const LONG: Duration = Duration::from_secs(20);
 
-async fn wait_for_queue_len(client: &LockClient, name: &str, len: u64) {
-    for _ in 0..1000 {
-        if client.inspect(name).await.expect("inspect").queue_len >= len {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("queue of {name} never reached {len}");
-}
-
 /// Nested holds through one owner handle, across await points: same
 /// token, counted holds, and only the last release frees the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

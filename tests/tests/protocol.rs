@@ -97,16 +97,6 @@ async fn waiters_are_granted_in_fifo_order_across_clients() {
     );
 }
 
-async fn wait_for_queue_len(client: &fairlock::LockClient, name: &str, len: u64) {
-    for _ in 0..500 {
-        if client.inspect(name).await.expect("inspect").queue_len >= len {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("queue of {name} never reached {len}");
-}
-
 /// No barging: try_lock fails while anyone is queued, even in the instant
 /// the lock itself is free (its holder's lease just ran out), and the lock
 /// then goes to the queued waiter, not to the newcomer.
