@@ -164,3 +164,39 @@ async fn calls_to_a_dead_server_fail_instead_of_hanging() {
         "release against a dead server must fail, typed"
     );
 }
+
+/// `redis://user:password@host:port` authenticates (an ACL user here);
+/// a wrong password is a typed error, not a hang, and its message does not
+/// repeat the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_credentials_authenticate_and_bad_ones_are_refused() {
+    let server = RedisServer::builder()
+        .args(["--user", "alice", "on", ">wonderland", "~*", "&*", "+@all"])
+        .start()
+        .expect("redis-server with an ACL user");
+    let mut config = fast_config(&server);
+    config.url = format!("redis://alice:wonderland@127.0.0.1:{}", server.port());
+    let client = LockClient::with_config(config.clone())
+        .await
+        .expect("alice connects");
+    let guard = client.lock("acl").await.expect("lock as alice");
+    guard.release().await.expect("release");
+    let who = server.cmd(&["CLIENT", "LIST"]).expect("CLIENT LIST");
+    assert!(
+        who.as_str().unwrap_or_default().contains("user=alice"),
+        "connected as alice"
+    );
+
+    config.url = format!("redis://alice:wrong-password@127.0.0.1:{}", server.port());
+    config.connect_timeout = Duration::from_secs(2);
+    let refused = tokio::time::timeout(NEVER, LockClient::with_config(config)).await;
+    match refused {
+        Ok(Err(error @ Error::Unreachable { .. })) => {
+            assert!(!error.to_string().contains("wrong-password"), "{error}");
+        }
+        other => panic!(
+            "a bad password must be a typed error: {:?}",
+            other.map(|r| r.err())
+        ),
+    }
+}
