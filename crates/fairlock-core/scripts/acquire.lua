@@ -5,7 +5,7 @@
 -- ARGV[1] member          the caller's owner id and client tag
 -- ARGV[2] lease_ms        the caller's lease if granted now
 -- ARGV[3] mode            "wait" to enqueue when busy, "try" to never enqueue
--- ARGV[4] waiter_ttl_ms   heartbeat deadline given to a queued waiter
+-- ARGV[4] waiter_ttl_ms   heartbeat deadline given to the caller's process
 -- ARGV[5] queue_ttl_ms    TTL of the queue keys, refreshed by every heartbeat
 -- ARGV[6] grant_lease_ms  lease of a lock handed to a waiter that is not here
 -- ARGV[7] channel_prefix  waiters are woken on channel_prefix .. client tag
@@ -41,14 +41,12 @@ if not owner then
   if not head or head == member then
     if head then
       redis.call('ZREM', KEYS[2], member)
-      redis.call('ZREM', KEYS[3], member)
     end
     return {1, grant(member, lease_ms), evicted}
   end
   -- The lock is free but an older waiter exists: its holder vanished
   -- without a release. The oldest waiter gets the lock, not the caller.
   redis.call('ZREM', KEYS[2], head)
-  redis.call('ZREM', KEYS[3], head)
   notify(ARGV[7], head, grant(head, grant_lease_ms))
 end
 
@@ -61,7 +59,8 @@ if not ticket then
   ticket = redis.call('HINCRBY', KEYS[4], 'ticket', 1)
   redis.call('ZADD', KEYS[2], ticket, member)
 end
-redis.call('ZADD', KEYS[3], now + waiter_ttl_ms, member)
+-- The caller's process is evidently alive: move its deadline.
+redis.call('ZADD', KEYS[3], now + waiter_ttl_ms, client_of(member))
 redis.call('PEXPIRE', KEYS[2], queue_ttl_ms)
 redis.call('PEXPIRE', KEYS[3], queue_ttl_ms)
 return {2, ticket, redis.call('ZRANK', KEYS[2], member), redis.call('PTTL', KEYS[1]), evicted}

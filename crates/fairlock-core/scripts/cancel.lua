@@ -16,7 +16,6 @@ if err then return err end
 
 local member = ARGV[1]
 local was_queued = redis.call('ZREM', KEYS[2], member)
-redis.call('ZREM', KEYS[3], member)
 
 if redis.call('HGET', KEYS[1], 'id') ~= member then
   return {was_queued, 0, 0}

@@ -121,7 +121,7 @@ impl Default for KeyPrefix {
 /// |---|---|---|
 /// | `<prefix>{<name>}:owner` | hash | `id` (owner member), `token`; its TTL is the lease |
 /// | `<prefix>{<name>}:queue` | zset | waiter member → ticket |
-/// | `<prefix>{<name>}:alive` | zset | waiter member → heartbeat deadline (server ms) |
+/// | `<prefix>{<name>}:alive` | zset | client tag → heartbeat deadline of that process (server ms) |
 /// | `<prefix>{<name>}:fence` | hash | last `token`, last `ticket`, last `freed` member; never expires |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockKeys {
@@ -152,7 +152,7 @@ impl LockKeys {
         &self.keys[1]
     }
 
-    /// Waiter liveness: member → heartbeat deadline.
+    /// Process liveness: client tag → heartbeat deadline.
     pub fn alive(&self) -> &str {
         &self.keys[2]
     }

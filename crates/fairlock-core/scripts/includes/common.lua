@@ -4,11 +4,14 @@
 -- (`<prefix>{<name>}:...`), so a lock lives in one cluster slot:
 --   KEYS[1] owner  hash  {id = <member>, token = <fencing token>}; its TTL is the lease
 --   KEYS[2] queue  zset  member -> ticket (FIFO order)
---   KEYS[3] alive  zset  member -> heartbeat deadline, ms of server time
+--   KEYS[3] alive  zset  client tag -> heartbeat deadline, ms of server time
 --   KEYS[4] fence  hash  {token = last fencing token, ticket = last ticket,
 --                         freed = member of the last release}; never expires
 -- A member is `<owner id, 32 hex>.<client tag, hex>`; the client tag names
--- the one pub/sub channel of the waiter's process: ARGV channel prefix .. tag.
+-- the one pub/sub channel of the waiter's process (ARGV channel prefix .. tag)
+-- and its liveness: a process heartbeats all its waiters at once, so a
+-- waiter is alive while its process's deadline in `alive` lies ahead. One
+-- queue entry per waiter, one `alive` entry per process.
 
 -- Refuse keys of a foreign type before the first write, so a failing script
 -- leaves Redis exactly as it found it.
@@ -29,13 +32,15 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- The client tag of a member: its process.
+local function client_of(member)
+  return string.match(member, '%.(%x+)$') or member
+end
+
 -- Tell one waiter's process, on its own channel, that the waiter now owns
 -- the lock. One PUBLISH reaches one subscriber: no herd.
 local function notify(channel_prefix, member, token)
-  local tag = string.match(member, '%.(%x+)$')
-  if tag then
-    redis.call('PUBLISH', channel_prefix .. tag, member .. ' ' .. token)
-  end
+  redis.call('PUBLISH', channel_prefix .. client_of(member), member .. ' ' .. token)
 end
 
 -- Make `member` the owner with a fresh fencing token and lease `lease_ms`.
@@ -48,9 +53,9 @@ local function grant(member, lease_ms)
   return token
 end
 
--- The oldest waiter whose heartbeat deadline has not passed, or false.
--- Dead waiters found at the head are dropped on the way: O(k log N) for k
--- dead waiters, O(log N) when the head is alive.
+-- The oldest waiter whose process's heartbeat deadline has not passed, or
+-- false. Dead waiters found at the head are dropped on the way: O(k log N)
+-- for k dead waiters, O(log N) when the head is alive.
 local function live_head(now)
   local evicted = 0
   while true do
@@ -58,12 +63,11 @@ local function live_head(now)
     if not head then
       return false, evicted
     end
-    local deadline = tonumber(redis.call('ZSCORE', KEYS[3], head))
+    local deadline = tonumber(redis.call('ZSCORE', KEYS[3], client_of(head)))
     if deadline and deadline >= now then
       return head, evicted
     end
     redis.call('ZREM', KEYS[2], head)
-    redis.call('ZREM', KEYS[3], head)
     evicted = evicted + 1
   end
 end
@@ -79,7 +83,6 @@ local function grant_next(now, grant_lease_ms, channel_prefix)
     return false, evicted
   end
   redis.call('ZREM', KEYS[2], head)
-  redis.call('ZREM', KEYS[3], head)
   local token = grant(head, grant_lease_ms)
   notify(channel_prefix, head, token)
   return head, evicted
