@@ -235,14 +235,16 @@ async fn a_paused_holders_stale_write_is_rejected() {
         .expect("newer incr");
 
     for op in [
+        FencedOp::Get,
+        FencedOp::HGet("f"),
         FencedOp::Set("stale"),
         FencedOp::IncrBy(100),
         FencedOp::HSet("f", "stale"),
     ] {
         let target = match op {
-            FencedOp::Set(_) => value,
+            FencedOp::Set(_) | FencedOp::Get => value,
             FencedOp::IncrBy(_) => counter,
-            FencedOp::HSet(..) => hash,
+            FencedOp::HSet(..) | FencedOp::HGet(_) => hash,
         };
         let refused = paused_client
             .fenced_write(fence, target, paused.token(), op)
@@ -276,6 +278,12 @@ async fn a_paused_holders_stale_write_is_rejected() {
         server.cmd(&["EXISTS", hash]).expect("EXISTS").as_int(),
         Some(0)
     );
+
+    let read = client
+        .fenced_write(fence, value, newer.token(), FencedOp::Get)
+        .await
+        .expect("the current holder reads");
+    assert_eq!(read, Reply::Str("second".into()));
 
     // The current holder's user script runs, seeing its own KEYS and ARGV.
     let applied = client

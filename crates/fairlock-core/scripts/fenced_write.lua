@@ -1,22 +1,25 @@
--- fenced_write.lua: apply one write to a resource that lives in Redis only
--- if the writer's fencing token is not older than the newest token the
--- resource has seen. A holder paused past its lease carries an old token,
--- so its late write is refused instead of clobbering a newer holder's.
+-- fenced_write.lua: apply one write (or a read that decides a write) to a
+-- resource that lives in Redis only if the caller's fencing token is not
+-- older than the newest token the resource has seen. A holder paused past
+-- its lease carries an old token, so its late write is refused instead of
+-- clobbering a newer holder's. A fenced read records the token too, so once
+-- a newer holder has read, an older one can no longer write.
 --
 -- KEYS[1] fence   string: the newest fencing token this resource has seen
 -- KEYS[2] target  the key written
 -- ARGV[1] token   the writer's fencing token
--- ARGV[2] op      "set" | "hset" | "incrby"
--- ARGV[3..]       set: value;  hset: field, value;  incrby: delta
+-- ARGV[2] op      "set" | "hset" | "incrby" | "get" | "hget"
+-- ARGV[3..]       set: value;  hset: field, value;  incrby: delta;  hget: field
 --
 -- Replies:
---   {1, result}   applied; result is the write command's reply
+--   {1, result}   applied; result is the command's reply
 --   {0, newest}   refused: a newer token has written; nothing changed
 --
 -- Idempotent for set and hset; an incrby resent with the same token is
 -- applied again (the token alone cannot tell a resend from a second write).
 
-local expected = ({set = 'string', hset = 'hash', incrby = 'string'})[ARGV[2]]
+local expected = ({set = 'string', hset = 'hash', incrby = 'string',
+                   get = 'string', hget = 'hash'})[ARGV[2]]
 if not expected then
   return redis.error_reply('ERR fairlock fenced write: unknown op ' .. tostring(ARGV[2]))
 end
@@ -33,6 +36,10 @@ if ARGV[2] == 'set' then
   return {1, redis.call('SET', KEYS[2], ARGV[3])}
 elseif ARGV[2] == 'hset' then
   return {1, redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])}
+elseif ARGV[2] == 'get' then
+  return {1, redis.call('GET', KEYS[2])}
+elseif ARGV[2] == 'hget' then
+  return {1, redis.call('HGET', KEYS[2], ARGV[3])}
 else
   return {1, redis.call('INCRBY', KEYS[2], ARGV[3])}
 end

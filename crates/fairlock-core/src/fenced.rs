@@ -11,15 +11,25 @@
 use crate::reply::{Fields, ProtocolError, Reply};
 use crate::script::{ScriptSource, FENCED_WRITE};
 
-/// One write to a resource key.
+/// One operation on a resource key.
+///
+/// Fence the reads that decide a write, too: a fenced read records the
+/// token, so a holder whose lease ran out cannot write after a newer holder
+/// has read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FencedOp<'a> {
     /// `SET target value`.
     Set(&'a str),
     /// `HSET target field value`.
     HSet(&'a str, &'a str),
-    /// `INCRBY target delta`.
+    /// `INCRBY target delta`. Not idempotent: if the connection drops
+    /// and the Redis client resends it, it is applied twice. Prefer `Set`
+    /// of a value computed under the lock when exactly-once matters.
     IncrBy(i64),
+    /// `GET target`.
+    Get,
+    /// `HGET target field`.
+    HGet(&'a str),
 }
 
 /// `fenced_write.lua`: KEYS are the resource's fence key and the target.
@@ -58,6 +68,8 @@ impl FencedWrite<'_> {
                 args.extend(["hset".to_owned(), field.to_owned(), value.to_owned()])
             }
             FencedOp::IncrBy(delta) => args.extend(["incrby".to_owned(), delta.to_string()]),
+            FencedOp::Get => args.push("get".to_owned()),
+            FencedOp::HGet(field) => args.extend(["hget".to_owned(), field.to_owned()]),
         }
         args
     }

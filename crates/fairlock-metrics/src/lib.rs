@@ -2,9 +2,10 @@
 //! fairlock.
 //!
 //! The `fairlock` client records through the [`metrics`] facade. Until a
-//! recorder is installed, every recording is a check of one global and a
-//! return (a few nanoseconds; see `docs/METRICS.md` for the measurement),
-//! so a process that does not export metrics pays next to nothing.
+//! recorder is installed, a recording finds no recorder and returns: about
+//! 15-25 ns on the 2-core development machine
+//! (`tests/no_recorder_cost.rs`), a few recordings per acquisition against
+//! a Redis round trip of tens of microseconds at least.
 //!
 //! Names follow the Prometheus conventions: base units in the name
 //! (`_seconds`), counters end in `_total`, labels have bounded cardinality.

@@ -268,9 +268,13 @@ impl LockClient {
     }
 
     /// Applies `op` to `target_key` only if `token` is not older than the
-    /// newest token that wrote to the resource whose fence key is
-    /// `fence_key`; otherwise fails with [`Error::StaleToken`], changing
-    /// nothing. Keep `fence_key` and `target_key` under one hash tag.
+    /// newest token that used the resource whose fence key is `fence_key`;
+    /// otherwise fails with [`Error::StaleToken`], changing nothing. Keep
+    /// `fence_key` and `target_key` under one hash tag. Fence the reads that
+    /// decide a write too ([`FencedOp::Get`]); for several writes that must
+    /// land together, use [`LockClient::fenced_eval`] with one script.
+    /// [`FencedOp::IncrBy`] is not idempotent if the connection drops and
+    /// the command is resent.
     ///
     /// ```no_run
     /// # async fn demo(client: fairlock::LockClient, guard: fairlock::LockGuard) -> fairlock::Result<()> {

@@ -57,7 +57,9 @@ impl LockOptions {
         self
     }
 
-    pub(crate) fn validate(&self) -> Result<()> {
+    /// Checks the options without calling Redis; every lock call does this
+    /// first.
+    pub fn validate(&self) -> Result<()> {
         if let Lease::Fixed(lease) = self.lease {
             check_duration("lease", lease, Duration::from_millis(1))?;
         }
