@@ -471,7 +471,7 @@ async fn scripts_are_idempotent_on_retry() {
     assert_eq!(
         raw(&server, name, &release),
         ReleaseReply::Released {
-            handed_on: true,
+            handed_to: Some(("bb.02".to_owned(), 2)),
             evicted: 0
         }
     );
@@ -479,7 +479,7 @@ async fn scripts_are_idempotent_on_retry() {
     assert_eq!(
         raw(&server, name, &release),
         ReleaseReply::Released {
-            handed_on: false,
+            handed_to: None,
             evicted: 0
         },
         "a resent release is recognised"

@@ -7,7 +7,10 @@
 -- ARGV[3] channel_prefix  waiters are woken on channel_prefix .. client tag
 --
 -- Replies:
---   {1, handed_on, evicted}  released; handed_on is 1 if a waiter now owns it
+--   {1, handed_on, evicted, next, token}  released; handed_on is 1 if a waiter
+--                            now owns it: member `next` with fencing `token`
+--                            (so a releaser in the same process can wake it
+--                            without waiting for pub/sub)
 --   {0}                      refused: the caller does not own the lock
 --
 -- Owner-only: anyone but the owner changes nothing. Idempotent: a resent
@@ -25,4 +28,7 @@ if redis.call('HGET', KEYS[1], 'id') ~= member then
 end
 
 local next_owner, evicted = release_and_hand_on(member, tonumber(ARGV[2]), ARGV[3])
-return {1, next_owner and 1 or 0, evicted}
+if next_owner then
+  return {1, 1, evicted, next_owner, tonumber(redis.call('HGET', KEYS[1], 'token'))}
+end
+return {1, 0, evicted}

@@ -151,12 +151,12 @@ pub struct Release<'a> {
 }
 
 /// What [`Release`] answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReleaseReply {
     /// The lock was freed (or had been freed by this member already).
     Released {
-        /// A waiter now owns the lock.
-        handed_on: bool,
+        /// The waiter that now owns the lock and its fencing token, if any.
+        handed_to: Option<(String, u64)>,
         /// Dead waiters dropped on the way.
         evicted: u64,
     },
@@ -179,10 +179,16 @@ impl ScriptCall for Release<'_> {
     fn decode(reply: Reply) -> Result<ReleaseReply, ProtocolError> {
         let mut f = Fields::new(RELEASE.name(), reply)?;
         match f.int()? {
-            1 => Ok(ReleaseReply::Released {
-                handed_on: f.int()? == 1,
-                evicted: f.uint()?,
-            }),
+            1 => {
+                let handed_on = f.int()? == 1;
+                let evicted = f.uint()?;
+                let handed_to = if handed_on {
+                    Some((f.string()?, f.uint()?))
+                } else {
+                    None
+                };
+                Ok(ReleaseReply::Released { handed_to, evicted })
+            }
             0 => Ok(ReleaseReply::NotOwner),
             other => Err(f.unknown_status(other)),
         }

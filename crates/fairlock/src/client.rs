@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::guard::{FencingToken, HeldLock, LockGuard};
 use crate::owner::LockOwner;
 use crate::redis::RedisConnection;
-use crate::registry::WaiterRegistry;
+use crate::registry::{WaiterEvent, WaiterRegistry};
 use crate::telemetry::waiters_evicted;
 use crate::watchdog::LeaseWatchdog;
 use crate::{heartbeat, subscription, watchdog};
@@ -378,7 +378,9 @@ impl Core {
         if self.closed.load(Ordering::SeqCst) {
             return Err(Error::Closed);
         }
-        self.redis.run(keys, call).await
+        // Boxed: the Redis call's future is large, and every waiting task
+        // would otherwise carry it inline for its whole wait.
+        Box::pin(self.redis.run(keys, call)).await
     }
 
     /// A new member: a random 128-bit owner id and this client's tag.
@@ -416,8 +418,15 @@ impl Core {
             )
             .await?;
         match reply {
-            ReleaseReply::Released { evicted, .. } => {
+            ReleaseReply::Released { handed_to, evicted } => {
                 waiters_evicted(evicted);
+                if let Some((member, token)) = handed_to {
+                    // The next owner may wait in this very process: wake it
+                    // now instead of after the pub/sub round trip. Its
+                    // message still arrives and is then ignored.
+                    self.registry
+                        .deliver(&member, WaiterEvent::Granted { token });
+                }
                 Ok(())
             }
             ReleaseReply::NotOwner => Err(Error::NotOwner {

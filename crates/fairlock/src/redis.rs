@@ -47,6 +47,9 @@ impl RedisConnection {
             })
             .with_performance_config(|p| {
                 p.default_command_timeout = config.command_timeout;
+                // Grants arrive in bursts when many locks hand over at once;
+                // fred's default of 32 buffered messages overflows then.
+                p.broadcast_channel_capacity = 4_096;
             })
             // Keep reconnecting forever (0 = no attempt limit), backing off to 2 s.
             .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2));
@@ -200,9 +203,9 @@ pub(crate) struct Messages {
 
 impl Messages {
     /// The next message, or `None` once the connection is closed for good.
-    /// A lagging receiver skips what it missed: the waiter heartbeat
-    /// re-delivers every grant that a lost message carried.
-    pub(crate) async fn recv(&mut self) -> Option<(String, String)> {
+    /// A lagging receiver skips what it missed and calls `on_lag`: a waiter
+    /// heartbeat re-delivers every grant that a lost message carried.
+    pub(crate) async fn recv(&mut self, mut on_lag: impl FnMut(u64)) -> Option<(String, String)> {
         loop {
             match self.rx.recv().await {
                 Ok(message) => {
@@ -216,8 +219,9 @@ impl Messages {
                 Err(broadcast::error::RecvError::Lagged(missed)) => {
                     tracing::warn!(
                         missed,
-                        "fairlock pub/sub receiver lagged; heartbeats will recover the grants"
+                        "fairlock pub/sub receiver lagged; re-checking all waiters"
                     );
+                    on_lag(missed);
                 }
                 Err(broadcast::error::RecvError::Closed) => return None,
             }

@@ -23,7 +23,10 @@ pub(crate) fn parse_grant(payload: &str) -> Option<(&str, u64)> {
 
 /// Routes grant messages to waiting tasks until the connection closes.
 pub(crate) async fn route_grants(core: Arc<Core>, mut messages: Messages) {
-    while let Some((channel, payload)) = messages.recv().await {
+    // Grants lost to a lagging receiver are recovered by a heartbeat now,
+    // not at the next interval.
+    let heal = || core.heartbeat_now.notify_one();
+    while let Some((channel, payload)) = messages.recv(|_| heal()).await {
         if channel != core.channel {
             continue;
         }
