@@ -331,3 +331,44 @@ async fn fenced_write_refuses_wrong_types_untouched() {
     assert!(matches!(result, Err(Error::WrongType(_))), "{result:?}");
     assert_eq!(dump(&server), before);
 }
+
+/// A force-released holder's own release is refused, typed: the admin's
+/// eviction is not mistaken for a resend of the holder's release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_after_force_release_is_refused() {
+    let server = server();
+    let client = client(&server).await;
+    let guard = client.lock("evicted").await.expect("lock");
+    assert!(client.force_release("evicted").await.expect("force"));
+    let refused = guard.release().await;
+    assert!(
+        matches!(refused, Err(Error::NotOwner { .. })),
+        "{refused:?}"
+    );
+}
+
+/// A fixed lease handed on after a long wait starts at the grant, not at
+/// the call that queued: the new holder is not told it lost the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_on_fixed_lease_is_not_reported_lost() {
+    let server = server();
+    let client = client(&server).await;
+    let holder = client.lock("handed").await.expect("holder");
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .lock_with(
+                    "handed",
+                    LockOptions::new().lease(Duration::from_millis(400)),
+                )
+                .await
+        })
+    };
+    wait_for_queue_len(&client, "handed", 1).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    holder.release().await.expect("release");
+    let guard = waiter.await.expect("task").expect("granted");
+    assert!(!guard.is_lost(), "a fresh grant is not lost");
+    guard.release().await.expect("released within its lease");
+}

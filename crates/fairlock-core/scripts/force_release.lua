@@ -11,10 +11,11 @@
 local err = check_types({'hash', 'zset', 'zset', 'hash'})
 if err then return err end
 
+-- `freed` is deliberately not set: the evicted holder's own release must be
+-- refused (NotOwner), not taken for a resend of a release it never made.
 local owner = redis.call('HGET', KEYS[1], 'id')
 if owner then
   redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[4], 'freed', owner)
 end
 local next_owner, evicted = grant_next(now_ms(), tonumber(ARGV[1]), ARGV[2])
 return {owner and 1 or 0, next_owner and 1 or 0, evicted}

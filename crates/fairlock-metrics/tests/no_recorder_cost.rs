@@ -51,6 +51,19 @@ fn recording_without_a_recorder() {
     time("gauge!(QUEUE_DEPTH).set(x)", |i| {
         metrics::gauge!(QUEUE_DEPTH).set(f64::from(i % 64));
     });
+    // The client's pattern for a lock's metrics: its optional `lock` label
+    // (none by default) is cloned into a Vec with the outcome label, then
+    // one counter and one histogram are recorded.
+    let lock_labels: Vec<metrics::Label> = Vec::new();
+    time(
+        "acquire outcome: Vec<Label> built + counter + histogram",
+        |i| {
+            let mut labels = lock_labels.clone();
+            labels.push(metrics::Label::new("outcome", "acquired"));
+            metrics::counter!(ACQUIRE_TOTAL, labels.iter()).increment(1);
+            metrics::histogram!(WAIT_SECONDS, labels.iter()).record(f64::from(i) * 1e-6);
+        },
+    );
     let baseline = time("baseline: black_box only", |i| {
         black_box(i);
     });

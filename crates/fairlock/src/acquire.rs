@@ -157,7 +157,9 @@ async fn acquire_validated(
         if let Some(WaiterEvent::Granted { token }) = event {
             telemetry.handoff();
             tracing::debug!(token, "fairlock lock handed on to this waiter");
-            let held = pending.granted(name, token, ticket, options.lease, sent_at);
+            // The grant was made moments ago, by someone else's release; its
+            // lease (the short grant lease until confirmed) runs from about now.
+            let held = pending.granted(name, token, ticket, options.lease, Instant::now());
             confirm_lease(client, &held, lease_ms);
             return Ok(Some(LockGuard::new(client.clone(), held)));
         }
@@ -183,8 +185,9 @@ fn confirm_lease(client: &LockClient, held: &Arc<HeldLock>, lease_ms: u64) {
             member: &held.member,
             lease_ms,
         };
+        let sent_at = Instant::now();
         match task_client.core().run(&held.keys, &call).await {
-            Ok(RenewReply::Renewed { .. }) => {}
+            Ok(RenewReply::Renewed { .. }) => held.renewed_at(sent_at),
             Ok(RenewReply::NotOwner) if !held.is_released() => {
                 held.mark_lost("the handed-on grant expired before it was confirmed");
             }

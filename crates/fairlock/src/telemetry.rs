@@ -66,10 +66,16 @@ impl LockTelemetry {
 
     /// An acquire ended: `acquired`, `busy`, `timeout`, `cancelled` or `error`.
     pub(crate) fn acquire_ended(&self, outcome: &'static str, started: Instant) {
+        let seconds = started.elapsed().as_secs_f64();
+        if self.labels.is_empty() {
+            // The common case: static labels, no allocation.
+            metrics::counter!(names::ACQUIRE_TOTAL, "outcome" => outcome).increment(1);
+            metrics::histogram!(names::WAIT_SECONDS, "outcome" => outcome).record(seconds);
+            return;
+        }
         let labels = self.with("outcome", outcome);
         metrics::counter!(names::ACQUIRE_TOTAL, labels.iter()).increment(1);
-        metrics::histogram!(names::WAIT_SECONDS, labels.iter())
-            .record(started.elapsed().as_secs_f64());
+        metrics::histogram!(names::WAIT_SECONDS, labels.iter()).record(seconds);
     }
 
     /// An acquire had to queue behind `position` waiters.

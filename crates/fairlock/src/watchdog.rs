@@ -90,7 +90,13 @@ async fn renew_once(core: &Core, lock: &Arc<HeldLock>) {
         member: &lock.member,
         lease_ms: millis(core.config.watchdog_lease),
     };
-    match core.redis.run(&lock.keys, &call).await {
+    let result = core.redis.run(&lock.keys, &call).await;
+    if lock.is_released() {
+        // A renewal that raced the guard's release: not a lost lease.
+        core.watchdog.forget(&lock.member);
+        return;
+    }
+    match result {
         Ok(RenewReply::Renewed { .. }) => {
             lease_renewal("renewed");
             tracing::trace!(lock = %lock.name, "fairlock lease renewed");
