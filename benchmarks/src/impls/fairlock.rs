@@ -1,0 +1,54 @@
+//! fairlock as a user calls it: one `LockClient` per process, `lock(name)`
+//! (watchdog-kept lease), `guard.release().await`.
+
+use fairlock::{LockClient, LockGuard};
+
+use super::{LockConn, LockImpl, Result};
+
+/// fairlock with default settings.
+pub struct FairlockImpl;
+
+/// One fairlock client process: a command connection and one pub/sub
+/// connection, whatever the number of contender tasks.
+#[derive(Clone)]
+pub struct FairlockConn {
+    client: LockClient,
+}
+
+impl LockImpl for FairlockImpl {
+    type Conn = FairlockConn;
+
+    async fn connect(&self, url: &str) -> Result<FairlockConn> {
+        Ok(FairlockConn {
+            client: LockClient::connect(url).await?,
+        })
+    }
+
+    fn top_level_commands(&self) -> &'static [&'static str] {
+        // Everything else runs inside fairlock's scripts.
+        &["subscribe", "ssubscribe", "unsubscribe"]
+    }
+}
+
+impl LockConn for FairlockConn {
+    type Held = LockGuard;
+
+    async fn acquire(&self, name: &str) -> Result<LockGuard> {
+        Ok(self.client.lock(name).await?)
+    }
+
+    async fn release(&self, held: LockGuard) -> Result<()> {
+        Ok(held.release().await?)
+    }
+
+    async fn close(&self) {
+        self.client.shutdown().await;
+    }
+}
+
+impl FairlockConn {
+    /// The underlying client (for the 10,000-waiter probe).
+    pub fn client(&self) -> &LockClient {
+        &self.client
+    }
+}

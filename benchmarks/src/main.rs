@@ -1,0 +1,350 @@
+//! fairlock-bench: one hot Redis lock, fairlock side by side with the locks
+//! users would otherwise pick (a hand-written spin-poll lock, rslock), all
+//! in one run against a throwaway redis-server on 127.0.0.1.
+//!
+//! ```text
+//! cargo run --release -p fairlock-bench -- --quick   # under 2 minutes
+//! cargo run --release -p fairlock-bench              # the full matrix
+//! ```
+//!
+//! Results go to `benchmarks/results/` (results.jsonl, results.md, SVG
+//! charts); the markdown is also printed. See benchmarks/README.md for
+//! what every column means.
+
+mod admin;
+mod cell;
+mod charts;
+mod impls;
+mod probes;
+mod progress;
+mod report;
+mod stats;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use admin::Admin;
+use cell::{run_cell, CellPlan};
+use impls::{Implementation, LockImpl, Result};
+use progress::Progress;
+use report::{CellRecord, Results, RunInfo, UncontendedRecord, WaitersRecord};
+
+/// Simulated client processes per cell.
+const CLIENTS: usize = 4;
+
+const USAGE: &str = "\
+usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]...
+
+  --quick      fewer cells and shorter windows (under 2 minutes)
+  --out DIR    where to write results (default: benchmarks/results)
+  --impl NAME  only this implementation (repeatable): fairlock, spin-10ms,
+               spin-100ms, rslock, rslock-10ms
+";
+
+/// What the command line asked for.
+struct Options {
+    quick: bool,
+    out: PathBuf,
+    impls: Vec<Implementation>,
+}
+
+fn parse_args() -> std::result::Result<Options, String> {
+    let mut options = Options {
+        quick: false,
+        out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results"),
+        impls: Vec::new(),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => options.quick = true,
+            "--out" => {
+                options.out = PathBuf::from(args.next().ok_or("--out needs a directory")?);
+            }
+            "--impl" => {
+                let name = args.next().ok_or("--impl needs a name")?;
+                options.impls.push(
+                    Implementation::from_label(&name)
+                        .ok_or_else(|| format!("unknown implementation {name:?}"))?,
+                );
+            }
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if options.impls.is_empty() {
+        options.impls = Implementation::ALL.to_vec();
+    }
+    Ok(options)
+}
+
+/// The measurements of one run and their durations.
+struct Plan {
+    mode: &'static str,
+    impls: Vec<Implementation>,
+    /// (contenders, hold) of the one-hot-lock cells.
+    cells: Vec<(usize, Duration)>,
+    warmup_min: Duration,
+    warmup_max: Duration,
+    measure: Duration,
+    latency_iterations: usize,
+    waiters: usize,
+    many_locks: usize,
+    many_contenders: usize,
+    many_measure: Duration,
+}
+
+impl Plan {
+    fn new(options: &Options) -> Plan {
+        let ms = Duration::from_millis;
+        if options.quick {
+            Plan {
+                mode: "quick",
+                impls: options.impls.clone(),
+                cells: vec![(1, ms(1)), (64, ms(1)), (256, ms(1)), (64, ms(0))],
+                warmup_min: ms(300),
+                warmup_max: ms(2000),
+                measure: ms(1500),
+                latency_iterations: 300,
+                waiters: 10_000,
+                many_locks: 1000,
+                many_contenders: 2000,
+                many_measure: ms(1000),
+            }
+        } else {
+            let mut cells = Vec::new();
+            for hold in [ms(0), ms(1)] {
+                for contenders in [1, 8, 64, 256, 1024] {
+                    cells.push((contenders, hold));
+                }
+            }
+            Plan {
+                mode: "full",
+                impls: options.impls.clone(),
+                cells,
+                warmup_min: ms(1000),
+                warmup_max: ms(5000),
+                measure: ms(8000),
+                latency_iterations: 2000,
+                waiters: 10_000,
+                many_locks: 1000,
+                many_contenders: 2000,
+                many_measure: ms(6000),
+            }
+        }
+    }
+
+    fn cell_plan(&self, contenders: usize, hold: Duration) -> CellPlan {
+        CellPlan {
+            contenders,
+            hold,
+            locks: 1,
+            clients: CLIENTS,
+            warmup_min: self.warmup_min,
+            warmup_max: self.warmup_max,
+            measure: self.measure,
+        }
+    }
+
+    fn many_locks_plan(&self) -> CellPlan {
+        CellPlan {
+            contenders: self.many_contenders,
+            hold: Duration::from_millis(1),
+            locks: self.many_locks,
+            clients: CLIENTS,
+            warmup_min: self.warmup_min,
+            warmup_max: self.warmup_max,
+            measure: self.many_measure,
+        }
+    }
+
+    /// Rough seconds of a cell, for the progress bar.
+    fn cell_seconds(plan: &CellPlan) -> f64 {
+        let warmup = plan.warmup_min.as_secs_f64()
+            + (plan.contenders as f64 * 0.002).min(plan.warmup_max.as_secs_f64());
+        warmup + plan.measure.as_secs_f64() + 0.5
+    }
+
+    fn estimated_seconds(&self) -> f64 {
+        let n = self.impls.len() as f64;
+        let cells: f64 = self
+            .cells
+            .iter()
+            .map(|&(c, h)| Plan::cell_seconds(&self.cell_plan(c, h)))
+            .sum::<f64>()
+            * n;
+        let latency = self.latency_iterations as f64 * 0.0004 * n + n;
+        cells + latency + 6.0 + Plan::cell_seconds(&self.many_locks_plan()) * n
+    }
+}
+
+fn main() -> ExitCode {
+    let options = match parse_args() {
+        Ok(options) => options,
+        Err(message) => {
+            if !message.is_empty() {
+                eprintln!("fairlock-bench: {message}");
+            }
+            eprint!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("fairlock-bench: cannot start the tokio runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(&options)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("fairlock-bench: some cell had violations (lost updates); see the report");
+            ExitCode::FAILURE
+        }
+        Err(error) => {
+            eprintln!("fairlock-bench: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs everything; `Ok(false)` if any cell had violations.
+async fn run(options: &Options) -> Result<bool> {
+    let started = Instant::now();
+    let plan = Plan::new(options);
+    let admin = Admin::start()?;
+    let progress = Progress::new(plan.estimated_seconds());
+    let mut results = Results {
+        info: run_info(&plan, &admin).await?,
+        ping: None,
+        uncontended: Vec::new(),
+        waiters: None,
+        cells: Vec::new(),
+        many_locks: Vec::new(),
+    };
+
+    for &imp in &plan.impls {
+        progress.step(&format!("uncontended: {}", imp.label()), 1.0);
+        let (latency, ping) = with_impl!(imp, lock => probes::uncontended(&lock, &admin, plan.latency_iterations).await)?;
+        // The reference round trip: the PINGs interleaved with fairlock's
+        // (or the first implementation's) uncontended calls.
+        if results.ping.is_none() || imp == Implementation::Fairlock {
+            results.ping = Some(ping);
+        }
+        results
+            .uncontended
+            .push(UncontendedRecord::new(imp, latency, ping));
+    }
+
+    if plan.impls.contains(&Implementation::Fairlock) {
+        progress.step(&format!("{} waiters on one lock", plan.waiters), 5.0);
+        let cost = probes::fairlock_waiters(&admin, plan.waiters, &progress).await?;
+        results.waiters = Some(WaitersRecord::from(&cost));
+    }
+
+    for &(contenders, hold) in &plan.cells {
+        for &imp in &plan.impls {
+            let cell = plan.cell_plan(contenders, hold);
+            progress.step(
+                &format!("{} C={contenders} H={}ms", imp.label(), hold.as_millis()),
+                Plan::cell_seconds(&cell),
+            );
+            let record = with_impl!(imp, lock => measure_cell(&lock, imp, "cell", &admin, &cell, &progress).await)?;
+            progress.println(&record.summary());
+            results.cells.push(record);
+        }
+    }
+
+    let many = plan.many_locks_plan();
+    for &imp in &plan.impls {
+        progress.step(
+            &format!("{} locks: {}", many.locks, imp.label()),
+            Plan::cell_seconds(&many),
+        );
+        let record = with_impl!(imp, lock => measure_cell(&lock, imp, "many_locks", &admin, &many, &progress).await)?;
+        progress.println(&record.summary());
+        results.many_locks.push(record);
+    }
+    progress.finish();
+
+    results.info.duration_s = started.elapsed().as_secs_f64();
+    let markdown = report::write_all(&results, &options.out)?;
+    println!("{markdown}");
+    eprintln!("results written to {}", options.out.display());
+    let clean = results
+        .cells
+        .iter()
+        .chain(&results.many_locks)
+        .all(|c| c.violations == 0);
+    Ok(clean)
+}
+
+async fn measure_cell<L: LockImpl>(
+    lock: &L,
+    imp: Implementation,
+    kind: &'static str,
+    admin: &Admin,
+    plan: &CellPlan,
+    progress: &Progress,
+) -> Result<CellRecord> {
+    let run = run_cell(lock, admin, plan, progress).await?;
+    let metrics = stats::summarize(&run, lock.top_level_commands());
+    Ok(CellRecord::new(kind, imp, &run, &metrics))
+}
+
+async fn run_info(plan: &Plan, admin: &Admin) -> Result<RunInfo> {
+    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, model)| model.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let command = if plan.mode == "quick" {
+        "cargo run --release -p fairlock-bench -- --quick"
+    } else {
+        "cargo run --release -p fairlock-bench"
+    };
+    Ok(RunInfo {
+        kind: "run",
+        mode: plan.mode,
+        command: command.to_owned(),
+        date_utc: utc_now(),
+        nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cpu_model,
+        redis_version: admin.version().await?,
+        clients: CLIENTS,
+        window_s: plan.measure.as_secs_f64(),
+        duration_s: 0.0,
+    })
+}
+
+/// The current UTC time as `YYYY-MM-DD HH:MM`.
+fn utc_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}",
+        rem / 3600,
+        (rem % 3600) / 60
+    )
+}

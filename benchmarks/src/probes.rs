@@ -1,0 +1,230 @@
+//! Measurements outside the contention matrix: the PING round trip,
+//! uncontended acquire+release latency, and 10,000 waiters on one lock in
+//! one process (client memory, Redis memory, connections).
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use fred::prelude::ClientLike;
+use tokio::sync::watch;
+
+use crate::admin::Admin;
+use crate::impls::fairlock::FairlockImpl;
+use crate::impls::{fred_client, LockConn, LockImpl, Result};
+use crate::progress::Progress;
+use crate::stats::percentile;
+
+/// Calls made before timing starts (connections, script cache, allocator).
+const WARMUP_CALLS: usize = 50;
+/// Waiters spawned at once by the waiter probe.
+const ENQUEUE_BATCH: usize = 500;
+/// Upper bound of any probe phase that waits for Redis state.
+const PHASE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Latency of a repeated operation, microseconds.
+#[derive(Debug, Clone, Copy)]
+pub struct Latency {
+    /// Median.
+    pub p50_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// Mean.
+    pub mean_us: f64,
+}
+
+impl Latency {
+    fn from_samples(mut samples_us: Vec<f64>) -> Result<Latency> {
+        samples_us.sort_by(f64::total_cmp);
+        let p50_us = percentile(&samples_us, 0.5).ok_or("no latency samples")?;
+        let p99_us = percentile(&samples_us, 0.99).ok_or("no latency samples")?;
+        Ok(Latency {
+            p50_us,
+            p99_us,
+            mean_us: samples_us.iter().sum::<f64>() / samples_us.len() as f64,
+        })
+    }
+}
+
+/// Acquire + release of a free lock by one task, back to back,
+/// interleaved with PINGs on a fred connection set up like fairlock's
+/// command connection, so both see the same machine load. Returns
+/// (acquire + release, PING).
+pub async fn uncontended<L: LockImpl>(
+    imp: &L,
+    admin: &Admin,
+    iterations: usize,
+) -> Result<(Latency, Latency)> {
+    admin.flushall().await?;
+    let conn = imp.connect(&admin.url()).await?;
+    let pinger = match fred_client(&admin.url()).await {
+        Ok(pinger) => pinger,
+        Err(error) => {
+            conn.close().await;
+            return Err(error);
+        }
+    };
+    let result = tokio::time::timeout(PHASE_TIMEOUT, async {
+        let mut locks = Vec::with_capacity(iterations);
+        let mut pings = Vec::with_capacity(iterations);
+        for i in 0..WARMUP_CALLS + iterations {
+            let started = Instant::now();
+            let _: String = pinger.ping(None).await?;
+            let pinged = Instant::now();
+            let held = conn.acquire("bench-uncontended").await?;
+            conn.release(held).await?;
+            if i >= WARMUP_CALLS {
+                pings.push((pinged - started).as_secs_f64() * 1e6);
+                locks.push(pinged.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        Ok::<_, crate::impls::BenchError>((
+            Latency::from_samples(locks)?,
+            Latency::from_samples(pings)?,
+        ))
+    })
+    .await;
+    conn.close().await;
+    let _ = tokio::time::timeout(crate::impls::COMMAND_TIMEOUT, pinger.quit()).await;
+    result.map_err(|_| "uncontended probe timed out")?
+}
+
+/// What 10,000 waiters on one lock cost.
+#[derive(Debug, Clone)]
+pub struct WaiterCost {
+    /// Waiters spawned.
+    pub waiters: usize,
+    /// Waiters Redis had queued when measured.
+    pub queued: u64,
+    /// Client RSS growth per waiter, bytes.
+    pub client_bytes_per_waiter: f64,
+    /// Redis `used_memory` growth per waiter, bytes.
+    pub redis_bytes_per_waiter: f64,
+    /// Redis connections the process held.
+    pub connections: usize,
+    /// Of those, connections subscribed to pub/sub channels.
+    pub subscriber_connections: usize,
+    /// Time until every waiter was queued, seconds.
+    pub enqueue_s: f64,
+    /// Size of the future `LockClient::lock` returns, bytes (before the
+    /// tokio task around it).
+    pub lock_future_bytes: usize,
+}
+
+/// `waiters` tasks of one fairlock client wait for a lock that another task
+/// of the same client holds.
+pub async fn fairlock_waiters(
+    admin: &Admin,
+    waiters: usize,
+    progress: &Progress,
+) -> Result<WaiterCost> {
+    admin.flushall().await?;
+    let before: BTreeSet<String> = admin
+        .clients()
+        .await?
+        .into_iter()
+        .filter_map(|c| c.get("id").cloned())
+        .collect();
+    let conn = FairlockImpl.connect(&admin.url()).await?;
+    let client = conn.client().clone();
+    let name = "bench-waiters";
+    let result = async {
+        let holder = client.lock(name).await?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let rss_before = rss_bytes()?;
+        let redis_before = admin.used_memory().await?;
+
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let started = Instant::now();
+        let deadline = started + PHASE_TIMEOUT;
+        let mut tasks = Vec::with_capacity(waiters);
+        let mut queued = 0;
+        // Enqueue in batches so the figure is the steady cost of waiting,
+        // not the transient peak of 10,000 script calls in flight at once.
+        while tasks.len() < waiters && Instant::now() < deadline {
+            let batch = ENQUEUE_BATCH.min(waiters - tasks.len());
+            for _ in 0..batch {
+                let client = client.clone();
+                let mut stop = stop_rx.clone();
+                tasks.push(tokio::spawn(async move {
+                    tokio::select! {
+                        guard = client.lock(name) => {
+                            if let Ok(guard) = guard {
+                                let _ = guard.release().await;
+                            }
+                        }
+                        _ = stopped(&mut stop) => {}
+                    }
+                }));
+            }
+            while Instant::now() < deadline {
+                queued = client.inspect(name).await?.queue_len;
+                if queued >= tasks.len() as u64 {
+                    break;
+                }
+                progress.tick();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let enqueue_s = started.elapsed().as_secs_f64();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let rss_after = rss_bytes()?;
+        let redis_after = admin.used_memory().await?;
+        let ours: Vec<_> = admin
+            .clients()
+            .await?
+            .into_iter()
+            .filter(|c| c.get("id").is_some_and(|id| !before.contains(id)))
+            .collect();
+        let subscribed = |c: &std::collections::BTreeMap<String, String>| {
+            ["sub", "psub", "ssub"].iter().any(|field| {
+                c.get(*field)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .is_some_and(|n| n > 0)
+            })
+        };
+
+        // Leave: every waiter cancels (removing its queue entry), then the
+        // holder releases to an empty queue.
+        let _ = stop_tx.send(true);
+        for task in tasks {
+            let _ = tokio::time::timeout(PHASE_TIMEOUT, task).await;
+        }
+        let drain_deadline = Instant::now() + PHASE_TIMEOUT;
+        while Instant::now() < drain_deadline && client.inspect(name).await?.queue_len > 0 {
+            progress.tick();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        holder.release().await?;
+
+        let n = waiters as f64;
+        Ok::<_, crate::impls::BenchError>(WaiterCost {
+            waiters,
+            queued,
+            client_bytes_per_waiter: (rss_after as f64 - rss_before as f64) / n,
+            redis_bytes_per_waiter: (redis_after - redis_before) / n,
+            connections: ours.len(),
+            subscriber_connections: ours.iter().filter(|c| subscribed(c)).count(),
+            enqueue_s,
+            lock_future_bytes: std::mem::size_of_val(&client.lock(name)),
+        })
+    }
+    .await;
+    conn.close().await;
+    result
+}
+
+/// Resolves once the stop signal is set (or its sender is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// This process's resident set size, from /proc/self/status.
+fn rss_bytes() -> Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .ok_or("no VmRSS in /proc/self/status")?;
+    Ok(kib * 1024)
+}

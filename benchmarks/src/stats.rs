@@ -1,0 +1,387 @@
+//! Statistics of one cell, computed offline from the recorded attempts.
+//!
+//! Definitions (also in benchmarks/README.md):
+//! * **wait**: from the moment a task starts waiting to the moment it holds
+//!   the lock, for acquisitions inside the window.
+//! * **handoff**: for consecutive holders P then N of one lock, where N was
+//!   already waiting when P started releasing: from P's release start to
+//!   N's acquisition.
+//! * **overtake**: an acquisition A overtook if some other attempt B of the
+//!   same lock started waiting before A did and was still waiting when A
+//!   got the lock (B.wait_start < A.wait_start and B.end > A.end).
+//! * **Jain's index** over the contenders' acquisitions: (sum x)^2 /
+//!   (n * sum x^2); 1 is perfectly even. Counted over the largest whole
+//!   number of fair-share rounds (a round = C x mean cycle time, the time
+//!   in which a fair lock serves every contender once) that fits in the
+//!   window, from its start: a window of 2.5 rounds would otherwise give
+//!   half the contenders 3 turns and half 2 under a perfectly fair lock.
+//!   The index over the raw window is kept too (`jain_window`).
+//! * **violations**: per lock, |completed critical sections - final counter|;
+//!   the counter is a non-atomic GET then SET, so two holders at once lose
+//!   an update.
+
+use std::collections::BTreeMap;
+
+use crate::admin::HARNESS_COMMANDS;
+use crate::cell::{Attempt, CellRun};
+
+/// Commands Redis executed for the lock itself during the window.
+#[derive(Debug, Clone, Default)]
+pub struct LockCommands {
+    /// Calls per command name, harness and critical-section commands removed.
+    pub by_command: BTreeMap<String, u64>,
+    /// Commands the clients sent (round trips).
+    pub top_level: u64,
+    /// Everything Redis executed, including the commands inside scripts.
+    pub total: u64,
+}
+
+/// The statistics of one cell.
+#[derive(Debug, Clone)]
+pub struct CellMetrics {
+    /// Acquisitions inside the window.
+    pub cycles: u64,
+    /// Length of the window, seconds.
+    pub window_s: f64,
+    /// Acquisitions per second.
+    pub cycles_per_s: f64,
+    /// Window / cycles, ms.
+    pub mean_cycle_ms: f64,
+    /// Mean time from acquisition to release start, ms.
+    pub hold_mean_ms: f64,
+    /// Sorted waits of the window's acquisitions, ms.
+    pub waits_ms: Vec<f64>,
+    /// Sorted handoff times, ms.
+    pub handoffs_ms: Vec<f64>,
+    /// Lock commands in the window.
+    pub commands: LockCommands,
+    /// Jain's fairness index over contenders, over whole rounds.
+    pub jain: f64,
+    /// Whole fair-share rounds `jain` was counted over (0: the raw window,
+    /// shorter than one round).
+    pub jain_rounds: u64,
+    /// Jain's fairness index over the raw window.
+    pub jain_window: f64,
+    /// Acquisitions that overtook an older waiter.
+    pub overtakes: u64,
+    /// Lost updates and other counter mismatches.
+    pub violations: u64,
+    /// Completed critical sections over the whole cell.
+    pub cs_completed: u64,
+    /// Median PING round trip during the window, ms.
+    pub ping_p50_ms: Option<f64>,
+}
+
+impl CellMetrics {
+    /// Nearest-rank percentile of the waits, ms.
+    pub fn wait(&self, q: f64) -> Option<f64> {
+        percentile(&self.waits_ms, q)
+    }
+
+    /// Nearest-rank percentile of the handoffs, ms.
+    pub fn handoff(&self, q: f64) -> Option<f64> {
+        percentile(&self.handoffs_ms, q)
+    }
+
+    /// Fraction of the window's acquisitions that overtook an older waiter.
+    pub fn overtake_fraction(&self) -> f64 {
+        if self.cycles == 0 {
+            0.0
+        } else {
+            self.overtakes as f64 / self.cycles as f64
+        }
+    }
+
+    /// Lock commands per cycle: (top-level, total).
+    pub fn commands_per_cycle(&self) -> (f64, f64) {
+        let cycles = self.cycles.max(1) as f64;
+        (
+            self.commands.top_level as f64 / cycles,
+            self.commands.total as f64 / cycles,
+        )
+    }
+
+    /// Up to `points` (wait ms, cumulative fraction) pairs of the wait CDF.
+    pub fn wait_cdf(&self, points: usize) -> Vec<(f64, f64)> {
+        let n = self.waits_ms.len();
+        if n == 0 {
+            return Vec::new();
+        }
+        let step = (n / points.max(1)).max(1);
+        let mut cdf: Vec<(f64, f64)> = (0..n)
+            .step_by(step)
+            .map(|i| (self.waits_ms[i], (i + 1) as f64 / n as f64))
+            .collect();
+        cdf.push((self.waits_ms[n - 1], 1.0));
+        cdf
+    }
+}
+
+/// Nearest-rank percentile of sorted `values`.
+pub fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+/// Jain's fairness index of `values` (1.0 for an empty or all-zero set).
+pub fn jain(values: &[f64]) -> f64 {
+    let sum: f64 = values.iter().sum();
+    let squares: f64 = values.iter().map(|v| v * v).sum();
+    if squares == 0.0 {
+        1.0
+    } else {
+        sum * sum / (values.len() as f64 * squares)
+    }
+}
+
+/// Splits `INFO commandstats` over the window into lock work: removes the
+/// harness's own commands and the critical section's GETs and SETs, and
+/// counts as top-level the script calls plus `top_level_commands`.
+pub fn lock_commands(
+    commandstats: &BTreeMap<String, u64>,
+    data_gets: u64,
+    data_sets: u64,
+    top_level_commands: &[&str],
+) -> LockCommands {
+    let mut out = LockCommands::default();
+    for (name, &calls) in commandstats {
+        if HARNESS_COMMANDS.contains(&name.as_str()) {
+            continue;
+        }
+        let calls = match name.as_str() {
+            "get" => calls.saturating_sub(data_gets),
+            "set" => calls.saturating_sub(data_sets),
+            _ => calls,
+        };
+        if calls == 0 {
+            continue;
+        }
+        let script_call =
+            name.starts_with("eval") || name.starts_with("fcall") || name.starts_with("script|");
+        if script_call || top_level_commands.contains(&name.as_str()) {
+            out.top_level += calls;
+        }
+        out.total += calls;
+        out.by_command.insert(name.clone(), calls);
+    }
+    out
+}
+
+/// Computes a cell's statistics.
+pub fn summarize(run: &CellRun, top_level_commands: &[&str]) -> CellMetrics {
+    let (w0, w1) = run.window;
+    let in_window = |t: u64| t >= w0 && t <= w1;
+    let window_s = (w1 - w0) as f64 / 1e9;
+    let ms = |ns: u64| ns as f64 / 1e6;
+
+    let mut per_task = vec![0f64; run.plan.contenders];
+    let mut waits_ms = Vec::new();
+    let mut hold_total = 0u64;
+    for a in run
+        .attempts
+        .iter()
+        .filter(|a| a.acquired && in_window(a.end))
+    {
+        per_task[a.task as usize] += 1.0;
+        waits_ms.push(ms(a.end - a.wait_start));
+        hold_total += a.release_start.saturating_sub(a.end);
+    }
+    waits_ms.sort_by(f64::total_cmp);
+    let cycles = waits_ms.len() as u64;
+
+    let round_ns = (w1 - w0) as f64 * run.plan.contenders as f64 / cycles.max(1) as f64;
+    let jain_rounds = if cycles == 0 {
+        0
+    } else {
+        ((w1 - w0) as f64 / round_ns).floor() as u64
+    };
+    let rounds_end = if jain_rounds == 0 {
+        w1
+    } else {
+        w0 + (jain_rounds as f64 * round_ns) as u64
+    };
+    let mut per_task_rounds = vec![0f64; run.plan.contenders];
+    for a in &run.attempts {
+        if a.acquired && a.end >= w0 && a.end <= rounds_end {
+            per_task_rounds[a.task as usize] += 1.0;
+        }
+    }
+
+    let mut by_lock: Vec<Vec<Attempt>> = vec![Vec::new(); run.plan.locks];
+    for a in &run.attempts {
+        by_lock[a.lock as usize].push(*a);
+    }
+    let mut overtakes = 0;
+    let mut handoffs_ms = Vec::new();
+    for attempts in &mut by_lock {
+        overtakes += count_overtakes(attempts, in_window);
+        handoffs_ms.extend(handoffs(attempts, in_window).into_iter().map(ms));
+    }
+    handoffs_ms.sort_by(f64::total_cmp);
+
+    let violations = run
+        .cs_completed
+        .iter()
+        .zip(&run.counters)
+        .map(|(&done, &counter)| done.abs_diff(counter.max(0) as u64))
+        .sum();
+
+    let mut pings: Vec<f64> = run
+        .pings
+        .iter()
+        .filter(|(at, _)| in_window(*at))
+        .map(|(_, us)| us / 1e3)
+        .collect();
+    pings.sort_by(f64::total_cmp);
+
+    CellMetrics {
+        ping_p50_ms: percentile(&pings, 0.5),
+        cycles,
+        window_s,
+        cycles_per_s: cycles as f64 / window_s.max(1e-9),
+        mean_cycle_ms: if cycles == 0 {
+            f64::NAN
+        } else {
+            window_s * 1e3 / cycles as f64
+        },
+        hold_mean_ms: if cycles == 0 {
+            0.0
+        } else {
+            ms(hold_total) / cycles as f64
+        },
+        waits_ms,
+        handoffs_ms,
+        commands: lock_commands(
+            &run.commandstats,
+            run.data_gets,
+            run.data_sets,
+            top_level_commands,
+        ),
+        jain: jain(&per_task_rounds),
+        jain_rounds,
+        jain_window: jain(&per_task),
+        overtakes,
+        violations,
+        cs_completed: run.cs_completed.iter().sum(),
+    }
+}
+
+/// Acquisitions (inside the window) that overtook an older waiter of the
+/// same lock. Sweeps the attempts in order of wait start, keeping the
+/// latest end among strictly earlier starters: O(n log n).
+fn count_overtakes(attempts: &mut [Attempt], in_window: impl Fn(u64) -> bool) -> u64 {
+    attempts.sort_by_key(|a| a.wait_start);
+    let mut overtakes = 0;
+    let mut latest_end_before = 0u64;
+    let mut i = 0;
+    while i < attempts.len() {
+        // Attempts that started waiting at the same instant do not overtake
+        // each other.
+        let start = attempts[i].wait_start;
+        let mut j = i;
+        while j < attempts.len() && attempts[j].wait_start == start {
+            let a = &attempts[j];
+            if a.acquired && in_window(a.end) && latest_end_before > a.end {
+                overtakes += 1;
+            }
+            j += 1;
+        }
+        for a in &attempts[i..j] {
+            latest_end_before = latest_end_before.max(a.end);
+        }
+        i = j;
+    }
+    overtakes
+}
+
+/// Handoff times (ns) of one lock: release start of a holder to the
+/// acquisition of the next holder, if that one was already waiting.
+fn handoffs(attempts: &[Attempt], in_window: impl Fn(u64) -> bool) -> Vec<u64> {
+    let mut acquired: Vec<&Attempt> = attempts.iter().filter(|a| a.acquired).collect();
+    acquired.sort_by_key(|a| a.end);
+    acquired
+        .windows(2)
+        .filter(|pair| in_window(pair[1].end) && pair[1].wait_start < pair[0].release_start)
+        .map(|pair| pair[1].end.saturating_sub(pair[0].release_start))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt(task: u32, wait_start: u64, end: u64, release_start: u64) -> Attempt {
+        Attempt {
+            task,
+            lock: 0,
+            wait_start,
+            end,
+            acquired: end != u64::MAX,
+            release_start,
+        }
+    }
+
+    #[test]
+    fn fifo_has_no_overtakes_and_barging_does() {
+        let all = |_| true;
+        // Task 0 holds 0..10; 1 waits from 1, 2 from 2: granted in order.
+        let mut fifo = vec![
+            attempt(0, 0, 0, 10),
+            attempt(1, 1, 11, 20),
+            attempt(2, 2, 21, 30),
+        ];
+        assert_eq!(count_overtakes(&mut fifo, all), 0);
+        // Task 2 barges ahead of task 1.
+        let mut barge = vec![
+            attempt(0, 0, 0, 10),
+            attempt(1, 1, 21, 30),
+            attempt(2, 2, 11, 20),
+        ];
+        assert_eq!(count_overtakes(&mut barge, all), 1);
+        // A waiter still waiting at the end counts as overtaken.
+        let mut starved = vec![attempt(1, 1, u64::MAX, 0), attempt(2, 2, 11, 20)];
+        assert_eq!(count_overtakes(&mut starved, all), 1);
+    }
+
+    #[test]
+    fn handoff_only_to_waiters() {
+        let all = |_| true;
+        let attempts = vec![
+            attempt(0, 0, 0, 10),
+            attempt(1, 1, 12, 20),  // waited since 1: handoff 2
+            attempt(2, 25, 26, 30), // arrived after release start: no handoff
+        ];
+        assert_eq!(handoffs(&attempts, all), vec![2]);
+    }
+
+    #[test]
+    fn percentiles_and_jain() {
+        let v = [1.0, 2.0, 3.0, 4.0];
+        assert_eq!(percentile(&v, 0.5), Some(2.0));
+        assert_eq!(percentile(&v, 0.99), Some(4.0));
+        assert_eq!(percentile(&[], 0.5), None);
+        assert!((jain(&[5.0, 5.0, 5.0]) - 1.0).abs() < 1e-12);
+        assert!((jain(&[1.0, 0.0]) - 0.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn script_internals_are_not_top_level() {
+        let stats: BTreeMap<String, u64> = [
+            ("evalsha", 10),
+            ("get", 25),
+            ("set", 40),
+            ("del", 10),
+            ("info", 1),
+            ("config|resetstat", 1),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let c = lock_commands(&stats, 15, 15, &["set"]);
+        assert_eq!(c.top_level, 10 + 25);
+        assert_eq!(c.total, 10 + 10 + 25 + 10);
+    }
+}

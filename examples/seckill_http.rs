@@ -1,0 +1,84 @@
+//! The flash sale as an HTTP service: `POST /seckill/{item}` through the
+//! item's fairlock, `POST /seckill-atomic/{item}` through one Lua script,
+//! `GET /stock/{item}`, `GET /stats` (answers per status code).
+//!
+//! ```sh
+//! cargo run --release -p fairlock-examples --example seckill_http
+//! curl -s -X POST http://127.0.0.1:8080/seckill/1
+//! curl -s http://127.0.0.1:8080/stock/1
+//! ```
+//!
+//! Environment: `PORT` (8080, on 127.0.0.1), `STOCK` (10,000 units of
+//! each item, each way, seeded at start), `ITEMS` (`1`), `WAIT_MS` (1,000:
+//! a request that waits longer for the lock is answered 429), `LEASE_MS`
+//! (5,000), `REDIS_URL` (unset: a throwaway redis-server on 127.0.0.1).
+//! `examples/seckill_load.sh` loads it with `ab` and checks for oversell.
+//! Stops on SIGINT or SIGTERM.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::ExitCode;
+
+use fairlock_examples::seckill::http::{Service, ServiceConfig};
+use fairlock_examples::seckill::{env_or, BoxError, Variant};
+use fairlock_testkit::RedisTarget;
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::signal::unix::{signal, SignalKind};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("seckill_http: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), BoxError> {
+    let config = ServiceConfig::from_env()?;
+    let port: u16 = env_or("PORT", 8080)?;
+    let target = RedisTarget::from_env_or_start()?;
+    let url = target.url();
+    let service = Service::start(&url, config.clone()).await?;
+    let listener =
+        listen(port).map_err(|e| format!("cannot listen on 127.0.0.1:{port}: {e} (set PORT)"))?;
+    let addr = listener.local_addr()?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    println!("redis: {url}");
+    println!(
+        "seckill: listening on http://{addr}: {} units of item(s) {} each way, lock wait timeout {} ms",
+        config.stock,
+        config.items.join(","),
+        config.wait_timeout.as_millis()
+    );
+    println!(
+        "  POST /seckill/{{item}}  POST /seckill-atomic/{{item}}  GET /stock/{{item}}  GET /stats"
+    );
+    let shutdown = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+    };
+    service.serve(listener, shutdown).await?;
+    for variant in Variant::ALL {
+        println!(
+            "answers ({}): {:?}",
+            variant.name(),
+            service.status_counts(variant)
+        );
+    }
+    service.close().await;
+    Ok(())
+}
+
+/// Listens on 127.0.0.1:`port` with a deep accept queue: a flash sale
+/// opens a thousand connections at once, and a full queue drops SYNs that
+/// the clients only retry a whole second later.
+fn listen(port: u16) -> std::io::Result<TcpListener> {
+    let socket = TcpSocket::new_v4()?;
+    socket.set_reuseaddr(true)?;
+    socket.bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))?;
+    socket.listen(4096)
+}

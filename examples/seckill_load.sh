@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# Loads the seckill HTTP service (examples/seckill_http.rs) with ApacheBench,
+# once through the lock endpoint and once through the atomic-script endpoint,
+# and checks each run for oversell against Redis.
+#
+#   examples/seckill_load.sh
+#   CONCURRENCY=200 REQUESTS=5000 STOCK=2000 examples/seckill_load.sh
+#
+# Environment: CONCURRENCY (1000), REQUESTS (20000), STOCK (10000),
+# WAIT_MS (1000: lock wait before a 429), PORT (18080), ITEM (1),
+# OUT_DIR (target/seckill-load: ab's full reports and the server log).
+#
+# It builds the example in release mode, installs `ab` (apache2-utils) with
+# apt-get when run as root (otherwise says what to install), starts the
+# service on 127.0.0.1 with a throwaway redis-server, and stops both on exit.
+# Exit code: 0 when every check passed, 1 when one failed, 2 on a setup error.
+
+set -euo pipefail
+
+CONCURRENCY=${CONCURRENCY:-1000}
+REQUESTS=${REQUESTS:-20000}
+STOCK=${STOCK:-10000}
+WAIT_MS=${WAIT_MS:-1000}
+PORT=${PORT:-18080}
+ITEM=${ITEM:-1}
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+OUT_DIR=${OUT_DIR:-$ROOT/target/seckill-load}
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+BASE="http://127.0.0.1:$PORT"
+
+die() {
+    echo "seckill_load: $*" >&2
+    exit 2
+}
+
+# --- tools -------------------------------------------------------------------
+need() { # need COMMAND DEBIAN-PACKAGE
+    command -v "$1" >/dev/null 2>&1 && return 0
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing $2 (for $1) with apt-get"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq || true
+        apt-get install -y -qq --no-install-recommends "$2" >/dev/null
+        command -v "$1" >/dev/null 2>&1 || die "$1 is still missing after installing $2"
+    else
+        die "$1 is missing: install it with  sudo apt-get install $2"
+    fi
+}
+need ab apache2-utils
+need curl curl
+command -v cargo >/dev/null 2>&1 || die "cargo is missing: install the Rust toolchain (rustup)"
+
+# ab holds CONCURRENCY sockets, the service as many again.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -lt $((CONCURRENCY * 2 + 256)) ]; then
+    die "open-file limit $(ulimit -n) is too low for CONCURRENCY=$CONCURRENCY; raise it (ulimit -n) or lower CONCURRENCY"
+fi
+
+# --- build and start -----------------------------------------------------------
+echo "building: cargo build --release -p fairlock-examples --example seckill_http"
+cargo build --release -q -p fairlock-examples --example seckill_http
+BIN="$TARGET_DIR/release/examples/seckill_http"
+[ -x "$BIN" ] || die "no binary at $BIN"
+
+mkdir -p "$OUT_DIR"
+LOG="$OUT_DIR/server.log"
+# REDIS_URL is left unset on purpose: the service starts its own redis-server.
+env -u REDIS_URL PORT="$PORT" STOCK="$STOCK" WAIT_MS="$WAIT_MS" ITEMS="$ITEM" "$BIN" >"$LOG" 2>&1 &
+SERVER=$!
+cleanup() {
+    if kill -0 "$SERVER" 2>/dev/null; then
+        kill -TERM "$SERVER" 2>/dev/null || true
+        for _ in $(seq 1 50); do
+            kill -0 "$SERVER" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$SERVER" 2>/dev/null || true
+    fi
+    wait "$SERVER" 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+for _ in $(seq 1 100); do
+    curl -sf "$BASE/stats" >/dev/null 2>&1 && break
+    kill -0 "$SERVER" 2>/dev/null || { cat "$LOG" >&2; die "the service exited during startup"; }
+    sleep 0.2
+done
+curl -sf "$BASE/stats" >/dev/null || { cat "$LOG" >&2; die "the service did not answer on $BASE within 20 s"; }
+REDIS_URL=$(sed -n 's/^redis: //p' "$LOG" | head -n 1)
+echo "service: $BASE   redis: $REDIS_URL   (log: $LOG)"
+
+# --- helpers -------------------------------------------------------------------
+# count JSON CODE VARIANT: one status code's count for one way, from /stats.
+count() {
+    local obj
+    obj=$(printf '%s' "$1" | grep -o "\"$3\":{[^}]*}")
+    printf '%s' "$obj" | sed -n "s/.*\"$2\":\([0-9]*\).*/\1/p"
+}
+
+# redis_read KEY-KIND VARIANT: the stock or the order count, read from Redis
+# itself (redis-cli), or through GET /stock when redis-cli is missing.
+redis_read() {
+    local key="seckill:{$2:$ITEM}"
+    if command -v redis-cli >/dev/null 2>&1 && [ -n "$REDIS_URL" ]; then
+        case $1 in
+            stock) redis-cli -u "$REDIS_URL" --raw GET "$key:stock" ;;
+            orders) redis-cli -u "$REDIS_URL" --raw HLEN "$key:orders" ;;
+        esac
+    else
+        curl -sf "$BASE/stock/$ITEM" | grep -o "\"$2\":{[^}]*}" | sed -n "s/.*\"$1\":\(-\{0,1\}[0-9]*\).*/\1/p"
+    fi
+}
+
+# Machine-wide count of connections dropped because an accept queue was
+# full; each one costs its client a SYN retransmit, a whole second later.
+listen_overflows() {
+    awk '$1 == "TcpExt:" { if (!seen) { for (i = 2; i <= NF; i++) name[i] = $i; seen = 1 }
+        else { for (i = 2; i <= NF; i++) if (name[i] == "ListenOverflows") print $i } }' \
+        /proc/net/netstat 2>/dev/null || true
+}
+
+FAILED=0
+check() { # check DESCRIPTION TEST...
+    local what=$1
+    shift
+    if "$@"; then
+        echo "  [ ok ] $what"
+    else
+        echo "  [FAIL] $what"
+        FAILED=1
+    fi
+}
+
+# --- load ----------------------------------------------------------------------
+load() { # load VARIANT PATH
+    local variant=$1 path=$2 report="$OUT_DIR/ab-$1.txt"
+    echo
+    echo "== $variant: ab -l -r -s 60 -c $CONCURRENCY -n $REQUESTS -p /dev/null $BASE$path/$ITEM"
+    local before after overflows
+    before=$(curl -sf "$BASE/stats")
+    overflows=$(listen_overflows)
+    if ! ab -l -r -s 60 -c "$CONCURRENCY" -n "$REQUESTS" -p /dev/null -T application/json \
+        "$BASE$path/$ITEM" >"$report" 2>&1; then
+        cat "$report" >&2
+        die "ab failed (full report: $report)"
+    fi
+    after=$(curl -sf "$BASE/stats")
+    overflows=$(($(listen_overflows) - ${overflows:-0}))
+
+    grep -E '^(Complete requests|Failed requests|Requests per second|Time taken for tests):' "$report" | sed 's/^/  /'
+    printf '  latency (ms):'
+    for p in 50 90 99 100; do
+        printf ' p%s %s ' "$p" "$(awk -v p="$p%" '$1 == p { print $2 }' "$report")"
+    done
+    echo
+    echo "  accept-queue overflows (machine-wide; each one is a 1 s SYN retry): $overflows"
+
+    local code n total=0 line="  answers:"
+    declare -A got
+    for code in 200 400 404 410 429 500 503 other; do
+        n=$(($(count "$after" "$code" "$variant") - $(count "$before" "$code" "$variant")))
+        got[$code]=$n
+        total=$((total + n))
+        [ "$n" -gt 0 ] && line="$line $code=$n"
+    done
+    echo "$line"
+
+    local stock orders
+    stock=$(redis_read stock "$variant")
+    orders=$(redis_read orders "$variant")
+    echo "  redis: stock $stock (of $STOCK), orders $orders"
+    check "every request answered and counted ($total of $REQUESTS)" [ "$total" -eq "$REQUESTS" ]
+    check "stock never negative ($stock >= 0)" [ "$stock" -ge 0 ]
+    check "orders in Redis = 200 answers ($orders = ${got[200]})" [ "$orders" -eq "${got[200]}" ]
+    check "sold <= stock, nothing lost: stock left + orders = initial ($stock + $orders = $STOCK)" \
+        [ $((stock + orders)) -eq "$STOCK" ]
+    if [ "$stock" -gt 0 ]; then
+        check "no 410 while stock was left (${got[410]} = 0)" [ "${got[410]}" -eq 0 ]
+    fi
+    check "no server errors (500=${got[500]} 503=${got[503]} other=${got[other]})" \
+        [ $((got[500] + got[503] + got[other])) -eq 0 ]
+}
+
+echo "machine: $(nproc) cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1), $(redis-server --version 2>/dev/null | awk '{ print $3 }')"
+load lock /seckill
+load atomic /seckill-atomic
+
+echo
+if [ "$FAILED" = 0 ]; then
+    echo "all checks passed"
+else
+    echo "SOME CHECKS FAILED"
+    exit 1
+fi

@@ -1,0 +1,395 @@
+//! The flash sale as an HTTP service (axum), both ways side by side.
+//!
+//! | request | answer |
+//! |---|---|
+//! | `POST /seckill/{item}` | through the item's fairlock: 200 `{"order_id": ...}`, 410 sold out, 429 when the wait for the lock runs out |
+//! | `POST /seckill-atomic/{item}` | through one Lua script, no lock: 200 or 410 |
+//! | `GET /stock/{item}` | units left and orders, per way, read from Redis |
+//! | `GET /stats` | how many answers of each status code each way gave |
+//!
+//! Every answer has a JSON body with a `status` field (`sold`,
+//! `sold_out`, `busy`, `no_such_item`, `bad_item`, `lease_lost`,
+//! `error`) and, unless sold, a `message` for a person. An optional
+//! `x-buyer` header names the buyer in the order.
+//!
+//! The two ways keep separate stock for each item (see
+//! [`super::Item`]): mixing them on one key would let the script sell
+//! between the locked path's read and its write.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use fairlock::{LockClient, LockOptions, MAX_DURATION};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use super::shop::{buy_with_lock, BuyError, Item, Sale, Shop, Variant};
+use super::{env_or, BoxError};
+
+/// The status codes counted one by one; anything else counts as `other`.
+const COUNTED: [u16; 7] = [200, 400, 404, 410, 429, 500, 503];
+
+/// The service's settings.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// Units of each item seeded at start, each way (`STOCK`, default 10,000).
+    pub stock: i64,
+    /// The item ids on sale (`ITEMS`, comma-separated, default `1`).
+    pub items: Vec<String>,
+    /// How long a request queues for the item's lock before it is
+    /// answered 429 (`WAIT_MS`, default 1,000).
+    pub wait_timeout: Duration,
+    /// Fixed lease of each grant (`LEASE_MS`, default 5,000).
+    pub lease: Duration,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        Self {
+            stock: 10_000,
+            items: vec!["1".to_owned()],
+            wait_timeout: Duration::from_secs(1),
+            lease: Duration::from_secs(5),
+        }
+    }
+}
+
+impl ServiceConfig {
+    /// The defaults, overridden by the environment variables named on
+    /// each field.
+    pub fn from_env() -> Result<Self, String> {
+        let d = Self::default();
+        let items: String = env_or("ITEMS", d.items.join(","))?;
+        Ok(Self {
+            stock: env_or("STOCK", d.stock)?,
+            items: items
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            wait_timeout: Duration::from_millis(env_or("WAIT_MS", 1_000)?),
+            lease: Duration::from_millis(env_or("LEASE_MS", 5_000)?),
+        })
+    }
+}
+
+/// Answers counted per status code, for one way of selling.
+#[derive(Default)]
+struct StatusCounts {
+    counted: [AtomicU64; COUNTED.len()],
+    other: AtomicU64,
+}
+
+impl StatusCounts {
+    fn add(&self, status: StatusCode) {
+        let slot = COUNTED
+            .iter()
+            .position(|&code| code == status.as_u16())
+            .and_then(|i| self.counted.get(i))
+            .unwrap_or(&self.other);
+        slot.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> BTreeMap<String, u64> {
+        let mut out: BTreeMap<String, u64> = COUNTED
+            .iter()
+            .zip(&self.counted)
+            .map(|(code, n)| (code.to_string(), n.load(Ordering::Relaxed)))
+            .collect();
+        out.insert("other".to_owned(), self.other.load(Ordering::Relaxed));
+        out
+    }
+}
+
+struct Inner {
+    lock: LockClient,
+    shop: Shop,
+    config: ServiceConfig,
+    items: HashMap<(Variant, String), Item>,
+    lock_counts: StatusCounts,
+    atomic_counts: StatusCounts,
+}
+
+/// The running service: its Redis connections, items and counters.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct Service {
+    inner: Arc<Inner>,
+}
+
+/// One answer before it becomes an HTTP response.
+struct Answer {
+    status: StatusCode,
+    body: Value,
+}
+
+impl Answer {
+    fn new(status: StatusCode, body: Value) -> Self {
+        Self { status, body }
+    }
+
+    fn failed(status: StatusCode, kind: &str, item: &str, message: String) -> Self {
+        Self::new(
+            status,
+            json!({ "status": kind, "item": item, "message": message }),
+        )
+    }
+}
+
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            return (self.status, [(header::RETRY_AFTER, "1")], Json(self.body)).into_response();
+        }
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+impl Service {
+    /// Connects to the Redis at `url` and puts `config.stock` units of
+    /// every item on sale, each way (forgetting earlier orders).
+    pub async fn start(url: &str, config: ServiceConfig) -> Result<Self, BoxError> {
+        if config.items.is_empty() {
+            return Err("ITEMS names no item".into());
+        }
+        if config.stock < 0 {
+            return Err(format!("STOCK={} must not be negative", config.stock).into());
+        }
+        if config.lease < Duration::from_millis(1) || config.lease > MAX_DURATION {
+            return Err("LEASE_MS must be 1..=86400000".into());
+        }
+        if config.wait_timeout > MAX_DURATION {
+            return Err("WAIT_MS must be at most 86400000".into());
+        }
+        let mut items = HashMap::new();
+        for id in &config.items {
+            for variant in Variant::ALL {
+                items.insert((variant, id.clone()), Item::new(variant, id)?);
+            }
+        }
+        let shop = Shop::connect(url).await?;
+        for item in items.values() {
+            shop.seed(item, config.stock).await?;
+        }
+        let lock = LockClient::connect(url).await?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                lock,
+                shop,
+                config,
+                items,
+                lock_counts: StatusCounts::default(),
+                atomic_counts: StatusCounts::default(),
+            }),
+        })
+    }
+
+    /// The routes.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/seckill/{item}", post(seckill_lock))
+            .route("/seckill-atomic/{item}", post(seckill_atomic))
+            .route("/stock/{item}", get(stock))
+            .route("/stats", get(stats))
+            .with_state(self.clone())
+    }
+
+    /// Serves on `listener` until `shutdown` resolves.
+    pub async fn serve(
+        &self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> io::Result<()> {
+        axum::serve(listener, self.router())
+            .with_graceful_shutdown(shutdown)
+            .await
+    }
+
+    /// Serves on a free port of 127.0.0.1 in the background (for tests);
+    /// abort the task to stop it.
+    pub async fn spawn_local(&self) -> io::Result<(SocketAddr, JoinHandle<io::Result<()>>)> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let addr = listener.local_addr()?;
+        let service = self.clone();
+        let task =
+            tokio::spawn(async move { service.serve(listener, std::future::pending()).await });
+        Ok((addr, task))
+    }
+
+    /// Answers given so far each way, by status code.
+    pub fn status_counts(&self, variant: Variant) -> BTreeMap<String, u64> {
+        self.counts(variant).snapshot()
+    }
+
+    /// Closes the Redis connections.
+    pub async fn close(&self) {
+        self.inner.lock.shutdown().await;
+        self.inner.shop.quit().await;
+    }
+
+    fn counts(&self, variant: Variant) -> &StatusCounts {
+        match variant {
+            Variant::Lock => &self.inner.lock_counts,
+            Variant::Atomic => &self.inner.atomic_counts,
+        }
+    }
+
+    async fn buy(&self, variant: Variant, id: &str, headers: &HeaderMap) -> Answer {
+        let answer = self.sell(variant, id, headers).await;
+        self.counts(variant).add(answer.status);
+        answer
+    }
+
+    async fn sell(&self, variant: Variant, id: &str, headers: &HeaderMap) -> Answer {
+        let Some(item) = self.inner.items.get(&(variant, id.to_owned())) else {
+            return unknown_item(variant, id);
+        };
+        let buyer = headers
+            .get("x-buyer")
+            .and_then(|v| v.to_str().ok())
+            .filter(|b| !b.is_empty() && b.len() <= 64)
+            .unwrap_or("anonymous");
+        let order_id = uuid::Uuid::new_v4().simple().to_string();
+        let (result, waited) = match variant {
+            Variant::Lock => {
+                let options = LockOptions::new()
+                    .lease(self.inner.config.lease)
+                    .wait_timeout(self.inner.config.wait_timeout);
+                match buy_with_lock(&self.inner.lock, item, &order_id, buyer, options).await {
+                    Ok(purchase) => (Ok(purchase.sale), Some(purchase.waited)),
+                    Err(error) => (Err(error), None),
+                }
+            }
+            Variant::Atomic => (
+                self.inner.shop.buy_atomic(item, &order_id, buyer).await,
+                None,
+            ),
+        };
+        match result {
+            Ok(Sale::Sold { stock_left }) => {
+                let mut body = json!({
+                    "status": "sold",
+                    "item": id,
+                    "order_id": order_id,
+                    "stock_left": stock_left,
+                });
+                if let Some(waited) = waited {
+                    body["waited_ms"] = json!(waited.as_millis() as u64);
+                }
+                Answer::new(StatusCode::OK, body)
+            }
+            Ok(Sale::SoldOut) => Answer::failed(
+                StatusCode::GONE,
+                "sold_out",
+                id,
+                format!("item {id} is sold out"),
+            ),
+            Ok(Sale::NoSuchItem) => Answer::failed(
+                StatusCode::NOT_FOUND,
+                "no_such_item",
+                id,
+                format!("item {id} has no stock in Redis"),
+            ),
+            Ok(Sale::DuplicateOrder) => Answer::failed(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "error",
+                id,
+                format!("order id {order_id} was already taken; nothing was sold to you"),
+            ),
+            Err(BuyError::Busy { waited, .. }) => Answer::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                json!({
+                    "status": "busy",
+                    "item": id,
+                    "waited_ms": waited.as_millis() as u64,
+                    "message": format!(
+                        "waited {} ms in the queue for item {id} without being served; nothing was sold, retry later",
+                        waited.as_millis()
+                    ),
+                }),
+            ),
+            Err(error @ BuyError::LeaseLost { .. }) => Answer::failed(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "lease_lost",
+                id,
+                format!("{error}; nothing was sold to you, retry"),
+            ),
+            Err(error) => Answer::failed(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "error",
+                id,
+                error.to_string(),
+            ),
+        }
+    }
+}
+
+fn unknown_item(variant: Variant, id: &str) -> Answer {
+    match Item::new(variant, id) {
+        Err(error) => Answer::failed(StatusCode::BAD_REQUEST, "bad_item", id, error.to_string()),
+        Ok(_) => Answer::failed(
+            StatusCode::NOT_FOUND,
+            "no_such_item",
+            id,
+            format!("item {id} is not on sale"),
+        ),
+    }
+}
+
+async fn seckill_lock(
+    State(service): State<Service>,
+    Path(item): Path<String>,
+    headers: HeaderMap,
+) -> Answer {
+    service.buy(Variant::Lock, &item, &headers).await
+}
+
+async fn seckill_atomic(
+    State(service): State<Service>,
+    Path(item): Path<String>,
+    headers: HeaderMap,
+) -> Answer {
+    service.buy(Variant::Atomic, &item, &headers).await
+}
+
+async fn stock(State(service): State<Service>, Path(id): Path<String>) -> Answer {
+    let mut body = json!({ "item": id, "initial": service.inner.config.stock });
+    for variant in Variant::ALL {
+        let Some(item) = service.inner.items.get(&(variant, id.clone())) else {
+            return unknown_item(variant, &id);
+        };
+        match service.inner.shop.level(item).await {
+            Ok((stock, orders)) => {
+                body[variant.name()] = json!({ "stock": stock, "orders": orders });
+            }
+            Err(error) => {
+                return Answer::failed(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "error",
+                    &id,
+                    error.to_string(),
+                )
+            }
+        }
+    }
+    Answer::new(StatusCode::OK, body)
+}
+
+async fn stats(State(service): State<Service>) -> Json<Value> {
+    Json(json!({
+        "lock": service.status_counts(Variant::Lock),
+        "atomic": service.status_counts(Variant::Atomic),
+    }))
+}

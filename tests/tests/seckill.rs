@@ -1,0 +1,307 @@
+//! The seckill examples, small: zero oversell through the per-item lock and
+//! through the atomic script, in the library-level swarm and in the HTTP
+//! service, and the status-code accounting of the service.
+//!
+//! The examples' own code runs here (the `fairlock-examples` library), so
+//! a change that breaks an example's invariant breaks this test.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use fairlock::LockOptions;
+use fairlock_examples::seckill::http::{Service, ServiceConfig};
+use fairlock_examples::seckill::{
+    buy_with_lock, sell_one, swarm, BuyError, Item, Report, Sale, Shop, Step, SwarmConfig, Variant,
+};
+use fairlock_tests::*;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const STOCK: i64 = 200;
+
+fn assert_passed(report: &Report) {
+    let failed: Vec<String> = report
+        .checks()
+        .into_iter()
+        .filter(|c| !c.ok)
+        .map(|c| format!("{}: {}", c.name, c.detail))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{:?} run failed: {failed:#?}",
+        report.variant
+    );
+}
+
+/// Checks the swarm's invariants both ways: sold = min(stock, attempts),
+/// stock never below zero, final stock = stock - sold, one order per sale,
+/// every attempt answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swarm_sells_exactly_the_stock_both_ways() {
+    let server = server();
+    let config = SwarmConfig {
+        stock: STOCK,
+        attempts: 400,
+        clients: 3,
+        workers: 24,
+        wait_timeout: Duration::from_secs(60),
+        ..SwarmConfig::default()
+    };
+    for variant in Variant::ALL {
+        let report = swarm::run(&server.url(), &config, variant)
+            .await
+            .expect("swarm run");
+        assert_passed(&report);
+        assert_eq!(report.sold, STOCK as u64);
+        assert_eq!(report.sold_out, 400 - STOCK as u64);
+        assert_eq!(report.final_stock, Some(0));
+        assert_eq!(report.orders_in_redis, STOCK as u64);
+        assert_eq!(report.attempts_per_worker.iter().sum::<u64>(), 400);
+    }
+}
+
+/// More attempts than stock is not required: with fewer attempts every
+/// one of them sells and the rest of the stock stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swarm_with_fewer_attempts_than_stock_leaves_the_rest() {
+    let server = server();
+    let config = SwarmConfig {
+        stock: 50,
+        attempts: 30,
+        clients: 2,
+        workers: 8,
+        ..SwarmConfig::default()
+    };
+    for variant in Variant::ALL {
+        let report = swarm::run(&server.url(), &config, variant)
+            .await
+            .expect("swarm run");
+        assert_passed(&report);
+        assert_eq!((report.sold, report.final_stock), (30, Some(20)));
+    }
+}
+
+/// A holder paused past its lease is refused by the item's fence at its
+/// first step once a newer holder has bought: it can neither read nor
+/// write, so it cannot sell a unit twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_paused_past_its_lease_cannot_sell() {
+    let server = server();
+    let shop = Shop::connect(&server.url()).await.expect("shop");
+    let item = Item::new(Variant::Lock, "paused").expect("item");
+    shop.seed(&item, 2).await.expect("seed");
+    let paused = client(&server).await;
+    let prompt = client(&server).await;
+
+    let stale = paused
+        .lock_with(
+            &item.lock,
+            LockOptions::new().lease(Duration::from_millis(200)),
+        )
+        .await
+        .expect("first grant");
+    tokio::time::sleep(Duration::from_millis(500)).await; // the "pause"
+    let bought = buy_with_lock(
+        &prompt,
+        &item,
+        "o-prompt",
+        "prompt",
+        LockOptions::new().wait_timeout(Duration::from_secs(10)),
+    )
+    .await
+    .expect("the next buyer is granted once the lease ran out");
+    assert_eq!(bought.sale, Sale::Sold { stock_left: 1 });
+
+    match sell_one(&paused, stale.token(), &item, "o-paused", "paused").await {
+        Err(BuyError::LeaseLost { step, .. }) => assert_eq!(step, Step::ReadStock),
+        other => panic!("the paused holder was not refused: {other:?}"),
+    }
+    let audit = shop.audit(&item).await.expect("audit");
+    assert_eq!(audit.stock, Some(1));
+    assert_eq!(audit.orders.len(), 1);
+    assert_eq!(
+        audit.orders.get("o-prompt").map(String::as_str),
+        Some("prompt")
+    );
+    drop(stale);
+}
+
+/// A response: status code, headers (lowercased names), JSON body.
+struct Answer {
+    status: u16,
+    headers: BTreeMap<String, String>,
+    body: Value,
+}
+
+/// A minimal HTTP/1.1 client: one request per connection.
+async fn http(addr: SocketAddr, method: &str, path: &str) -> Answer {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .expect("send request");
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut raw))
+        .await
+        .expect("an answer within 60 s")
+        .expect("read answer");
+    let text = String::from_utf8(raw).expect("UTF-8 answer");
+    let (head, body) = text.split_once("\r\n\r\n").expect("a header block");
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|line| line.split_whitespace().nth(1))
+        .and_then(|code| code.parse().ok())
+        .expect("a status line");
+    let headers = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let body = serde_json::from_str(body).unwrap_or_else(|e| panic!("JSON body {body:?}: {e}"));
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// 300 concurrent POSTs for 100 units, each way: exactly 100 answers 200
+/// (each with its own order id, each unit sold once), 200 answers 410,
+/// the orders in Redis are the ids answered, and `/stats` counted it all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_service_sells_exactly_the_stock_under_concurrent_posts() {
+    const UNITS: i64 = 100;
+    const REQUESTS: usize = 300;
+    let server = server();
+    let config = ServiceConfig {
+        stock: UNITS,
+        items: vec!["1".into()],
+        wait_timeout: Duration::from_secs(60),
+        ..ServiceConfig::default()
+    };
+    let service = Service::start(&server.url(), config)
+        .await
+        .expect("service");
+    let (addr, serving) = service.spawn_local().await.expect("listen");
+    let shop = Shop::connect(&server.url()).await.expect("shop");
+
+    for (variant, path) in [
+        (Variant::Lock, "/seckill/1"),
+        (Variant::Atomic, "/seckill-atomic/1"),
+    ] {
+        let posts: Vec<_> = (0..REQUESTS)
+            .map(|_| tokio::spawn(async move { http(addr, "POST", path).await }))
+            .collect();
+        let mut answers = Vec::with_capacity(REQUESTS);
+        for post in posts {
+            answers.push(post.await.expect("request task"));
+        }
+
+        let sold: Vec<&Answer> = answers.iter().filter(|a| a.status == 200).collect();
+        let gone = answers.iter().filter(|a| a.status == 410).count();
+        assert_eq!(sold.len(), UNITS as usize, "{variant:?}: 200 answers");
+        assert_eq!(gone, REQUESTS - UNITS as usize, "{variant:?}: 410 answers");
+        let order_ids: HashSet<String> = sold
+            .iter()
+            .map(|a| a.body["order_id"].as_str().expect("order_id").to_owned())
+            .collect();
+        assert_eq!(order_ids.len(), UNITS as usize, "order ids are unique");
+        // Each unit was sold exactly once: the stock left after the sales
+        // runs through UNITS-1 ..= 0 without a repeat.
+        let left: HashSet<i64> = sold
+            .iter()
+            .map(|a| a.body["stock_left"].as_i64().expect("stock_left"))
+            .collect();
+        assert_eq!(left, (0..UNITS).collect::<HashSet<i64>>());
+        assert!(answers
+            .iter()
+            .filter(|a| a.status == 410)
+            .all(|a| a.body["status"] == "sold_out"));
+
+        let item = Item::new(variant, "1").expect("item");
+        let audit = shop.audit(&item).await.expect("audit");
+        assert_eq!(audit.stock, Some(0), "{variant:?}: stock");
+        let in_redis: HashSet<String> = audit.orders.keys().cloned().collect();
+        assert_eq!(in_redis, order_ids, "{variant:?}: orders in Redis");
+
+        let stats = http(addr, "GET", "/stats").await;
+        let counted = &stats.body[variant.name()];
+        assert_eq!(counted["200"], UNITS, "{variant:?}: /stats 200");
+        assert_eq!(counted["410"], REQUESTS as i64 - UNITS);
+        assert_eq!(counted["429"], 0);
+        assert_eq!(counted["500"], 0);
+        assert_eq!(
+            service.status_counts(variant).get("200"),
+            Some(&(UNITS as u64))
+        );
+    }
+    let stock = http(addr, "GET", "/stock/1").await;
+    assert_eq!(stock.status, 200);
+    assert_eq!(stock.body["lock"]["stock"], 0);
+    assert_eq!(stock.body["atomic"]["orders"], UNITS);
+
+    serving.abort();
+    service.close().await;
+}
+
+/// A request that cannot reach the front of the item's queue within the
+/// wait timeout is answered 429 with a JSON body and `Retry-After`, and
+/// sells nothing; unknown and malformed items are 404 and 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_wait_timeout_is_429_and_sells_nothing() {
+    let server = server();
+    let config = ServiceConfig {
+        stock: 5,
+        items: vec!["1".into()],
+        wait_timeout: Duration::from_millis(300),
+        ..ServiceConfig::default()
+    };
+    let service = Service::start(&server.url(), config)
+        .await
+        .expect("service");
+    let (addr, serving) = service.spawn_local().await.expect("listen");
+
+    let other_process = client(&server).await;
+    let holder = other_process.lock("item:1").await.expect("hold the item");
+    let busy = http(addr, "POST", "/seckill/1").await;
+    assert_eq!(busy.status, 429);
+    assert_eq!(busy.body["status"], "busy");
+    assert!(busy.body["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("retry")));
+    assert_eq!(
+        busy.headers.get("retry-after").map(String::as_str),
+        Some("1")
+    );
+    // The atomic way takes no lock: the held lock does not stop it.
+    assert_eq!(http(addr, "POST", "/seckill-atomic/1").await.status, 200);
+    let stock = http(addr, "GET", "/stock/1").await;
+    assert_eq!(stock.body["lock"]["stock"], 5, "a 429 sold nothing");
+    assert_eq!(stock.body["lock"]["orders"], 0);
+
+    holder.release().await.expect("release");
+    let sold = http(addr, "POST", "/seckill/1").await;
+    assert_eq!(sold.status, 200);
+    assert_eq!(sold.body["stock_left"], 4);
+
+    assert_eq!(http(addr, "POST", "/seckill/2").await.status, 404);
+    assert_eq!(http(addr, "POST", "/seckill/a%7Bb%7D").await.status, 400);
+    let counts = service.status_counts(Variant::Lock);
+    assert_eq!(
+        [
+            &counts["200"],
+            &counts["429"],
+            &counts["404"],
+            &counts["400"]
+        ],
+        [&1, &1, &1, &1]
+    );
+
+    serving.abort();
+    service.close().await;
+}
