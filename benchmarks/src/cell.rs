@@ -73,6 +73,8 @@ pub struct Attempt {
     pub acquired: bool,
     /// When the holder started releasing (acquired attempts only).
     pub release_start: u64,
+    /// The grant's queue ticket, for locks that have one (fairlock).
+    pub ticket: Option<u64>,
 }
 
 /// Everything a cell recorded.
@@ -362,6 +364,7 @@ async fn contender<C: LockConn>(
                     end: u64::MAX,
                     acquired: false,
                     release_start: 0,
+                    ticket: None,
                 });
                 break;
             }
@@ -376,6 +379,7 @@ async fn contender<C: LockConn>(
                     end: ns(Instant::now()),
                     acquired: false,
                     release_start: 0,
+                    ticket: None,
                 });
                 log.error(format!("acquire: {error}"));
                 tokio::time::sleep(ERROR_PAUSE).await;
@@ -383,6 +387,7 @@ async fn contender<C: LockConn>(
             }
         };
         let acquired_at = Instant::now();
+        let ticket = C::ticket(&held);
         match critical_section(&data, &counter, hold, &shared).await {
             Ok(()) => log.cs_completed += 1,
             Err(error) => log.error(format!("critical section: {error}")),
@@ -402,6 +407,7 @@ async fn contender<C: LockConn>(
             end: ns(acquired_at),
             acquired: true,
             release_start: ns(release_start),
+            ticket,
         });
     }
     log

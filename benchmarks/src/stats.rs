@@ -64,6 +64,10 @@ pub struct CellMetrics {
     pub jain_window: f64,
     /// Acquisitions that overtook an older waiter.
     pub overtakes: u64,
+    /// For locks with queue tickets: consecutive grants (that had queued)
+    /// whose tickets went down, i.e. real queue overtakes as Redis ordered
+    /// the waiters. `None` for locks without tickets.
+    pub ticket_inversions: Option<u64>,
     /// Lost updates and other counter mismatches.
     pub violations: u64,
     /// Completed critical sections over the whole cell.
@@ -215,9 +219,13 @@ pub fn summarize(run: &CellRun, top_level_commands: &[&str]) -> CellMetrics {
         by_lock[a.lock as usize].push(*a);
     }
     let mut overtakes = 0;
+    let mut ticket_inversions = None;
     let mut handoffs_ms = Vec::new();
     for attempts in &mut by_lock {
         overtakes += count_overtakes(attempts, in_window);
+        if let Some(n) = count_ticket_inversions(attempts, in_window) {
+            *ticket_inversions.get_or_insert(0) += n;
+        }
         handoffs_ms.extend(handoffs(attempts, in_window).into_iter().map(ms));
     }
     handoffs_ms.sort_by(f64::total_cmp);
@@ -264,6 +272,7 @@ pub fn summarize(run: &CellRun, top_level_commands: &[&str]) -> CellMetrics {
         jain_rounds,
         jain_window: jain(&per_task),
         overtakes,
+        ticket_inversions,
         violations,
         cs_completed: run.cs_completed.iter().sum(),
     }
@@ -309,6 +318,22 @@ fn handoffs(attempts: &[Attempt], in_window: impl Fn(u64) -> bool) -> Vec<u64> {
         .collect()
 }
 
+/// Grants that had queued, in grant order, whose ticket is lower than the
+/// previous one's: a waiter served after a younger one, by the lock's own
+/// (server-assigned) order. Client clocks play no part, unlike overtakes.
+fn count_ticket_inversions(attempts: &[Attempt], in_window: impl Fn(u64) -> bool) -> Option<u64> {
+    let mut granted: Vec<(u64, u64)> = attempts
+        .iter()
+        .filter(|a| a.acquired && in_window(a.end))
+        .filter_map(|a| a.ticket.map(|t| (a.end, t)))
+        .collect();
+    if granted.is_empty() {
+        return None;
+    }
+    granted.sort_unstable();
+    Some(granted.windows(2).filter(|w| w[1].1 < w[0].1).count() as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,7 +346,22 @@ mod tests {
             end,
             acquired: end != u64::MAX,
             release_start,
+            ticket: None,
         }
+    }
+
+    #[test]
+    fn ticket_inversions_count_grants_against_queue_order() {
+        let all = |_| true;
+        let with_ticket = |end: u64, ticket: u64| Attempt {
+            ticket: Some(ticket),
+            ..attempt(0, 0, end, end + 1)
+        };
+        let in_order = [with_ticket(10, 1), with_ticket(20, 2), with_ticket(30, 5)];
+        assert_eq!(count_ticket_inversions(&in_order, all), Some(0));
+        let swapped = [with_ticket(10, 2), with_ticket(20, 1), with_ticket(30, 3)];
+        assert_eq!(count_ticket_inversions(&swapped, all), Some(1));
+        assert_eq!(count_ticket_inversions(&[attempt(0, 0, 5, 6)], all), None);
     }
 
     #[test]

@@ -41,6 +41,10 @@ impl LockConn for FairlockConn {
         Ok(held.release().await?)
     }
 
+    fn ticket(held: &LockGuard) -> Option<u64> {
+        held.ticket()
+    }
+
     async fn close(&self) {
         self.client.shutdown().await;
     }

@@ -54,6 +54,12 @@ pub trait LockConn: Clone + Send + Sync + 'static {
     /// Releases a held lock.
     fn release(&self, held: Self::Held) -> impl Future<Output = Result<()>> + Send;
 
+    /// The server-assigned queue ticket of a grant, for locks that have one.
+    fn ticket(held: &Self::Held) -> Option<u64> {
+        let _ = held;
+        None
+    }
+
     /// Closes the process's connections.
     fn close(&self) -> impl Future<Output = ()> + Send;
 }
