@@ -30,13 +30,7 @@ struct Grant {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let target = RedisTarget::from_env_or_start()?;
-    match &target {
-        RedisTarget::Local(server) => println!(
-            "redis: throwaway redis-server on 127.0.0.1:{} (set REDIS_URL to use your own)",
-            server.port()
-        ),
-        RedisTarget::External(url) => println!("redis: {url} (from REDIS_URL)"),
-    }
+    println!("{}", target.describe());
     let workers = CLIENTS * WORKERS_PER_CLIENT;
     println!(
         "{workers} workers on {CLIENTS} clients contend for lock \"demo\" for {RUN_FOR:?}, holding it {HOLD:?} each time\n"

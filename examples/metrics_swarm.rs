@@ -149,13 +149,7 @@ async fn main() -> Result<(), BoxError> {
     );
 
     let target = RedisTarget::from_env_or_start()?;
-    match &target {
-        RedisTarget::Local(server) => println!(
-            "redis: throwaway redis-server on 127.0.0.1:{} (set REDIS_URL to use your own)",
-            server.port()
-        ),
-        RedisTarget::External(url) => println!("redis: {url} (from REDIS_URL)"),
-    }
+    println!("{}", target.describe());
     println!(
         "swarm: {BUYERS} buyers, {BROWSERS} browsers, a sloppy worker, a reporter and an admin on {CLIENTS} clients, for {run_secs} s (RUN_SECS)"
     );

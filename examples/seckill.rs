@@ -43,13 +43,7 @@ async fn run() -> Result<bool, BoxError> {
     let mut config = SwarmConfig::from_env()?;
     config.progress = true;
     let target = RedisTarget::from_env_or_start()?;
-    match &target {
-        RedisTarget::Local(server) => println!(
-            "redis: throwaway redis-server on 127.0.0.1:{} (set REDIS_URL to use your own)",
-            server.port()
-        ),
-        RedisTarget::External(url) => println!("redis: {url} (from REDIS_URL)"),
-    }
+    println!("{}", target.describe());
     println!(
         "flash sale: {} units of item {:?}, {} attempts, {} workers on {} clients\n",
         config.stock, config.item, config.attempts, config.workers, config.clients

@@ -867,6 +867,17 @@ impl RedisTarget {
         }
     }
 
+    /// One line for a program's output saying which Redis it uses.
+    pub fn describe(&self) -> String {
+        match self {
+            RedisTarget::Local(server) => format!(
+                "redis: throwaway redis-server on 127.0.0.1:{} (set REDIS_URL to use your own)",
+                server.port()
+            ),
+            RedisTarget::External(url) => format!("redis: {url} (from REDIS_URL)"),
+        }
+    }
+
     /// The local server, if one was started.
     pub fn local(&self) -> Option<&RedisServer> {
         match self {
