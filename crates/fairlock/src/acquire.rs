@@ -14,13 +14,12 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use fairlock_core::{Acquire, AcquireMode, AcquireReply, Cancel, LockKeys, Renew, RenewReply};
-use tokio::sync::mpsc;
 
 use crate::client::{Core, LockClient};
 use crate::config::{millis, Lease, LockOptions};
 use crate::error::{Error, Result};
 use crate::guard::{Grant, HeldLock, LockGuard};
-use crate::registry::WaiterEvent;
+use crate::registry::{WaiterEvent, WaiterSlot};
 use crate::telemetry::{waiters_evicted, LockTelemetry};
 
 /// Whether the caller waits in the queue.
@@ -202,7 +201,7 @@ struct PendingAcquire<'a> {
     client: &'a LockClient,
     keys: &'a Arc<LockKeys>,
     member: &'a str,
-    events: Option<mpsc::UnboundedReceiver<WaiterEvent>>,
+    events: Option<Arc<WaiterSlot>>,
     started: Instant,
     telemetry: LockTelemetry,
     done: bool,
@@ -231,8 +230,8 @@ impl<'a> PendingAcquire<'a> {
     }
 
     async fn next_event(&mut self) -> Option<WaiterEvent> {
-        match self.events.as_mut() {
-            Some(events) => events.recv().await,
+        match self.events.as_ref() {
+            Some(slot) => Some(slot.next().await),
             None => std::future::pending().await,
         }
     }

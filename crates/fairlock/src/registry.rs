@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use fairlock_core::LockKeys;
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 
 /// What a waiting task is told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,9 +21,45 @@ pub(crate) enum WaiterEvent {
     Recheck,
 }
 
+/// Where a waiting task finds its next event: one slot, not a queue, since
+/// only the latest matters (a grant is never overwritten by a re-check).
+/// Small on purpose: a process may have ten thousand waiters.
+#[derive(Default)]
+pub(crate) struct WaiterSlot {
+    event: Mutex<Option<WaiterEvent>>,
+    ready: Notify,
+}
+
+impl WaiterSlot {
+    fn put(&self, event: WaiterEvent) {
+        {
+            let mut slot = self.event.lock().unwrap_or_else(|p| p.into_inner());
+            if !matches!(
+                (*slot, event),
+                (Some(WaiterEvent::Granted { .. }), WaiterEvent::Recheck)
+            ) {
+                *slot = Some(event);
+            }
+        }
+        // Stores a permit if the task is not waiting yet: nothing is missed.
+        self.ready.notify_one();
+    }
+
+    /// Waits for the next event.
+    pub(crate) async fn next(&self) -> WaiterEvent {
+        loop {
+            let taken = self.event.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(event) = taken {
+                return event;
+            }
+            self.ready.notified().await;
+        }
+    }
+}
+
 struct Waiter {
     keys: Arc<LockKeys>,
-    events: mpsc::UnboundedSender<WaiterEvent>,
+    slot: Arc<WaiterSlot>,
     /// Set once acquire has queued it; only queued waiters get heartbeats.
     queued: bool,
 }
@@ -53,18 +89,14 @@ impl WaiterRegistry {
 
     /// Registers `member` before its first acquire call, so a grant that is
     /// published the moment it is queued is not missed.
-    pub(crate) fn register(
-        &self,
-        member: &str,
-        keys: &Arc<LockKeys>,
-    ) -> mpsc::UnboundedReceiver<WaiterEvent> {
-        let (tx, rx) = mpsc::unbounded_channel();
+    pub(crate) fn register(&self, member: &str, keys: &Arc<LockKeys>) -> Arc<WaiterSlot> {
+        let slot = Arc::new(WaiterSlot::default());
         let mut state = self.state();
         state.waiters.insert(
             member.to_owned(),
             Waiter {
                 keys: Arc::clone(keys),
-                events: tx,
+                slot: Arc::clone(&slot),
                 queued: false,
             },
         );
@@ -74,7 +106,7 @@ impl WaiterRegistry {
             .or_insert_with(|| (Arc::clone(keys), HashSet::new()))
             .1
             .insert(member.to_owned());
-        rx
+        slot
     }
 
     /// Forgets `member`; later grants for it are ignored by the router.
@@ -101,7 +133,10 @@ impl WaiterRegistry {
     /// Routes an event to `member`'s task; `false` if nobody waits for it.
     pub(crate) fn deliver(&self, member: &str, event: WaiterEvent) -> bool {
         match self.state().waiters.get(member) {
-            Some(waiter) => waiter.events.send(event).is_ok(),
+            Some(waiter) => {
+                waiter.slot.put(event);
+                true
+            }
             None => false,
         }
     }
@@ -141,10 +176,13 @@ mod tests {
             &KeyPrefix::default(),
             &LockName::new("a").unwrap(),
         ));
-        let mut rx1 = registry.register("m1.0", &keys);
-        let _rx2 = registry.register("m2.0", &keys);
+        let slot1 = registry.register("m1.0", &keys);
+        let _slot2 = registry.register("m2.0", &keys);
         assert!(registry.deliver("m1.0", WaiterEvent::Granted { token: 3 }));
-        assert_eq!(rx1.try_recv().ok(), Some(WaiterEvent::Granted { token: 3 }));
+        // A later re-check does not hide the grant.
+        assert!(registry.deliver("m1.0", WaiterEvent::Recheck));
+        let event = slot1.event.lock().unwrap().take();
+        assert_eq!(event, Some(WaiterEvent::Granted { token: 3 }));
         assert!(registry.waiting_locks().is_empty(), "not queued yet");
         registry.mark_queued("m1.0");
         registry.mark_queued("m2.0");
