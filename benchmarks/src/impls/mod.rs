@@ -141,9 +141,8 @@ macro_rules! with_impl {
     };
 }
 
-/// A fred connection pool of `size` connections to `url`, connected, with
-/// bounded connect and command timeouts.
-pub async fn fred_pool(url: &str, size: usize) -> Result<Pool> {
+/// A fred builder for `url` with bounded connect and command timeouts.
+fn fred_builder(url: &str) -> Result<Builder> {
     let mut builder = Builder::from_config(Config::from_url(url)?);
     builder
         .with_connection_config(|c| {
@@ -151,7 +150,13 @@ pub async fn fred_pool(url: &str, size: usize) -> Result<Pool> {
             c.internal_command_timeout = COMMAND_TIMEOUT;
         })
         .with_performance_config(|p| p.default_command_timeout = COMMAND_TIMEOUT);
-    let pool = builder.build_pool(size)?;
+    Ok(builder)
+}
+
+/// A fred connection pool of `size` connections to `url`, connected, with
+/// bounded connect and command timeouts.
+pub async fn fred_pool(url: &str, size: usize) -> Result<Pool> {
+    let pool = fred_builder(url)?.build_pool(size)?;
     tokio::time::timeout(COMMAND_TIMEOUT, pool.init())
         .await
         .map_err(|_| format!("no connection to {url} within {COMMAND_TIMEOUT:?}"))??;
@@ -161,14 +166,7 @@ pub async fn fred_pool(url: &str, size: usize) -> Result<Pool> {
 /// A single fred client connection to `url`, set up like fairlock's command
 /// connection (for the PING round trip).
 pub async fn fred_client(url: &str) -> Result<fred::prelude::Client> {
-    let mut builder = Builder::from_config(Config::from_url(url)?);
-    builder
-        .with_connection_config(|c| {
-            c.connection_timeout = COMMAND_TIMEOUT;
-            c.internal_command_timeout = COMMAND_TIMEOUT;
-        })
-        .with_performance_config(|p| p.default_command_timeout = COMMAND_TIMEOUT);
-    let client = builder.build()?;
+    let client = fred_builder(url)?.build()?;
     tokio::time::timeout(COMMAND_TIMEOUT, client.init())
         .await
         .map_err(|_| format!("no connection to {url} within {COMMAND_TIMEOUT:?}"))??;
