@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fairlock::{ClientConfig, Error, LockClient, LockOptions};
+use fairlock::{ClientConfig, Error, LockClient, LockGuard, LockOptions};
 use fairlock_testkit::RedisTarget;
 
 const CLIENTS: usize = 4;
@@ -255,18 +255,9 @@ async fn buyer(
             let options = LockOptions::new().wait_timeout(Duration::from_millis(80));
             client.lock_with(sku, options).await
         };
-        let guard = match acquired {
-            Ok(guard) => guard,
-            Err(Error::WaitTimeout { .. }) => {
-                Tally::add(&tally.timeouts);
-                continue;
-            }
-            Err(error) => {
-                back_off(&tally, error).await;
-                continue;
-            }
+        let Some(guard) = tally_acquire(&tally, acquired).await else {
+            continue;
         };
-        Tally::add(&tally.acquired);
         tokio::time::sleep(rng.millis(0.5, 3.0)).await;
         if let Err(error) = guard.release().await {
             back_off(&tally, error).await;
@@ -311,18 +302,10 @@ async fn sloppy(client: LockClient, tally: Arc<Tally>, schedule: Schedule) -> Re
         let options = LockOptions::new()
             .lease(Duration::from_millis(20))
             .wait_timeout(Duration::from_secs(1));
-        let guard = match client.lock_with(SKUS[2], options).await {
-            Ok(guard) => guard,
-            Err(Error::WaitTimeout { .. }) => {
-                Tally::add(&tally.timeouts);
-                continue;
-            }
-            Err(error) => {
-                back_off(&tally, error).await;
-                continue;
-            }
+        let Some(guard) = tally_acquire(&tally, client.lock_with(SKUS[2], options).await).await
+        else {
+            continue;
         };
-        Tally::add(&tally.acquired);
         let overrun = rng.one_in(50);
         tokio::time::sleep(if overrun {
             Duration::from_millis(40)
@@ -407,6 +390,24 @@ async fn stall(addr: String, schedule: Schedule) -> Result<(), BoxError> {
 
 /// A Redis call failed (the stall): count it, print the first few, and
 /// wait a little before trying again, as a real worker would.
+/// Counts the outcome of a waiting acquire; the guard if it was granted.
+async fn tally_acquire(tally: &Tally, acquired: Result<LockGuard, Error>) -> Option<LockGuard> {
+    match acquired {
+        Ok(guard) => {
+            Tally::add(&tally.acquired);
+            Some(guard)
+        }
+        Err(Error::WaitTimeout { .. }) => {
+            Tally::add(&tally.timeouts);
+            None
+        }
+        Err(error) => {
+            back_off(tally, error).await;
+            None
+        }
+    }
+}
+
 async fn back_off(tally: &Tally, error: Error) {
     if tally.errors.fetch_add(1, Ordering::Relaxed) < 3 {
         println!("       error (the worker backs off and retries): {error}");

@@ -135,6 +135,29 @@ struct Answer {
     body: Value,
 }
 
+/// Starts the HTTP service in-process for item "1" with `stock` units.
+async fn serve_item(
+    server: &RedisServer,
+    stock: i64,
+    wait_timeout: Duration,
+) -> (
+    Service,
+    SocketAddr,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let config = ServiceConfig {
+        stock,
+        items: vec!["1".into()],
+        wait_timeout,
+        ..ServiceConfig::default()
+    };
+    let service = Service::start(&server.url(), config)
+        .await
+        .expect("service");
+    let (addr, serving) = service.spawn_local().await.expect("listen");
+    (service, addr, serving)
+}
+
 /// A minimal HTTP/1.1 client: one request per connection.
 async fn http(addr: SocketAddr, method: &str, path: &str) -> Answer {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
@@ -178,16 +201,7 @@ async fn http_service_sells_exactly_the_stock_under_concurrent_posts() {
     const UNITS: i64 = 100;
     const REQUESTS: usize = 300;
     let server = server();
-    let config = ServiceConfig {
-        stock: UNITS,
-        items: vec!["1".into()],
-        wait_timeout: Duration::from_secs(60),
-        ..ServiceConfig::default()
-    };
-    let service = Service::start(&server.url(), config)
-        .await
-        .expect("service");
-    let (addr, serving) = service.spawn_local().await.expect("listen");
+    let (service, addr, serving) = serve_item(&server, UNITS, Duration::from_secs(60)).await;
     let shop = Shop::connect(&server.url()).await.expect("shop");
 
     for (variant, path) in [
@@ -255,16 +269,7 @@ async fn http_service_sells_exactly_the_stock_under_concurrent_posts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_wait_timeout_is_429_and_sells_nothing() {
     let server = server();
-    let config = ServiceConfig {
-        stock: 5,
-        items: vec!["1".into()],
-        wait_timeout: Duration::from_millis(300),
-        ..ServiceConfig::default()
-    };
-    let service = Service::start(&server.url(), config)
-        .await
-        .expect("service");
-    let (addr, serving) = service.spawn_local().await.expect("listen");
+    let (service, addr, serving) = serve_item(&server, 5, Duration::from_millis(300)).await;
 
     let other_process = client(&server).await;
     let holder = other_process.lock("item:1").await.expect("hold the item");
