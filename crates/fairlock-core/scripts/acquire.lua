@@ -1,66 +1,146 @@
 -- acquire.lua: take the lock if it is free and nobody waits; otherwise
 -- join the FIFO queue (mode "wait") or report busy (mode "try").
 --
--- KEYS[1] owner   KEYS[2] queue   KEYS[3] alive   KEYS[4] fence
--- ARGV[1] member          the caller's owner id and client tag
--- ARGV[2] lease_ms        the caller's lease if granted now
--- ARGV[3] mode            "wait" to enqueue when busy, "try" to never enqueue
--- ARGV[4] waiter_ttl_ms   heartbeat deadline given to the caller's process
--- ARGV[5] queue_ttl_ms    TTL of the queue keys, refreshed by every heartbeat
--- ARGV[6] grant_lease_ms  lease of a lock handed to a waiter that is not here
--- ARGV[7] channel_prefix  waiters are woken on channel_prefix .. client tag
+-- KEYS[1] owner   KEYS[2] queue   KEYS[3] alive   KEYS[4] seq   KEYS[5] freed
+-- ARGV[1] member          the caller: owner id, client tag and lease (ms)
+-- ARGV[2] mode            "wait" to enqueue when busy, "try" to never enqueue
+-- ARGV[3] waiter_ttl_ms   heartbeat deadline given to the caller's process
+-- ARGV[4] queue_ttl_ms    TTL of the queue keys, refreshed by every heartbeat
+-- ARGV[5] idle_ms         TTL of the seq and freed keys
+-- ARGV[6] channel_prefix  waiters are woken on channel_prefix .. client tag
 --
 -- Replies:
---   {1, token, evicted}                 granted to the caller
---   {2, ticket, position, pttl, evicted} queued: 0-based position, holder's lease left
---   {3, pttl, evicted}                  busy (mode "try" only)
+--   {1, token}                            granted to the caller
+--   {2, ticket, position, dropped, more}  queued: waiters ahead of the caller
+--   {3, dropped, more}                    busy (mode "try" only)
+--   dropped: dead waiters removed on the way; more: 1 if dead waiters are
+--   left at the head of the queue (the client calls heartbeat to go on)
 --
--- Idempotent: running it again with the same member returns the same grant
--- (the member already owns the lock) or the same ticket (it keeps its place).
--- No barging: a caller is granted a free lock only if no live waiter is older.
-
-local err = check_types({'hash', 'zset', 'zset', 'hash'})
-if err then return err end
+-- Cost: 4 commands when the lock is free and nobody waits (ZCARD, TIME,
+-- SET seq, SET owner NX); 6 to join a queue that exists.
+-- Idempotent: run again with the same member it returns the same grant
+-- (the member owns the lock) or the same ticket (it keeps its place).
+-- No barging: a caller is granted a free lock only if no live waiter is
+-- older.
 
 local member = ARGV[1]
-local lease_ms = tonumber(ARGV[2])
-local waiter_ttl_ms = tonumber(ARGV[4])
-local queue_ttl_ms = tonumber(ARGV[5])
-local grant_lease_ms = tonumber(ARGV[6])
-
-local owner = redis.call('HGET', KEYS[1], 'id')
-if owner == member then
-  return {1, tonumber(redis.call('HGET', KEYS[1], 'token')), 0}
+local waiter_ttl_ms = tonumber(ARGV[3])
+local queue_ttl_ms = tonumber(ARGV[4])
+local idle_ms = tonumber(ARGV[5])
+local channel_prefix = ARGV[6]
+local tag = tag_of(member)
+local lease_ms = lease_of(member)
+if not tag or not usable_lease(member) then
+  return redis.error_reply('ERR fairlock acquire: malformed member ' .. member)
 end
 
-local now = now_ms()
-local evicted = 0
-if not owner then
-  local head
-  head, evicted = live_head(now)
-  if not head or head == member then
-    if head then
-      redis.call('ZREM', KEYS[2], member)
-    end
-    return {1, grant(member, lease_ms), evicted}
+-- `drawn` is {value seq had} when this call already drew a number.
+local function wrong_type(key, drawn)
+  if drawn then
+    restore_seq(drawn[1])
   end
-  -- The lock is free but an older waiter exists: its holder vanished
-  -- without a release. The oldest waiter gets the lock, not the caller.
-  redis.call('ZREM', KEYS[2], head)
-  notify(ARGV[7], head, grant(head, grant_lease_ms))
+  return redis.error_reply('WRONGTYPE fairlock key ' .. key ..
+    ' holds a value of another type; another program uses this key')
 end
 
-if ARGV[3] == 'try' then
-  return {3, redis.call('PTTL', KEYS[1]), evicted}
+-- Join the queue with `ticket` (or a new one), `ahead` waiters in front.
+local function enqueue(now, ticket, drawn, ahead, queue_was_empty)
+  local fresh_tag = only_wrongtype(redis.pcall('ZADD', KEYS[3], math.floor(now / 1000) + waiter_ttl_ms, tag))
+  if type(fresh_tag) == 'table' then
+    return wrong_type(KEYS[3], drawn)
+  end
+  if not ticket then
+    local previous
+    ticket, previous = next_seq(now, idle_ms)
+    drawn = {previous}
+  end
+  if redis.call('ZADD', KEYS[2], 'NX', digits(ticket), member) == 0 then
+    -- A resend: keep the place taken the first time, and the counter as
+    -- it was.
+    restore_seq(drawn[1])
+    ticket = tonumber(redis.call('ZSCORE', KEYS[2], member))
+    ahead = redis.call('ZRANK', KEYS[2], member)
+  end
+  if queue_was_empty then
+    redis.call('PEXPIRE', KEYS[2], queue_ttl_ms)
+  end
+  if fresh_tag == 1 then
+    redis.call('PEXPIRE', KEYS[3], queue_ttl_ms)
+  end
+  return ticket, ahead
 end
 
-local ticket = tonumber(redis.call('ZSCORE', KEYS[2], member))
-if not ticket then
-  ticket = redis.call('HINCRBY', KEYS[4], 'ticket', 1)
-  redis.call('ZADD', KEYS[2], ticket, member)
+local waiting = redis.call('ZCARD', KEYS[2])
+if waiting == 0 then
+  -- Nobody waits: take the lock unless it is held.
+  local now = now_us()
+  local seq, previous = next_seq(now, idle_ms)
+  local held = redis.pcall('SET', KEYS[1], member .. ' ' .. digits(seq), 'NX', 'GET', 'PX', lease_ms)
+  if type(held) == 'table' and held.err then
+    if string.sub(held.err, 1, 9) ~= 'WRONGTYPE' then
+      restore_seq(previous)
+      return held
+    end
+    return wrong_type(KEYS[1], {previous})
+  end
+  if not held then
+    return {1, seq}
+  end
+  if foreign_owner(held) then
+    restore_seq(previous)
+    return foreign_owner_error()
+  end
+  local holder, token = parse_owner(held)
+  if holder == member or ARGV[2] == 'try' then
+    -- A resend of a granted acquire, or a try on a held lock: nothing to
+    -- keep of this call, not even the number it drew.
+    restore_seq(previous)
+    if holder == member then
+      return {1, token}
+    end
+    return {3, 0, 0}
+  end
+  -- The number just drawn serves as the ticket: it is above every token
+  -- and ticket issued before.
+  local ticket, ahead = enqueue(now, seq, {previous}, 0, true)
+  if type(ticket) == 'table' then
+    return ticket
+  end
+  return {2, ticket, ahead, 0, 0}
 end
--- The caller's process is evidently alive: move its deadline.
-redis.call('ZADD', KEYS[3], now + waiter_ttl_ms, client_of(member))
-redis.call('PEXPIRE', KEYS[2], queue_ttl_ms)
-redis.call('PEXPIRE', KEYS[3], queue_ttl_ms)
-return {2, ticket, redis.call('ZRANK', KEYS[2], member), redis.call('PTTL', KEYS[1]), evicted}
+
+local held = redis.call('GET', KEYS[1])
+if foreign_owner(held) then
+  return foreign_owner_error()
+end
+local holder, token = parse_owner(held)
+if holder == member then
+  return {1, token}
+end
+local dropped, more = 0, false
+if not held then
+  -- The holder vanished without a release (its lease ran out) while
+  -- others wait: the oldest live waiter gets the lock, not the caller.
+  local head, head_token
+  head, head_token, dropped, more = grant_next(idle_ms, channel_prefix, waiter_ttl_ms)
+  if head == member then
+    return {1, head_token}
+  end
+  if not head then
+    waiting = redis.call('ZCARD', KEYS[2])
+    if waiting == 0 then
+      -- Only dead waiters were queued: the lock is the caller's.
+      return {1, grant(now_us(), member, idle_ms)}
+    end
+  else
+    waiting = waiting - dropped - 1
+  end
+end
+if ARGV[2] == 'try' then
+  return {3, dropped, more and 1 or 0}
+end
+local ticket, ahead = enqueue(now_us(), false, nil, waiting, waiting == 0)
+if type(ticket) == 'table' then
+  return ticket
+end
+return {2, ticket, ahead, dropped, more and 1 or 0}

@@ -1,24 +1,23 @@
 -- cancel.lua: a waiter gives up (timeout, or its future was dropped). It
--- leaves the queue; if a grant raced the cancellation, the lock is passed on
--- at once instead of waiting for the grant lease to run out.
+-- leaves the queue; if a grant raced the cancellation, the lock is passed
+-- on at once.
 --
--- KEYS[1] owner   KEYS[2] queue   KEYS[3] alive   KEYS[4] fence
+-- KEYS[1] owner   KEYS[2] queue   KEYS[3] alive   KEYS[4] seq   KEYS[5] freed
 -- ARGV[1] member          the waiter giving up
--- ARGV[2] grant_lease_ms  lease of the handed-on lock
+-- ARGV[2] idle_ms         TTL of the seq and freed keys
 -- ARGV[3] channel_prefix  waiters are woken on channel_prefix .. client tag
+-- ARGV[4] waiter_ttl_ms   lease of a grant whose message reached nobody
 --
--- Reply: {was_queued, was_owner, evicted}
+-- Reply: {was_queued, was_owner, dropped, more}
 --
--- Idempotent: a second run finds nothing to remove and changes nothing.
-
-local err = check_types({'hash', 'zset', 'zset', 'hash'})
-if err then return err end
+-- Idempotent: a second run finds nothing to remove and changes nothing
+-- (a member is never queued again once it gave up).
 
 local member = ARGV[1]
+local holder = parse_owner(redis.call('GET', KEYS[1]))
 local was_queued = redis.call('ZREM', KEYS[2], member)
-
-if redis.call('HGET', KEYS[1], 'id') ~= member then
-  return {was_queued, 0, 0}
+if holder ~= member then
+  return {was_queued, 0, 0, 0}
 end
-local _, evicted = release_and_hand_on(member, tonumber(ARGV[2]), ARGV[3])
-return {was_queued, 1, evicted}
+local _, _, dropped, more = release_and_hand_on(member, tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]))
+return {was_queued, 1, dropped, more and 1 or 0}

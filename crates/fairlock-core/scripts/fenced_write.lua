@@ -1,15 +1,18 @@
 -- fenced_write.lua: apply one write (or a read that decides a write) to a
--- resource that lives in Redis only if the caller's fencing token is not
--- older than the newest token the resource has seen. A holder paused past
+-- resource that lives in Redis only if the caller's fencing token is newer
+-- than the newest token the resource has seen, or that same token from the
+-- same holder. A holder paused past
 -- its lease carries an old token, so its late write is refused instead of
 -- clobbering a newer holder's. A fenced read records the token too, so once
 -- a newer holder has read, an older one can no longer write.
 --
--- KEYS[1] fence   string: the newest fencing token this resource has seen
+-- KEYS[1] fence   string "<token> <holder>": the newest token this resource
+--                 has seen and who carried it
 -- KEYS[2] target  the key written
 -- ARGV[1] token   the writer's fencing token
--- ARGV[2] op      "set" | "hset" | "incrby" | "get" | "hget"
--- ARGV[3..]       set: value;  hset: field, value;  incrby: delta;  hget: field
+-- ARGV[3] holder  the writer's owner id
+-- ARGV[4] op      "set" | "hset" | "incrby" | "get" | "hget"
+-- ARGV[4..]       set: value;  hset: field, value;  incrby: delta;  hget: field
 --
 -- Replies:
 --   {1, result}   applied; result is the command's reply
@@ -19,12 +22,12 @@
 -- applied again (the token alone cannot tell a resend from a second write).
 
 local expected = ({set = 'string', hset = 'hash', incrby = 'string',
-                   get = 'string', hget = 'hash'})[ARGV[2]]
+                   get = 'string', hget = 'hash'})[ARGV[3]]
 if not expected then
-  return redis.error_reply('ERR fairlock fenced write: unknown op ' .. tostring(ARGV[2]))
+  return redis.error_reply('ERR fairlock fenced write: unknown op ' .. tostring(ARGV[3]))
 end
 local kind = redis.call('TYPE', KEYS[2]).ok
-if ARGV[2] ~= 'set' and kind ~= 'none' and kind ~= expected then
+if ARGV[3] ~= 'set' and kind ~= 'none' and kind ~= expected then
   return redis.error_reply('WRONGTYPE fairlock fenced write target ' .. KEYS[2] .. ' holds a ' ..
     kind .. ' where a ' .. expected .. ' was expected')
 end
@@ -32,14 +35,14 @@ end
 local refused = fence_check()
 if refused then return refused end
 
-if ARGV[2] == 'set' then
-  return {1, redis.call('SET', KEYS[2], ARGV[3])}
-elseif ARGV[2] == 'hset' then
-  return {1, redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])}
-elseif ARGV[2] == 'get' then
+if ARGV[3] == 'set' then
+  return {1, redis.call('SET', KEYS[2], ARGV[4])}
+elseif ARGV[3] == 'hset' then
+  return {1, redis.call('HSET', KEYS[2], ARGV[4], ARGV[5])}
+elseif ARGV[3] == 'get' then
   return {1, redis.call('GET', KEYS[2])}
-elseif ARGV[2] == 'hget' then
-  return {1, redis.call('HGET', KEYS[2], ARGV[3])}
+elseif ARGV[3] == 'hget' then
+  return {1, redis.call('HGET', KEYS[2], ARGV[4])}
 else
-  return {1, redis.call('INCRBY', KEYS[2], ARGV[3])}
+  return {1, redis.call('INCRBY', KEYS[2], ARGV[4])}
 end

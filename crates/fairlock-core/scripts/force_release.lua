@@ -1,21 +1,46 @@
--- force_release.lua: ADMIN ONLY. Frees the lock whoever holds it and hands it
--- to the oldest live waiter. The evicted holder is not told directly; its
--- next renewal finds the lock gone and fires its lease-lost signal.
+-- force_release.lua: ADMIN ONLY. Frees the lock from the holder the caller
+-- saw (`expected`, read with inspect) and hands it to the oldest live
+-- waiter. The evicted holder's process is told on its channel
+-- ("<member> revoked"), so its lease-lost signal fires at once.
 --
--- KEYS[1] owner   KEYS[2] queue   KEYS[3] alive   KEYS[4] fence
--- ARGV[1] grant_lease_ms  lease of the handed-on lock
--- ARGV[2] channel_prefix  waiters are woken on channel_prefix .. client tag
+-- KEYS[1] owner   KEYS[2] queue   KEYS[3] alive   KEYS[4] seq   KEYS[5] freed
+-- ARGV[1] expected        the holder as the caller saw it: "<member> <token>"
+--                         (exactly that grant), or "<member>" (that member's
+--                         grant, whatever its token), or "" to only hand a
+--                         free lock on
+-- ARGV[2] idle_ms         TTL of the seq and freed keys
+-- ARGV[3] channel_prefix  waiters are woken on channel_prefix .. client tag
+-- ARGV[4] waiter_ttl_ms   lease of a grant whose message reached nobody
 --
--- Reply: {had_owner, handed_on, evicted}
+-- Reply: {status, holder, dropped, more}
+--   status 1 released `expected` (and handed the lock on if anyone waits)
+--          0 the lock is not held by `expected` (already released, or a
+--            later holder has it): nothing changed; holder is the
+--            current one ("" if free)
+--
+-- Idempotent: a resend finds a different holder (or none) and changes
+-- nothing, so it never frees the next holder.
 
-local err = check_types({'hash', 'zset', 'zset', 'hash'})
-if err then return err end
-
--- `freed` is deliberately not set: the evicted holder's own release must be
--- refused (NotOwner), not taken for a resend of a release it never made.
-local owner = redis.call('HGET', KEYS[1], 'id')
-if owner then
+local expected = ARGV[1]
+local held = redis.call('GET', KEYS[1])
+if foreign_owner(held) then
+  return foreign_owner_error()
+end
+local holder = parse_owner(held)
+local matches = held and (held == expected or holder == expected)
+if expected == '' or not matches then
+  local dropped, more, next_owner, _ = 0, false, false, 0
+  if not held and expected == '' then
+    -- A free lock with waiters (its holder's lease ran out): hand it on.
+    next_owner, _, dropped, more = grant_next(tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]))
+  end
+  return {0, next_owner or holder or '', dropped, more and 1 or 0}
+end
+-- `freed` is deliberately left alone: the evicted holder's own release must
+-- be refused (its lease is lost), not taken for a resend.
+local next_owner, _, dropped, more = grant_next(tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]))
+if not next_owner then
   redis.call('DEL', KEYS[1])
 end
-local next_owner, evicted = grant_next(now_ms(), tonumber(ARGV[1]), ARGV[2])
-return {owner and 1 or 0, next_owner and 1 or 0, evicted}
+publish(ARGV[3], holder, 'revoked')
+return {1, holder, dropped, more and 1 or 0}

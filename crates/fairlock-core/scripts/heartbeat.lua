@@ -1,74 +1,54 @@
--- heartbeat.lua: one call per lock per interval for all of one process's
--- waiters on that lock. Moves the process's deadline forward, forgets dead
--- processes, grants the lock if its holder vanished, and tells each waiter
--- where it is, so a lost pub/sub message or a queue lost in a failover
--- heals here.
+-- heartbeat.lua: one call per lock per interval for one process, however
+-- many of its tasks wait there. Moves the process's deadline forward,
+-- forgets dead processes, grants the lock if its holder vanished, and
+-- tells the process who holds the lock and whether its oldest waiter is
+-- still queued, so a lost pub/sub message, an orphaned grant or a queue
+-- lost in a fail-over heals here. With no probe it only hands a free lock
+-- on: clients use that to go on purging dead waiters.
 --
--- KEYS[1] owner   KEYS[2] queue   KEYS[3] alive   KEYS[4] fence
--- ARGV[1] waiter_ttl_ms   new deadline offset for the process of these waiters
--- ARGV[2] queue_ttl_ms    TTL of the queue keys
--- ARGV[3] grant_lease_ms  lease of a lock handed to a waiter
--- ARGV[4] channel_prefix  waiters are woken on channel_prefix .. client tag
--- ARGV[5..] members       this process's waiters on this lock (one client tag)
+-- KEYS[1] owner   KEYS[2] queue   KEYS[3] alive   KEYS[4] seq   KEYS[5] freed
+-- ARGV[1] tag             the calling process's client tag
+-- ARGV[2] waiter_ttl_ms   new deadline offset for the process
+-- ARGV[3] queue_ttl_ms    TTL of the queue keys
+-- ARGV[4] idle_ms         TTL of the seq and freed keys
+-- ARGV[5] channel_prefix  waiters are woken on channel_prefix .. client tag
+-- ARGV[6] probe           the process's oldest waiter on this lock, or ""
 --
--- Reply: {evicted, pttl, status_1, token_1, status_2, token_2, ...}
---   status 0 missing (not queued: re-enqueue), 1 queued, 2 owns the lock (token)
---   pttl is the owner's remaining lease (-2 when free)
+-- Reply: {holder, token, probe_queued, dropped, more}
+--   holder and token of the lock after this call ("" and 0 when free);
+--   probe_queued 1 if the probe is in the queue (if 0, the process checks
+--   each of its waiters by running acquire again, which is idempotent)
 --
--- Cost: O(m log N) for m members, plus O(k log N) for k dead processes
--- forgotten (at most 64 per call) and dead waiters skipped at the head.
--- Waiters of dead processes elsewhere in the queue are dropped when they
--- reach the head. Idempotent apart from the deadline.
+-- Cost: about 8 commands, whatever the number of the process's waiters;
+-- at most 32 dead processes are forgotten per call.
 
-local err = check_types({'hash', 'zset', 'zset', 'hash'})
-if err then return err end
+local tag = ARGV[1]
+local probe = ARGV[6]
+local held = redis.call('GET', KEYS[1])
+local probe_queued = 0
+if probe ~= '' and redis.call('ZSCORE', KEYS[2], probe) then
+  probe_queued = 1
+end
+local now_ms = math.floor(now_us() / 1000)
+if probe_queued == 1 then
+  redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[2]), tag)
+  redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[3]))
+  redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[3]))
+end
 
-local now = now_ms()
-local waiter_ttl_ms = tonumber(ARGV[1])
-local queued = {}
-local any_queued = false
-for i = 5, #ARGV do
-  local member = ARGV[i]
-  if redis.call('ZSCORE', KEYS[2], member) then
-    queued[member] = true
-    any_queued = true
+-- Processes whose deadline passed are dead: forget a bounded batch.
+local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. now_ms, 'LIMIT', 0, 32)
+if #dead > 0 then
+  redis.call('ZREM', KEYS[3], unpack(dead))
+end
+
+local dropped, more = 0, false
+if not held then
+  local next_owner, token
+  next_owner, token, dropped, more = grant_next(tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[2]))
+  if next_owner then
+    held = next_owner .. ' ' .. digits(token)
   end
 end
-if any_queued then
-  redis.call('ZADD', KEYS[3], now + waiter_ttl_ms, client_of(ARGV[5]))
-end
-
--- Processes whose deadline passed are dead; their waiters are skipped.
-local evicted = 0
-local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. now, 'LIMIT', 0, 64)
-for _, tag in ipairs(dead) do
-  redis.call('ZREM', KEYS[3], tag)
-end
-
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  local _, more = grant_next(now, tonumber(ARGV[3]), ARGV[4])
-  evicted = evicted + more
-end
-
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[2]))
-  redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[2]))
-end
-
-local owner = redis.call('HGET', KEYS[1], 'id')
-local token = tonumber(redis.call('HGET', KEYS[1], 'token'))
-local reply = {evicted, redis.call('PTTL', KEYS[1])}
-for i = 5, #ARGV do
-  local member = ARGV[i]
-  if member == owner then
-    table.insert(reply, 2)
-    table.insert(reply, token)
-  elseif queued[member] and redis.call('ZSCORE', KEYS[2], member) then
-    table.insert(reply, 1)
-    table.insert(reply, 0)
-  else
-    table.insert(reply, 0)
-    table.insert(reply, 0)
-  end
-end
-return reply
+local holder, token = parse_owner(held)
+return {holder or '', token, probe_queued, dropped, more and 1 or 0}

@@ -1,18 +1,38 @@
 -- inspect.lua: read-only snapshot of one lock, for operators and tests.
 --
--- KEYS[1] owner   KEYS[2] queue   KEYS[3] alive   KEYS[4] fence
+-- KEYS[1] owner   KEYS[2] queue   KEYS[3] alive   KEYS[4] seq   KEYS[5] freed
+-- ARGV[1] limit   how many waiters from the head to list
 --
--- Reply: {owner or "", token, pttl, queue_len, last_token, last_ticket}
---   token is the holder's fencing token (0 when free); pttl -2 when free.
+-- Reply: {holder, token, pttl, queue_len, last_seq, now_ms, waiters...}
+--   holder "" and token 0 when free; pttl -2 when free; last_seq is the
+--   last token or ticket issued (0 if the counter expired); then for each
+--   listed waiter, oldest first: member, ticket, its process's deadline
+--   (ms of server time, -1 if the process is not alive there)
 
-local err = check_types({'hash', 'zset', 'zset', 'hash'})
-if err then return err end
-
-return {
-  redis.call('HGET', KEYS[1], 'id') or '',
-  tonumber(redis.call('HGET', KEYS[1], 'token') or 0),
+local held = redis.call('GET', KEYS[1])
+if foreign_owner(held) then
+  return foreign_owner_error()
+end
+local holder, token = parse_owner(held)
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local reply = {
+  holder or '',
+  token,
   redis.call('PTTL', KEYS[1]),
   redis.call('ZCARD', KEYS[2]),
-  tonumber(redis.call('HGET', KEYS[4], 'token') or 0),
-  tonumber(redis.call('HGET', KEYS[4], 'ticket') or 0),
+  tonumber(redis.call('GET', KEYS[4]) or '0') or 0,
+  now_ms,
 }
+local limit = tonumber(ARGV[1])
+if limit > 0 then
+  local waiters = redis.call('ZRANGE', KEYS[2], 0, limit - 1, 'WITHSCORES')
+  for i = 1, #waiters, 2 do
+    local member = waiters[i]
+    local deadline = redis.call('ZSCORE', KEYS[3], tag_of(member) or '-')
+    reply[#reply + 1] = member
+    reply[#reply + 1] = digits(tonumber(waiters[i + 1]))
+    reply[#reply + 1] = tonumber(deadline or '-1')
+  end
+end
+return reply

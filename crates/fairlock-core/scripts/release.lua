@@ -1,34 +1,38 @@
 -- release.lua: the owner frees the lock; in the same script the oldest live
--- waiter becomes the owner (direct handoff) and is woken.
+-- waiter becomes the owner, with its own lease (direct handoff), and is
+-- woken.
 --
--- KEYS[1] owner   KEYS[2] queue   KEYS[3] alive   KEYS[4] fence
+-- KEYS[1] owner   KEYS[2] queue   KEYS[3] alive   KEYS[4] seq   KEYS[5] freed
 -- ARGV[1] member          the releasing owner
--- ARGV[2] grant_lease_ms  lease of the handed-on lock until its new owner confirms
+-- ARGV[2] idle_ms         TTL of the seq and freed keys
 -- ARGV[3] channel_prefix  waiters are woken on channel_prefix .. client tag
+-- ARGV[4] waiter_ttl_ms   lease of a grant whose message reached nobody
 --
 -- Replies:
---   {1, handed_on, evicted, next, token}  released; handed_on is 1 if a waiter
---                            now owns it: member `next` with fencing `token`
---                            (so a releaser in the same process can wake it
---                            without waiting for pub/sub)
+--   {1, dropped, more, next, token}  released; `next` is the member that now
+--                            owns the lock with fencing `token` ("" and 0 if
+--                            none), so a releaser in the same process can
+--                            wake it without waiting for pub/sub; `more` is
+--                            1 if dead waiters are left to purge before a
+--                            live one can be found (the client goes on with
+--                            heartbeat calls)
 --   {0}                      refused: the caller does not own the lock
 --
+-- Cost: 4 commands with nobody waiting (GET, ZRANGE, DEL, SET freed); 9
+-- for a handoff to a live head.
 -- Owner-only: anyone but the owner changes nothing. Idempotent: a resent
--- release by the member that freed the lock last answers {1, 0, 0} again.
-
-local err = check_types({'hash', 'zset', 'zset', 'hash'})
-if err then return err end
+-- release by the member that freed the lock last answers {1, 0, 0, "", 0}
+-- and changes nothing.
 
 local member = ARGV[1]
-if redis.call('HGET', KEYS[1], 'id') ~= member then
-  if redis.call('HGET', KEYS[4], 'freed') == member then
-    return {1, 0, 0}
+local holder = parse_owner(redis.call('GET', KEYS[1]))
+if holder ~= member then
+  if redis.call('GET', KEYS[5]) == member then
+    return {1, 0, 0, '', 0}
   end
   return {0}
 end
 
-local next_owner, evicted = release_and_hand_on(member, tonumber(ARGV[2]), ARGV[3])
-if next_owner then
-  return {1, 1, evicted, next_owner, tonumber(redis.call('HGET', KEYS[1], 'token'))}
-end
-return {1, 0, evicted}
+local next_owner, token, dropped, more =
+  release_and_hand_on(member, tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]))
+return {1, dropped, more and 1 or 0, next_owner or '', token}

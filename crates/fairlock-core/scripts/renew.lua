@@ -1,21 +1,30 @@
--- renew.lua: the owner sets its lease to lease_ms from now. Used by the
--- watchdog, by extend(), and by a waiter confirming a handed-on grant.
+-- renew.lua: one call renews or checks every lock this client holds in one
+-- slot. For each lock it checks that the holder still owns it and, if a
+-- lease is given, sets the lease to that long from now.
 --
--- KEYS[1] owner
--- ARGV[1] member     the owner
--- ARGV[2] lease_ms   the new lease, from now (server time)
+-- KEYS[1..n]   the owner key of each lock
+-- ARGV[i]      for KEYS[i]: "<member> <lease_ms>", lease 0 to only check
 --
--- Replies:
---   {1, token}   renewed
---   {0}          refused: the lock is gone or owned by someone else (lease lost)
+-- Reply: {status_1, ..., status_n}
+--   1 held (and renewed if asked), 0 lost (gone or owned by another),
+--   -1 the key holds a value of another type (nothing changed)
 --
--- Idempotent: renewing twice sets the same lease.
+-- Idempotent: renewing twice sets the same lease. Cost: 2 commands a lock.
 
-local err = check_types({'hash'})
-if err then return err end
-
-if redis.call('HGET', KEYS[1], 'id') ~= ARGV[1] then
-  return {0}
+local reply = {}
+for i, key in ipairs(KEYS) do
+  local member, lease_ms = string.match(ARGV[i], '^(%S+) (%d+)$')
+  local held = redis.pcall('GET', key)
+  if type(held) == 'table' and held.err then
+    reply[i] = -1
+  elseif parse_owner(held) == member then
+    lease_ms = tonumber(lease_ms)
+    if lease_ms > 0 then
+      redis.call('PEXPIRE', key, lease_ms)
+    end
+    reply[i] = 1
+  else
+    reply[i] = 0
+  end
 end
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
-return {1, tonumber(redis.call('HGET', KEYS[1], 'token'))}
+return reply

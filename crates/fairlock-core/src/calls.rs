@@ -6,13 +6,12 @@ use crate::script::{Script, ACQUIRE, CANCEL, FORCE_RELEASE, HEARTBEAT, INSPECT, 
 
 /// A call of one script: which script, its ARGV, and how to read its reply.
 ///
-/// Every lock script takes the four keys of [`crate::LockKeys`] except
-/// `renew.lua`, which takes the owner key only; see [`ScriptCall::KEYS`].
+/// Every lock script takes the five keys of [`crate::LockKeys`];
+/// `renew.lua` takes owner keys of several locks and is run through
+/// [`RenewBatch`] instead.
 pub trait ScriptCall {
     /// The script this call runs.
     const SCRIPT: &'static Script;
-    /// How many of the lock's keys, in [`crate::LockKeys`] order, it takes.
-    const KEYS: usize = 4;
     /// The typed reply.
     type Output;
     /// ARGV, in the order of the script's header.
@@ -24,22 +23,69 @@ pub trait ScriptCall {
 /// Protocol timings every process touching a lock should agree on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timings {
-    /// How long a waiter stays alive in the queue without a heartbeat.
+    /// How long a process's waiters stay alive without a heartbeat.
     pub waiter_ttl_ms: u64,
-    /// TTL of the queue keys; every enqueue and heartbeat refreshes it.
+    /// TTL of the queue keys; enqueues and heartbeats refresh it.
     pub queue_ttl_ms: u64,
-    /// Lease of a lock handed to a waiter, until that waiter confirms it
-    /// with its own lease. A dead waiter blocks the lock at most this long.
-    pub grant_lease_ms: u64,
+    /// TTL of the sequence counter and the last-release marker. Losing the
+    /// counter is safe (it restarts above the server clock), so this only
+    /// bounds how long an idle lock leaves keys behind.
+    pub idle_ms: u64,
 }
 
 impl Default for Timings {
     fn default() -> Self {
         Self {
             waiter_ttl_ms: 5_000,
-            queue_ttl_ms: 60_000,
-            grant_lease_ms: 5_000,
+            queue_ttl_ms: 20_000,
+            idle_ms: 600_000,
         }
+    }
+}
+
+/// A waiter's or holder's identity as stored in Redis: its random owner id,
+/// the client tag of its process and the lease it asked for,
+/// `<owner id, 32 hex>.<client tag, 16 hex>.<lease ms>`.
+///
+/// The lease travels inside it, so a release can hand the lock to this
+/// member with its own lease, and the tag routes grants to its process.
+///
+/// ```
+/// let member = fairlock_core::Member::new("0123456789abcdef0123456789abcdef", "00000000000000ff", 30_000);
+/// assert_eq!(member.as_str(), "0123456789abcdef0123456789abcdef.00000000000000ff.30000");
+/// assert_eq!(fairlock_core::Member::tag_of(member.as_str()), Some("00000000000000ff"));
+/// assert_eq!(fairlock_core::Member::owner_id_of(member.as_str()), Some("0123456789abcdef0123456789abcdef"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Member(String);
+
+impl Member {
+    /// Builds a member from its parts.
+    pub fn new(owner_id: &str, tag: &str, lease_ms: u64) -> Self {
+        Self(format!("{owner_id}.{tag}.{lease_ms}"))
+    }
+
+    /// The member as stored in Redis.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The client tag (process) of a stored member.
+    pub fn tag_of(member: &str) -> Option<&str> {
+        let mut parts = member.split('.');
+        let (_, tag, _) = (parts.next()?, parts.next()?, parts.next()?);
+        Some(tag)
+    }
+
+    /// The owner id of a stored member.
+    pub fn owner_id_of(member: &str) -> Option<&str> {
+        member.split('.').next().filter(|id| !id.is_empty())
+    }
+}
+
+impl std::fmt::Display for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
@@ -55,16 +101,33 @@ pub enum AcquireMode {
 /// `acquire.lua`.
 #[derive(Debug, Clone)]
 pub struct Acquire<'a> {
-    /// The caller's member: owner id and client tag.
+    /// The caller, with its lease inside.
     pub member: &'a str,
-    /// The lease if granted now.
-    pub lease_ms: u64,
     /// Wait in the queue or not.
     pub mode: AcquireMode,
     /// Shared protocol timings.
     pub timings: &'a Timings,
     /// Where waiters are woken.
     pub channel_prefix: &'a str,
+}
+
+/// Dead waiters an operation removed, and whether more are left at the head
+/// of the queue (the client then goes on with [`Heartbeat::purge`] calls).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Purged {
+    /// Dead waiters removed by this call.
+    pub dropped: u64,
+    /// Whether dead waiters are left to purge before a live one is found.
+    pub more: bool,
+}
+
+impl Purged {
+    fn read(f: &mut Fields) -> Result<Self, ProtocolError> {
+        Ok(Self {
+            dropped: f.uint()?,
+            more: f.int()? == 1,
+        })
+    }
 }
 
 /// What [`Acquire`] answered.
@@ -74,26 +137,20 @@ pub enum AcquireReply {
     Granted {
         /// Fencing token of this grant.
         token: u64,
-        /// Dead waiters dropped on the way.
-        evicted: u64,
     },
     /// The caller waits in the queue.
     Queued {
         /// The caller's ticket; grants follow ticket order.
         ticket: u64,
-        /// Waiters ahead of the caller.
+        /// Waiters ahead of the caller when it joined.
         position: u64,
-        /// The holder's remaining lease in ms, or negative if none.
-        owner_pttl_ms: i64,
-        /// Dead waiters dropped on the way.
-        evicted: u64,
+        /// Dead waiters removed on the way.
+        purged: Purged,
     },
     /// The lock is held or someone is queued (try mode only).
     Busy {
-        /// The holder's remaining lease in ms, or negative if none.
-        owner_pttl_ms: i64,
-        /// Dead waiters dropped on the way.
-        evicted: u64,
+        /// Dead waiters removed on the way.
+        purged: Purged,
     },
 }
 
@@ -108,11 +165,10 @@ impl ScriptCall for Acquire<'_> {
         };
         vec![
             self.member.to_owned(),
-            self.lease_ms.to_string(),
             mode.to_owned(),
             self.timings.waiter_ttl_ms.to_string(),
             self.timings.queue_ttl_ms.to_string(),
-            self.timings.grant_lease_ms.to_string(),
+            self.timings.idle_ms.to_string(),
             self.channel_prefix.to_owned(),
         ]
     }
@@ -120,19 +176,14 @@ impl ScriptCall for Acquire<'_> {
     fn decode(reply: Reply) -> Result<AcquireReply, ProtocolError> {
         let mut f = Fields::new(ACQUIRE.name(), reply)?;
         match f.int()? {
-            1 => Ok(AcquireReply::Granted {
-                token: f.uint()?,
-                evicted: f.uint()?,
-            }),
+            1 => Ok(AcquireReply::Granted { token: f.uint()? }),
             2 => Ok(AcquireReply::Queued {
                 ticket: f.uint()?,
                 position: f.uint()?,
-                owner_pttl_ms: f.int()?,
-                evicted: f.uint()?,
+                purged: Purged::read(&mut f)?,
             }),
             3 => Ok(AcquireReply::Busy {
-                owner_pttl_ms: f.int()?,
-                evicted: f.uint()?,
+                purged: Purged::read(&mut f)?,
             }),
             other => Err(f.unknown_status(other)),
         }
@@ -144,7 +195,7 @@ impl ScriptCall for Acquire<'_> {
 pub struct Release<'a> {
     /// The releasing owner.
     pub member: &'a str,
-    /// Shared protocol timings (the grant lease of the handoff).
+    /// Shared protocol timings.
     pub timings: &'a Timings,
     /// Where waiters are woken.
     pub channel_prefix: &'a str,
@@ -157,8 +208,8 @@ pub enum ReleaseReply {
     Released {
         /// The waiter that now owns the lock and its fencing token, if any.
         handed_to: Option<(String, u64)>,
-        /// Dead waiters dropped on the way.
-        evicted: u64,
+        /// Dead waiters removed on the way.
+        purged: Purged,
     },
     /// The caller does not own the lock; nothing changed.
     NotOwner,
@@ -171,8 +222,9 @@ impl ScriptCall for Release<'_> {
     fn args(&self) -> Vec<String> {
         vec![
             self.member.to_owned(),
-            self.timings.grant_lease_ms.to_string(),
+            self.timings.idle_ms.to_string(),
             self.channel_prefix.to_owned(),
+            self.timings.waiter_ttl_ms.to_string(),
         ]
     }
 
@@ -180,14 +232,13 @@ impl ScriptCall for Release<'_> {
         let mut f = Fields::new(RELEASE.name(), reply)?;
         match f.int()? {
             1 => {
-                let handed_on = f.int()? == 1;
-                let evicted = f.uint()?;
-                let handed_to = if handed_on {
-                    Some((f.string()?, f.uint()?))
-                } else {
-                    None
-                };
-                Ok(ReleaseReply::Released { handed_to, evicted })
+                let purged = Purged::read(&mut f)?;
+                let next = f.string()?;
+                let token = f.uint()?;
+                Ok(ReleaseReply::Released {
+                    handed_to: (!next.is_empty()).then_some((next, token)),
+                    purged,
+                })
             }
             0 => Ok(ReleaseReply::NotOwner),
             other => Err(f.unknown_status(other)),
@@ -195,80 +246,107 @@ impl ScriptCall for Release<'_> {
     }
 }
 
-/// `renew.lua`. Takes the owner key only.
+/// One lock of a [`RenewBatch`]: its owner key, the holder, and the new
+/// lease (0 to only check that the holder still owns it).
 #[derive(Debug, Clone)]
-pub struct Renew<'a> {
-    /// The owner.
+pub struct RenewItem<'a> {
+    /// The lock's owner key ([`crate::LockKeys::owner`]).
+    pub owner_key: &'a str,
+    /// The holder.
     pub member: &'a str,
-    /// The new lease, from now.
+    /// The new lease from now in ms, or 0 to check only.
     pub lease_ms: u64,
 }
 
-/// What [`Renew`] answered.
+/// `renew.lua` over several locks of one slot: one call per client per
+/// interval, not one per lock.
+#[derive(Debug, Clone, Default)]
+pub struct RenewBatch<'a> {
+    /// The locks, in reply order.
+    pub items: Vec<RenewItem<'a>>,
+}
+
+/// What [`RenewBatch`] found for one lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RenewReply {
-    /// The lease was set; the owner's fencing token.
-    Renewed {
-        /// Fencing token of the current grant.
-        token: u64,
-    },
-    /// The lock is gone or owned by someone else: the lease was lost.
-    NotOwner,
+pub enum RenewStatus {
+    /// Still held (and renewed, if a lease was given).
+    Held,
+    /// Gone or owned by another: the lease is lost.
+    Lost,
+    /// The owner key holds a value of another type; nothing changed.
+    WrongType,
 }
 
-impl ScriptCall for Renew<'_> {
-    const SCRIPT: &'static Script = &RENEW;
-    const KEYS: usize = 1;
-    type Output = RenewReply;
-
-    fn args(&self) -> Vec<String> {
-        vec![self.member.to_owned(), self.lease_ms.to_string()]
+impl RenewBatch<'_> {
+    /// The script it runs.
+    pub fn script() -> &'static Script {
+        &RENEW
     }
 
-    fn decode(reply: Reply) -> Result<RenewReply, ProtocolError> {
+    /// KEYS: the owner keys.
+    pub fn keys(&self) -> Vec<&str> {
+        self.items.iter().map(|item| item.owner_key).collect()
+    }
+
+    /// ARGV, one `"<member> <lease_ms>"` per key.
+    pub fn args(&self) -> Vec<String> {
+        self.items
+            .iter()
+            .map(|item| format!("{} {}", item.member, item.lease_ms))
+            .collect()
+    }
+
+    /// Reads the reply: one status per item.
+    pub fn decode(reply: Reply) -> Result<Vec<RenewStatus>, ProtocolError> {
         let mut f = Fields::new(RENEW.name(), reply)?;
-        match f.int()? {
-            1 => Ok(RenewReply::Renewed { token: f.uint()? }),
-            0 => Ok(RenewReply::NotOwner),
-            other => Err(f.unknown_status(other)),
+        let mut statuses = Vec::with_capacity(f.remaining());
+        while f.remaining() > 0 {
+            statuses.push(match f.int()? {
+                1 => RenewStatus::Held,
+                0 => RenewStatus::Lost,
+                -1 => RenewStatus::WrongType,
+                other => return Err(f.unknown_status(other)),
+            });
         }
+        Ok(statuses)
     }
 }
 
-/// `heartbeat.lua`: one call for all of a process's waiters on one lock.
+/// `heartbeat.lua`: one call per lock per interval for one process.
 #[derive(Debug, Clone)]
 pub struct Heartbeat<'a> {
-    /// The waiters' members.
-    pub members: &'a [String],
+    /// The calling process's client tag.
+    pub tag: &'a str,
+    /// Its oldest waiter on this lock, or "" to only hand a free lock on.
+    pub probe: &'a str,
     /// Shared protocol timings.
     pub timings: &'a Timings,
     /// Where waiters are woken.
     pub channel_prefix: &'a str,
 }
 
-/// Where one waiter stands, as [`Heartbeat`] found it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WaiterStatus {
-    /// Not in the queue and not the owner: it must enqueue again.
-    Missing,
-    /// Waiting in the queue; its deadline moved forward.
-    Queued,
-    /// It owns the lock (perhaps its wake-up message was lost).
-    Granted {
-        /// Fencing token of the grant.
-        token: u64,
-    },
+impl<'a> Heartbeat<'a> {
+    /// A call that only hands a free lock on, purging dead waiters: what a
+    /// client runs while a release or acquire reported [`Purged::more`].
+    pub fn purge(tag: &'a str, timings: &'a Timings, channel_prefix: &'a str) -> Self {
+        Self {
+            tag,
+            probe: "",
+            timings,
+            channel_prefix,
+        }
+    }
 }
 
 /// What [`Heartbeat`] answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeartbeatReply {
-    /// Dead waiters dropped.
-    pub evicted: u64,
-    /// The holder's remaining lease in ms, negative when free.
-    pub owner_pttl_ms: i64,
-    /// One status per member, in the order given.
-    pub statuses: Vec<WaiterStatus>,
+    /// The holder after the call and its token, if the lock is held.
+    pub holder: Option<(String, u64)>,
+    /// Whether the probe is queued.
+    pub probe_queued: bool,
+    /// Dead waiters removed on the way.
+    pub purged: Purged,
 }
 
 impl ScriptCall for Heartbeat<'_> {
@@ -276,34 +354,24 @@ impl ScriptCall for Heartbeat<'_> {
     type Output = HeartbeatReply;
 
     fn args(&self) -> Vec<String> {
-        let mut args = Vec::with_capacity(4 + self.members.len());
-        args.push(self.timings.waiter_ttl_ms.to_string());
-        args.push(self.timings.queue_ttl_ms.to_string());
-        args.push(self.timings.grant_lease_ms.to_string());
-        args.push(self.channel_prefix.to_owned());
-        args.extend(self.members.iter().cloned());
-        args
+        vec![
+            self.tag.to_owned(),
+            self.timings.waiter_ttl_ms.to_string(),
+            self.timings.queue_ttl_ms.to_string(),
+            self.timings.idle_ms.to_string(),
+            self.channel_prefix.to_owned(),
+            self.probe.to_owned(),
+        ]
     }
 
     fn decode(reply: Reply) -> Result<HeartbeatReply, ProtocolError> {
         let mut f = Fields::new(HEARTBEAT.name(), reply)?;
-        let evicted = f.uint()?;
-        let owner_pttl_ms = f.int()?;
-        let mut statuses = Vec::with_capacity(f.remaining() / 2);
-        while f.remaining() > 0 {
-            let status = f.int()?;
-            let token = f.uint()?;
-            statuses.push(match status {
-                0 => WaiterStatus::Missing,
-                1 => WaiterStatus::Queued,
-                2 => WaiterStatus::Granted { token },
-                other => return Err(f.unknown_status(other)),
-            });
-        }
+        let holder = f.string()?;
+        let token = f.uint()?;
         Ok(HeartbeatReply {
-            evicted,
-            owner_pttl_ms,
-            statuses,
+            holder: (!holder.is_empty()).then_some((holder, token)),
+            probe_queued: f.int()? == 1,
+            purged: Purged::read(&mut f)?,
         })
     }
 }
@@ -313,7 +381,7 @@ impl ScriptCall for Heartbeat<'_> {
 pub struct Cancel<'a> {
     /// The waiter giving up.
     pub member: &'a str,
-    /// Shared protocol timings (the grant lease of a handoff).
+    /// Shared protocol timings.
     pub timings: &'a Timings,
     /// Where waiters are woken.
     pub channel_prefix: &'a str,
@@ -322,12 +390,12 @@ pub struct Cancel<'a> {
 /// What [`Cancel`] answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CancelReply {
-    /// The waiter was still queued and left the queue.
+    /// The waiter was in the queue and left it.
     pub was_queued: bool,
-    /// A grant had raced the cancellation; the lock was passed on.
+    /// The waiter had been granted the lock; it was passed on.
     pub was_owner: bool,
-    /// Dead waiters dropped on the way.
-    pub evicted: u64,
+    /// Dead waiters removed on the way.
+    pub purged: Purged,
 }
 
 impl ScriptCall for Cancel<'_> {
@@ -337,8 +405,9 @@ impl ScriptCall for Cancel<'_> {
     fn args(&self) -> Vec<String> {
         vec![
             self.member.to_owned(),
-            self.timings.grant_lease_ms.to_string(),
+            self.timings.idle_ms.to_string(),
             self.channel_prefix.to_owned(),
+            self.timings.waiter_ttl_ms.to_string(),
         ]
     }
 
@@ -347,29 +416,32 @@ impl ScriptCall for Cancel<'_> {
         Ok(CancelReply {
             was_queued: f.int()? == 1,
             was_owner: f.int()? == 1,
-            evicted: f.uint()?,
+            purged: Purged::read(&mut f)?,
         })
     }
 }
 
-/// `force_release.lua`: admin only.
+/// `force_release.lua`: ADMIN.
 #[derive(Debug, Clone)]
 pub struct ForceRelease<'a> {
-    /// Shared protocol timings (the grant lease of a handoff).
+    /// The holder the caller saw (from [`Inspect`]), or "" to only hand a
+    /// free lock on.
+    pub expected: &'a str,
+    /// Shared protocol timings.
     pub timings: &'a Timings,
     /// Where waiters are woken.
     pub channel_prefix: &'a str,
 }
 
 /// What [`ForceRelease`] answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForceReleaseReply {
-    /// Someone held the lock and was evicted.
-    pub had_owner: bool,
-    /// A waiter now owns the lock.
-    pub handed_on: bool,
-    /// Dead waiters dropped on the way.
-    pub evicted: u64,
+    /// Whether the expected holder was released.
+    pub released: bool,
+    /// The holder now (after the call), or the expected one if released.
+    pub holder: Option<String>,
+    /// Dead waiters removed on the way.
+    pub purged: Purged,
 }
 
 impl ScriptCall for ForceRelease<'_> {
@@ -378,24 +450,44 @@ impl ScriptCall for ForceRelease<'_> {
 
     fn args(&self) -> Vec<String> {
         vec![
-            self.timings.grant_lease_ms.to_string(),
+            self.expected.to_owned(),
+            self.timings.idle_ms.to_string(),
             self.channel_prefix.to_owned(),
+            self.timings.waiter_ttl_ms.to_string(),
         ]
     }
 
     fn decode(reply: Reply) -> Result<ForceReleaseReply, ProtocolError> {
         let mut f = Fields::new(FORCE_RELEASE.name(), reply)?;
+        let released = f.int()? == 1;
+        let holder = f.string()?;
         Ok(ForceReleaseReply {
-            had_owner: f.int()? == 1,
-            handed_on: f.int()? == 1,
-            evicted: f.uint()?,
+            released,
+            holder: (!holder.is_empty()).then_some(holder),
+            purged: Purged::read(&mut f)?,
         })
     }
 }
 
-/// `inspect.lua`: a read-only snapshot.
+/// `inspect.lua`: a read-only snapshot, listing up to `waiters` waiters
+/// from the head of the queue.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Inspect;
+pub struct Inspect {
+    /// How many waiters from the head to list.
+    pub waiters: u64,
+}
+
+/// One queued waiter in a [`LockState`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedWaiter {
+    /// The waiter's member.
+    pub member: String,
+    /// Its ticket.
+    pub ticket: u64,
+    /// Its process's heartbeat deadline (server ms), `None` if the process
+    /// is not alive on this lock.
+    pub deadline_ms: Option<u64>,
+}
 
 /// A snapshot of one lock, from [`Inspect`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -408,10 +500,13 @@ pub struct LockState {
     pub owner_pttl_ms: i64,
     /// Entries in the queue, live or not yet purged.
     pub queue_len: u64,
-    /// The last fencing token ever issued for this name.
-    pub last_token: u64,
-    /// The last ticket ever issued for this name.
-    pub last_ticket: u64,
+    /// The last token or ticket issued (0 once the idle counter expired;
+    /// the next one is still above every earlier one).
+    pub last_seq: u64,
+    /// Server time of the snapshot, ms.
+    pub now_ms: u64,
+    /// The first waiters, oldest first.
+    pub waiters: Vec<QueuedWaiter>,
 }
 
 impl ScriptCall for Inspect {
@@ -419,20 +514,32 @@ impl ScriptCall for Inspect {
     type Output = LockState;
 
     fn args(&self) -> Vec<String> {
-        Vec::new()
+        vec![self.waiters.to_string()]
     }
 
     fn decode(reply: Reply) -> Result<LockState, ProtocolError> {
         let mut f = Fields::new(INSPECT.name(), reply)?;
         let owner = f.string()?;
-        Ok(LockState {
+        let mut state = LockState {
             owner: (!owner.is_empty()).then_some(owner),
             token: f.uint()?,
             owner_pttl_ms: f.int()?,
             queue_len: f.uint()?,
-            last_token: f.uint()?,
-            last_ticket: f.uint()?,
-        })
+            last_seq: f.uint()?,
+            now_ms: f.uint()?,
+            waiters: Vec::new(),
+        };
+        while f.remaining() >= 3 {
+            let member = f.string()?;
+            let ticket = f.uint()?;
+            let deadline = f.int()?;
+            state.waiters.push(QueuedWaiter {
+                member,
+                ticket,
+                deadline_ms: u64::try_from(deadline).ok(),
+            });
+        }
+        Ok(state)
     }
 }
 
@@ -447,19 +554,23 @@ mod tests {
     #[test]
     fn acquire_replies_decode() {
         assert_eq!(
-            Acquire::decode(array(&[2, 10, 3, 2500, 1])),
+            Acquire::decode(array(&[2, 10, 3, 1, 0])),
             Ok(AcquireReply::Queued {
                 ticket: 10,
                 position: 3,
-                owner_pttl_ms: 2500,
-                evicted: 1
+                purged: Purged {
+                    dropped: 1,
+                    more: false
+                }
             })
         );
         assert_eq!(
-            Acquire::decode(array(&[3, -2, 0])),
+            Acquire::decode(array(&[3, 0, 1])),
             Ok(AcquireReply::Busy {
-                owner_pttl_ms: -2,
-                evicted: 0
+                purged: Purged {
+                    dropped: 0,
+                    more: true
+                }
             })
         );
         assert!(Acquire::decode(array(&[9])).is_err());
@@ -471,36 +582,54 @@ mod tests {
     }
 
     #[test]
-    fn heartbeat_reply_decodes_one_status_per_member() {
-        let reply = Heartbeat::decode(array(&[2, 900, 1, 0, 2, 41, 0, 0])).unwrap();
-        assert_eq!(reply.evicted, 2);
+    fn renew_batch_reads_one_status_per_lock() {
         assert_eq!(
-            reply.statuses,
-            vec![
-                WaiterStatus::Queued,
-                WaiterStatus::Granted { token: 41 },
-                WaiterStatus::Missing
-            ]
+            RenewBatch::decode(array(&[1, 0, -1])),
+            Ok(vec![
+                RenewStatus::Held,
+                RenewStatus::Lost,
+                RenewStatus::WrongType
+            ])
         );
+        let batch = RenewBatch {
+            items: vec![RenewItem {
+                owner_key: "k",
+                member: "m.t.5",
+                lease_ms: 30,
+            }],
+        };
+        assert_eq!(batch.args(), ["m.t.5 30"]);
+        assert_eq!(batch.keys(), ["k"]);
     }
 
     #[test]
     fn args_follow_the_script_headers() {
         let timings = Timings::default();
-        let members = vec!["a.1".to_owned(), "b.2".to_owned()];
         let args = Heartbeat {
-            members: &members,
+            tag: "ff",
+            probe: "a.ff.5",
             timings: &timings,
             channel_prefix: "p:notify:",
         }
         .args();
-        assert_eq!(args, ["5000", "60000", "5000", "p:notify:", "a.1", "b.2"]);
+        assert_eq!(
+            args,
+            ["ff", "5000", "20000", "600000", "p:notify:", "a.ff.5"]
+        );
         let args = Release {
-            member: "m.1",
+            member: "m.1.5",
             timings: &timings,
             channel_prefix: "c:",
         }
         .args();
-        assert_eq!(args, ["m.1", "5000", "c:"]);
+        assert_eq!(args, ["m.1.5", "600000", "c:", "5000"]);
+    }
+
+    #[test]
+    fn members_carry_tag_and_lease() {
+        let member = Member::new("ab", "cd", 7);
+        assert_eq!(member.as_str(), "ab.cd.7");
+        assert_eq!(Member::tag_of("ab.cd.7"), Some("cd"));
+        assert_eq!(Member::tag_of("garbage"), None);
     }
 }

@@ -37,6 +37,8 @@ pub enum FencedOp<'a> {
 pub struct FencedWrite<'a> {
     /// The writer's fencing token.
     pub token: u64,
+    /// The writer's owner id: an equal token is accepted only from it.
+    pub holder: &'a str,
     /// The write.
     pub op: FencedOp<'a>,
 }
@@ -61,7 +63,7 @@ impl FencedWrite<'_> {
 
     /// ARGV, in the order of the script's header.
     pub fn args(&self) -> Vec<String> {
-        let mut args = vec![self.token.to_string()];
+        let mut args = vec![self.token.to_string(), self.holder.to_owned()];
         match self.op {
             FencedOp::Set(value) => args.extend(["set".to_owned(), value.to_owned()]),
             FencedOp::HSet(field, value) => {
@@ -88,8 +90,8 @@ pub fn decode_fenced(name: &'static str, reply: Reply) -> Result<FencedReply, Pr
 /// A user-supplied Lua script run only with a fresh enough token.
 ///
 /// The body is ordinary Redis Lua: it sees its own keys as `KEYS[1..]` and
-/// its own arguments as `ARGV[1..]`; fairlock passes the fence key and the
-/// token in front of them and checks them before the body runs. Whatever
+/// its own arguments as `ARGV[1..]`; fairlock passes the fence key, the
+/// token and the holder id in front of them and checks them before the body runs. Whatever
 /// the body returns becomes [`FencedReply::Applied`].
 ///
 /// ```
@@ -109,7 +111,7 @@ impl FencedScript {
     pub fn new(body: &str) -> Self {
         let source = format!(
             "{}\nlocal refused = fence_check()\nif refused then return refused end\n\
-             local KEYS = {{unpack(KEYS, 2)}}\nlocal ARGV = {{unpack(ARGV, 2)}}\n\
+             local KEYS = {{unpack(KEYS, 2)}}\nlocal ARGV = {{unpack(ARGV, 3)}}\n\
              return {{1, (function()\n{}\nend)()}}\n",
             include_str!("../scripts/includes/fence_check.lua"),
             body
@@ -141,9 +143,10 @@ mod tests {
     fn fenced_args_and_replies() {
         let write = FencedWrite {
             token: 9,
+            holder: "h",
             op: FencedOp::HSet("f", "v"),
         };
-        assert_eq!(write.args(), ["9", "hset", "f", "v"]);
+        assert_eq!(write.args(), ["9", "h", "hset", "f", "v"]);
         assert_eq!(
             decode_fenced("t", Reply::Array(vec![Reply::Int(0), Reply::Int(12)])),
             Ok(FencedReply::Stale { newest: 12 })

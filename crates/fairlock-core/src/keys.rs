@@ -102,10 +102,19 @@ impl KeyPrefix {
         &self.0
     }
 
-    /// The pub/sub channel prefix: a client with tag `t` listens on
-    /// `<prefix>notify:<t>`.
+    /// The pub/sub channel prefix on a single server: a client with tag `t`
+    /// listens on `<prefix>notify:<t>`, and scripts `PUBLISH` to it.
     pub fn channel_prefix(&self) -> String {
         format!("{}notify:", self.0)
+    }
+
+    /// The sharded pub/sub channel prefix for locks in cluster slot `slot`:
+    /// `<prefix>notify:{<tag>}:`, where the hash tag is chosen to land in
+    /// `slot`. A client with tag `t` listens on that prefix plus `t` with
+    /// `SSUBSCRIBE` once per slot it waits in (not per lock), and scripts
+    /// `SPUBLISH` there, so a grant never crosses the cluster bus.
+    pub fn sharded_channel_prefix(&self, slot: u16) -> String {
+        format!("{}notify:{{{}}}:", self.0, slot_tag(slot))
     }
 }
 
@@ -115,34 +124,63 @@ impl Default for KeyPrefix {
     }
 }
 
-/// The four keys of one lock, in the order every script takes them.
+/// The five keys of one lock, in the order every lock script takes them.
 ///
 /// | key | type | holds |
 /// |---|---|---|
-/// | `<prefix>{<name>}:owner` | hash | `id` (owner member), `token`; its TTL is the lease |
+/// | `<prefix>{<name>}:owner` | string | `<member> <token>`; its TTL is the lease |
 /// | `<prefix>{<name>}:queue` | zset | waiter member → ticket |
 /// | `<prefix>{<name>}:alive` | zset | client tag → heartbeat deadline of that process (server ms) |
-/// | `<prefix>{<name>}:fence` | hash | last `token`, last `ticket`, last `freed` member; never expires |
+/// | `<prefix>{<name>}:seq` | string | the last token or ticket issued; expires when idle |
+/// | `<prefix>{<name>}:freed` | string | the member of the last release; expires when idle |
+///
+/// The name inside the braces is escaped (`%` → `%25`, `}` → `%7D`), so
+/// every name, whatever its bytes, yields a non-empty hash tag of its own:
+/// all keys of a lock hash to one cluster slot, and two names never share
+/// a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockKeys {
-    keys: [String; 4],
+    keys: [String; 5],
+    slot: u16,
 }
 
 impl LockKeys {
     /// The keys of lock `name` under `prefix`.
     pub fn new(prefix: &KeyPrefix, name: &LockName) -> Self {
-        let base = format!("{}{{{}}}", prefix.as_str(), name.as_str());
+        let tag = escape_tag(name.as_str());
+        let base = format!("{}{{{}}}", prefix.as_str(), tag);
         Self {
             keys: [
                 format!("{base}:owner"),
                 format!("{base}:queue"),
                 format!("{base}:alive"),
-                format!("{base}:fence"),
+                format!("{base}:seq"),
+                format!("{base}:freed"),
             ],
+            slot: key_slot(base.as_bytes()),
         }
     }
 
-    /// The owner hash; its TTL is the current lease.
+    /// The keys of the lock whose owner key is `owner_key`, as named in a
+    /// grant message; `None` if it is not an owner key.
+    pub fn from_owner_key(owner_key: &str) -> Option<Self> {
+        let base = owner_key.strip_suffix(":owner")?;
+        if !base.ends_with('}') || !base.contains('{') {
+            return None;
+        }
+        Some(Self {
+            keys: [
+                owner_key.to_owned(),
+                format!("{base}:queue"),
+                format!("{base}:alive"),
+                format!("{base}:seq"),
+                format!("{base}:freed"),
+            ],
+            slot: key_slot(base.as_bytes()),
+        })
+    }
+
+    /// The owner key; its TTL is the current lease.
     pub fn owner(&self) -> &str {
         &self.keys[0]
     }
@@ -157,15 +195,91 @@ impl LockKeys {
         &self.keys[2]
     }
 
-    /// The never-expiring counters: fencing token, ticket, last release.
-    pub fn fence(&self) -> &str {
+    /// The sequence counter of tokens and tickets.
+    pub fn seq(&self) -> &str {
         &self.keys[3]
     }
 
-    /// All four keys, in script order.
-    pub fn all(&self) -> &[String; 4] {
+    /// The member of the last release.
+    pub fn freed(&self) -> &str {
+        &self.keys[4]
+    }
+
+    /// All five keys, in script order.
+    pub fn all(&self) -> &[String; 5] {
         &self.keys
     }
+
+    /// The Redis Cluster slot all the keys hash to.
+    pub fn slot(&self) -> u16 {
+        self.slot
+    }
+}
+
+/// The name as it stands inside the hash tag: `%` and `}` escaped, so the
+/// tag ends where fairlock ends it and stays non-empty.
+fn escape_tag(name: &str) -> String {
+    let mut tag = String::with_capacity(name.len());
+    for c in name.chars() {
+        match c {
+            '%' => tag.push_str("%25"),
+            '}' => tag.push_str("%7D"),
+            c => tag.push(c),
+        }
+    }
+    tag
+}
+
+/// The Redis Cluster slot of a key: CRC16 (XMODEM) of its hash tag, or of
+/// the whole key when it has no non-empty tag, modulo 16384.
+pub fn key_slot(key: &[u8]) -> u16 {
+    let hashed = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16_xmodem(hashed) % 16_384
+}
+
+/// A short string whose cluster slot is `slot` (every slot has one), for
+/// naming a channel that lives in a given slot.
+pub fn slot_tag(slot: u16) -> &'static str {
+    static TAGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let tags = TAGS.get_or_init(|| {
+        let mut tags = vec![String::new(); 16_384];
+        let mut missing = tags.len();
+        let mut n: u64 = 0;
+        while missing > 0 {
+            let tag = format!("{n:x}");
+            let slot = usize::from(key_slot(tag.as_bytes()));
+            if tags[slot].is_empty() {
+                tags[slot] = tag;
+                missing -= 1;
+            }
+            n += 1;
+        }
+        tags
+    });
+    &tags[usize::from(slot % 16_384)]
+}
+
+fn crc16_xmodem(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in bytes {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
 }
 
 #[cfg(test)]
@@ -198,6 +312,39 @@ mod tests {
         for key in keys.all() {
             assert!(key.starts_with("app:{jobs}:"), "{key}");
         }
-        assert_eq!(keys.fence(), "app:{jobs}:fence");
+        assert_eq!(keys.seq(), "app:{jobs}:seq");
+        assert_eq!(LockKeys::from_owner_key(keys.owner()), Some(keys));
+        assert_eq!(LockKeys::from_owner_key("app:{jobs}:queue"), None);
+    }
+
+    #[test]
+    fn every_slot_has_a_channel_tag() {
+        for slot in [0, 1, 777, 16_383] {
+            let prefix = KeyPrefix::default().sharded_channel_prefix(slot);
+            assert_eq!(
+                key_slot(format!("{prefix}00ff").as_bytes()),
+                slot,
+                "{prefix}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_name_keeps_its_keys_in_one_slot_and_apart() {
+        // Redis's own examples: CLUSTER KEYSLOT.
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}"));
+        let prefix = KeyPrefix::default();
+        let mut seen = std::collections::HashSet::new();
+        for name in [
+            "}x", "{", "}", "{}", "}{", "%7D", "a}:owner", "a", "%", "%25", "ü",
+        ] {
+            let keys = LockKeys::new(&prefix, &LockName::new(name).unwrap());
+            for key in keys.all() {
+                assert_eq!(key_slot(key.as_bytes()), keys.slot(), "{name:?}: {key}");
+                assert!(seen.insert(key.clone()), "{name:?} shares {key}");
+            }
+        }
     }
 }

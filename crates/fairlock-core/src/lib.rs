@@ -1,6 +1,6 @@
 //! The fairlock protocol, without any network I/O.
 //!
-//! fairlock keeps each lock in four Redis keys that share one cluster hash
+//! fairlock keeps each lock in five Redis keys that share one cluster hash
 //! tag (see [`LockKeys`]) and changes them only through the Lua scripts in
 //! this crate's `scripts/` folder, one file per operation, each opening with
 //! a header that lists its KEYS, its ARGV and its replies. This crate holds:
@@ -16,21 +16,21 @@
 //! connection; anything that can be checked without Redis is checked here.
 //!
 //! ```
-//! use fairlock_core::{Acquire, AcquireMode, AcquireReply, KeyPrefix, LockKeys, LockName, Reply, ScriptCall, Timings};
+//! use fairlock_core::{Acquire, AcquireMode, AcquireReply, KeyPrefix, LockKeys, LockName, Member, Reply, ScriptCall, Timings};
 //!
 //! let keys = LockKeys::new(&KeyPrefix::default(), &LockName::new("orders:42")?);
 //! assert_eq!(keys.owner(), "fairlock:{orders:42}:owner");
 //!
+//! let member = Member::new("0123456789abcdef0123456789abcdef", "00000000000000ff", 30_000);
 //! let call = Acquire {
-//!     member: "0123456789abcdef0123456789abcdef.00ff",
-//!     lease_ms: 30_000,
+//!     member: member.as_str(),
 //!     mode: AcquireMode::Wait,
 //!     timings: &Timings::default(),
 //!     channel_prefix: "fairlock:notify:",
 //! };
-//! assert_eq!(call.args()[0], "0123456789abcdef0123456789abcdef.00ff");
-//! let granted = Acquire::decode(Reply::Array(vec![Reply::Int(1), Reply::Int(7), Reply::Int(0)]))?;
-//! assert_eq!(granted, AcquireReply::Granted { token: 7, evicted: 0 });
+//! assert_eq!(call.args()[0], member.as_str());
+//! let granted = Acquire::decode(Reply::Array(vec![Reply::Int(1), Reply::Int(7)]))?;
+//! assert_eq!(granted, AcquireReply::Granted { token: 7 });
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![deny(missing_docs)]
@@ -43,6 +43,8 @@ mod script;
 
 pub use calls::*;
 pub use fenced::{decode_fenced, FencedOp, FencedReply, FencedScript, FencedWrite};
-pub use keys::{KeyPrefix, LockKeys, LockName, NameError, MAX_NAME_BYTES, MAX_PREFIX_BYTES};
+pub use keys::{
+    key_slot, KeyPrefix, LockKeys, LockName, NameError, MAX_NAME_BYTES, MAX_PREFIX_BYTES,
+};
 pub use reply::{ProtocolError, Reply};
 pub use script::{Script, ScriptSource, ALL_SCRIPTS};

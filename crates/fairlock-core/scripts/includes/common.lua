@@ -1,98 +1,238 @@
--- includes/common.lua: helpers shared by every lock script.
+-- includes/common.lua: the key layout and the helpers every lock script shares.
 --
--- Every lock script takes the same four keys, all under one hash tag
--- (`<prefix>{<name>}:...`), so a lock lives in one cluster slot:
---   KEYS[1] owner  hash  {id = <member>, token = <fencing token>}; its TTL is the lease
---   KEYS[2] queue  zset  member -> ticket (FIFO order)
---   KEYS[3] alive  zset  client tag -> heartbeat deadline, ms of server time
---   KEYS[4] fence  hash  {token = last fencing token, ticket = last ticket,
---                         freed = member of the last release}; never expires
--- A member is `<owner id, 32 hex>.<client tag, hex>`; the client tag names
--- the one pub/sub channel of the waiter's process (ARGV channel prefix .. tag)
--- and its liveness: a process heartbeats all its waiters at once, so a
--- waiter is alive while its process's deadline in `alive` lies ahead. One
--- queue entry per waiter, one `alive` entry per process.
+-- Every lock script takes the same five keys, all under one hash tag
+-- (`<prefix>{<escaped name>}:...`), so a lock lives in one cluster slot:
+--   KEYS[1] owner  string "<member> <token>"; its TTL is the holder's lease
+--   KEYS[2] queue  zset   member -> ticket (FIFO order)
+--   KEYS[3] alive  zset   client tag -> heartbeat deadline, ms of server time
+--   KEYS[4] seq    string the last token or ticket issued (one counter for both)
+--   KEYS[5] freed  string the member of the last release, so a resent
+--                         release is recognised
+-- Every key expires: owner with the lease, queue and alive with the queue
+-- TTL that heartbeats refresh, seq and freed with the idle TTL. An idle
+-- lock leaves nothing behind.
+--
+-- A member is `<owner id, 32 hex>.<client tag, 16 hex>.<lease ms>`. The
+-- client tag names the waiter's process: its pub/sub channel
+-- (channel prefix .. tag) and its liveness (one `alive` entry per process
+-- and lock, refreshed by one heartbeat call however many waiters it has).
+-- The lease travels inside the member, so a handoff grants the waiter's
+-- own lease with no confirm round trip.
+--
+-- Scripts read every key they will write before their first write (a read
+-- of a key of a foreign type fails with WRONGTYPE), so a failing script
+-- leaves Redis as it found it, without TYPE probes on the hot path.
 
--- Refuse keys of a foreign type before the first write, so a failing script
--- leaves Redis exactly as it found it.
-local function check_types(types)
-  for i, expected in ipairs(types) do
-    local actual = redis.call('TYPE', KEYS[i]).ok
-    if actual ~= 'none' and actual ~= expected then
-      return redis.error_reply('WRONGTYPE fairlock key ' .. KEYS[i] .. ' holds a ' ..
-        actual .. ' where a ' .. expected .. ' was expected')
-    end
-  end
-  return nil
+-- Lua 5.1 prints large numbers in exponent form; Redis wants digits.
+local function digits(n)
+  return string.format('%.0f', n)
 end
 
--- Server time in milliseconds. Clients' clocks are never trusted.
-local function now_ms()
+local function now_us()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- The client tag of a member: its process.
-local function client_of(member)
-  return string.match(member, '%.(%x+)$') or member
+local function tag_of(member)
+  return string.match(member, '^%x+%.(%x+)%.%d+$')
 end
 
--- Tell one waiter's process, on its own channel, that the waiter now owns
--- the lock. One PUBLISH reaches one subscriber: no herd.
-local function notify(channel_prefix, member, token)
-  redis.call('PUBLISH', channel_prefix .. client_of(member), member .. ' ' .. token)
+local function lease_of(member)
+  return tonumber(string.match(member, '%.(%d+)$'))
 end
 
--- Make `member` the owner with a fresh fencing token and lease `lease_ms`.
--- The token counter lives in the fence hash, which never expires, so tokens
--- increase strictly for the life of the lock name.
-local function grant(member, lease_ms)
-  local token = redis.call('HINCRBY', KEYS[4], 'token', 1)
-  redis.call('HSET', KEYS[1], 'id', member, 'token', token)
-  redis.call('PEXPIRE', KEYS[1], lease_ms)
+-- The longest lease a member may carry (a day, the client's own limit):
+-- an entry asking for more, or for none, was not written by fairlock and
+-- is dropped like a dead one instead of failing the grant.
+local MAX_LEASE_MS = 86400000
+
+local function usable_lease(member)
+  local lease = lease_of(member)
+  return lease ~= nil and lease >= 1 and lease <= MAX_LEASE_MS
+end
+
+-- The owner value "<member> <token>": its member and token.
+local function parse_owner(value)
+  if not value then
+    return false, 0
+  end
+  local member, token = string.match(value, '^(%S+) (%d+)$')
+  return member or value, tonumber(token) or 0
+end
+
+-- An owner value fairlock did not write (another program uses the key).
+local function foreign_owner(value)
+  return value and not string.match(value, '^%S+ %d+$')
+end
+
+local function foreign_owner_error()
+  return redis.error_reply('WRONGTYPE fairlock key ' .. KEYS[1] ..
+    ' holds a value fairlock did not write; another program uses this key')
+end
+
+-- The next number of the lock's sequence, shared by fencing tokens and
+-- queue tickets: strictly above the last one issued and never below the
+-- server clock in microseconds. So tokens and tickets never repeat or go
+-- back even when every key of the lock is lost (eviction, FLUSHDB, a
+-- restart without persistence, a fail-over to a lagging replica), as long
+-- as the server clock does not go back. KEEPTTL: the key expires
+-- `idle_ms` after it was created, whatever its use; that is safe because
+-- of the clock floor. Returns the number and the value it replaced, so a
+-- caller that must fail afterwards can put it back.
+-- A sequence value more than a day ahead of the server clock was not
+-- written by fairlock (the floor moves it 1 us per grant at most): it is
+-- garbage, and trusting it would stop tokens from increasing at 2^53.
+local SEQ_AHEAD_LIMIT_US = 86400 * 1000000
+
+-- An error reply other than a foreign key type (OOM, READONLY, ...) is
+-- raised again as it is: only a foreign type may be repaired or reported
+-- as WRONGTYPE.
+local function only_wrongtype(reply)
+  if type(reply) == 'table' and reply.err and string.sub(reply.err, 1, 9) ~= 'WRONGTYPE' then
+    error(reply)
+  end
+  return reply
+end
+
+local function next_seq(now, idle_ms)
+  local previous = only_wrongtype(redis.pcall('SET', KEYS[4], digits(now), 'GET', 'KEEPTTL'))
+  local last = tonumber(previous)
+  if (type(previous) == 'table' and previous.err)
+      or (previous and not last) or (last and last > now + SEQ_AHEAD_LIMIT_US) then
+    -- Repair: the counter is disposable thanks to the clock floor.
+    redis.call('DEL', KEYS[4])
+    previous, last = false, nil
+    redis.call('SET', KEYS[4], digits(now))
+  end
+  local seq = now
+  if last and last >= now then
+    seq = last + 1
+    redis.call('SET', KEYS[4], digits(seq), 'KEEPTTL')
+  end
+  if not previous then
+    redis.call('PEXPIRE', KEYS[4], idle_ms)
+  end
+  return seq, previous
+end
+
+-- Put the sequence back as it was before next_seq (a failing script).
+local function restore_seq(previous)
+  if previous then
+    redis.call('SET', KEYS[4], previous, 'KEEPTTL')
+  else
+    redis.call('DEL', KEYS[4])
+  end
+end
+
+-- publish: tell one member's process, on its own channel, what happened to it:
+-- "<member> <token> <owner key>" for a grant, "<member> revoked <owner
+-- key>" for a forced release. The owner key names the lock, so a grant
+-- that reaches a process where nobody waits for it can be handed back.
+-- One message reaches one subscriber: no herd.
+-- On a cluster the channel prefix carries a hash tag in the lock's own
+-- slot and the message goes by SPUBLISH, so it never crosses the cluster
+-- bus. Returns how many subscribers received it.
+local function publish(channel_prefix, member, what)
+  local command = string.find(channel_prefix, '{', 1, true) and 'SPUBLISH' or 'PUBLISH'
+  return redis.call(command, channel_prefix .. tag_of(member), member .. ' ' .. what .. ' ' .. KEYS[1])
+end
+
+-- Make `member` the owner with a fresh token and its own lease.
+local function grant(now, member, idle_ms)
+  local token = next_seq(now, idle_ms)
+  redis.call('SET', KEYS[1], member .. ' ' .. digits(token), 'PX', lease_of(member))
   return token
 end
 
--- The oldest waiter whose process's heartbeat deadline has not passed, or
--- false. Dead waiters found at the head are dropped on the way: O(k log N)
--- for k dead waiters, O(log N) when the head is alive.
-local function live_head(now)
-  local evicted = 0
-  while true do
-    local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-    if not head then
-      return false, evicted
+-- How many queue entries one call looks at, and in how many windows,
+-- when it searches for the oldest live waiter. Bounds the work of one
+-- script however many dead waiters the queue holds.
+local SCAN_WINDOW = 128
+local SCAN_ROUNDS = 2
+
+-- The oldest waiter whose process is alive, removed from the queue, or
+-- false. Dead waiters passed on the way are removed in the same ZREM.
+-- Server time is read only once the queue turns out not to be empty.
+-- Returns the head (or false), how many dead waiters were dropped,
+-- whether the search stopped with dead waiters left to look at (the
+-- caller's client then calls again), and the time read (or false).
+local function pop_live_head()
+  local dropped = 0
+  local now = false
+  for _ = 1, SCAN_ROUNDS do
+    local window = redis.call('ZRANGE', KEYS[2], 0, SCAN_WINDOW - 1)
+    if #window == 0 then
+      return false, dropped, false, now
     end
-    local deadline = tonumber(redis.call('ZSCORE', KEYS[3], client_of(head)))
-    if deadline and deadline >= now then
-      return head, evicted
+    now = now or now_us()
+    local now_ms = math.floor(now / 1000)
+    -- One pattern match per member: the tag is kept for the second pass.
+    local tags, seen, tag_at = {}, {}, {}
+    for i, member in ipairs(window) do
+      local tag = tag_of(member) or '-'
+      tag_at[i] = tag
+      if not seen[tag] then
+        seen[tag] = true
+        tags[#tags + 1] = tag
+      end
     end
-    redis.call('ZREM', KEYS[2], head)
-    evicted = evicted + 1
+    local deadlines = redis.call('ZMSCORE', KEYS[3], unpack(tags))
+    local alive = {}
+    for i, tag in ipairs(tags) do
+      local deadline = tonumber(deadlines[i])
+      alive[tag] = deadline ~= nil and deadline >= now_ms
+    end
+    local remove = {}
+    local head = false
+    for i, member in ipairs(window) do
+      remove[#remove + 1] = member
+      if alive[tag_at[i]] and usable_lease(member) then
+        head = member
+        break
+      end
+    end
+    redis.call('ZREM', KEYS[2], unpack(remove))
+    if head then
+      return head, dropped + #remove - 1, false, now
+    end
+    dropped = dropped + #remove
+    if #window < SCAN_WINDOW then
+      return false, dropped, false, now
+    end
   end
+  return false, dropped, true, now
 end
 
 -- Direct handoff: the lock is free; make the oldest live waiter its owner
--- with a short grant lease and wake it. The woken waiter already owns the
--- lock, so nobody can barge in between. If it turns out to be dead, the
--- grant lease runs out and the next acquire or heartbeat grants the next one.
--- Returns the granted member (or false) and how many dead waiters were dropped.
-local function grant_next(now, grant_lease_ms, channel_prefix)
-  local head, evicted = live_head(now)
+-- with the lease it asked for, and wake it. The woken waiter already owns
+-- the lock, so nobody can barge in between. If the message reached nobody
+-- (the waiter's process died within its waiter TTL, its pub/sub connection
+-- is down this instant, or a slot migration dropped its subscription), the
+-- grant keeps its place but only for `unheard_ms` (the waiter TTL): a live
+-- process learns of it from its next heartbeat and sets its own lease, a
+-- dead one lets it run out and the next waiter is granted.
+-- The caller has deleted or will overwrite the owner key.
+-- Returns the new owner (or false), its token, dead waiters dropped, and
+-- whether dead waiters are left to purge before a live one can be found.
+local function grant_next(idle_ms, channel_prefix, unheard_ms)
+  local head, dropped, more, now = pop_live_head()
   if not head then
-    return false, evicted
+    return false, 0, dropped, more
   end
-  redis.call('ZREM', KEYS[2], head)
-  local token = grant(head, grant_lease_ms)
-  notify(channel_prefix, head, token)
-  return head, evicted
+  local token = grant(now, head, idle_ms)
+  if publish(channel_prefix, head, digits(token)) == 0 and unheard_ms < lease_of(head) then
+    redis.call('PEXPIRE', KEYS[1], unheard_ms)
+  end
+  return head, token, dropped, false
 end
 
--- Free the lock held by `member` and hand it on. `freed` remembers who
--- released last, so a resent release (after a reconnect) is recognised.
-local function release_and_hand_on(member, grant_lease_ms, channel_prefix)
-  redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[4], 'freed', member)
-  local next_owner, evicted = grant_next(now_ms(), grant_lease_ms, channel_prefix)
-  return next_owner, evicted
+-- Free the lock held by `member` (its owner) and hand it on. `freed`
+-- remembers the releaser, so a resent release is answered the same way.
+local function release_and_hand_on(member, idle_ms, channel_prefix, unheard_ms)
+  local next_owner, token, dropped, more = grant_next(idle_ms, channel_prefix, unheard_ms)
+  if not next_owner then
+    redis.call('DEL', KEYS[1])
+  end
+  redis.call('SET', KEYS[5], member, 'PX', idle_ms)
+  return next_owner, token, dropped, more
 end

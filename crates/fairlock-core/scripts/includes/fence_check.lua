@@ -1,26 +1,36 @@
 -- includes/fence_check.lua: the check every fenced write runs first.
 --
--- KEYS[1] is the resource's fence key, a string holding the newest fencing
--- token that has written to the resource; ARGV[1] is the writer's token.
--- A token older than the newest is refused; an equal or newer one is
--- recorded and may write. Returns nil when the write may go ahead, or the
--- reply to send back.
+-- KEYS[1] is the resource's fence key, a string "<token> <holder>": the
+-- newest fencing token that used the resource and the holder (owner id)
+-- that carried it. ARGV[1] is the caller's token, ARGV[2] its holder id.
+-- A token older than the newest is refused. An equal token is accepted
+-- only from the same holder: two holders can never both write with one
+-- token. A newer token is recorded and may go ahead. Returns nil when the
+-- operation may go ahead, or the reply to send back.
 local function fence_check()
-  local kind = redis.call('TYPE', KEYS[1]).ok
-  if kind ~= 'none' and kind ~= 'string' then
-    return redis.error_reply('WRONGTYPE fairlock fence key ' .. KEYS[1] .. ' holds a ' ..
-      kind .. ' where a string was expected')
-  end
   local token = tonumber(ARGV[1])
-  if not token then
-    return redis.error_reply('ERR fairlock fencing token must be an integer, got ' .. tostring(ARGV[1]))
+  if not token or token < 0 or string.find(ARGV[1], '^%d+$') == nil then
+    return redis.error_reply('ERR fairlock fencing token must be a non-negative integer, got ' ..
+      tostring(ARGV[1]))
   end
-  local newest = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
-  if token < newest then
+  if ARGV[2] == nil or ARGV[2] == '' or string.find(ARGV[2], '%s') then
+    return redis.error_reply('ERR fairlock fenced write needs the holder id after the token')
+  end
+  local stored = redis.pcall('GET', KEYS[1])
+  if type(stored) == 'table' and stored.err then
+    return redis.error_reply('WRONGTYPE fairlock fence key ' .. KEYS[1] ..
+      ' holds a value of another type where a string was expected')
+  end
+  local newest, holder = 0, ''
+  if stored then
+    local t, h = string.match(stored, '^(%d+) ?(%S*)$')
+    newest, holder = tonumber(t) or 0, h or ''
+  end
+  if token < newest or (token == newest and holder ~= ARGV[2]) then
     return {0, newest}
   end
   if token > newest then
-    redis.call('SET', KEYS[1], ARGV[1])
+    redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[2])
   end
   return nil
 end
