@@ -1,26 +1,34 @@
-//! Acquiring a lock: one script call, then (if queued) a bounded wait for a
-//! grant that arrives by pub/sub, by heartbeat, or by re-running the script.
+//! Acquiring a lock: one script call, then (if queued) a wait for the grant,
+//! which arrives already made: the releasing script made this waiter the
+//! owner, with its own lease, before waking it.
 //!
-//! Cancellation safety lives in [`PendingAcquire`]: until a guard exists,
+//! Waiting costs Redis nothing per waiter: the wait has no timer of its
+//! own besides the caller's wait timeout. The process's heartbeat (one call
+//! per lock) keeps the waiter alive, re-delivers a grant whose message was
+//! lost, and asks the waiter to re-run acquire if the queue lost it.
+//!
+//! Cancellation safety lives in [`PendingAcquire`]: until a grant is taken,
 //! dropping the acquire future at any await point deregisters the waiter
 //! and runs `cancel.lua`, which removes the queue entry and, if a grant
-//! raced the cancellation, hands the lock on at once. Commands of one client
-//! travel one pipelined connection in order, so the cancel always runs after
-//! any acquire call it races.
+//! raced the cancellation, hands the lock on at once. Commands of one
+//! client travel one pipelined connection in order, so the cancel always
+//! runs after any acquire call it races.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tracing::Instrument;
 
-use fairlock_core::{Acquire, AcquireMode, AcquireReply, Cancel, LockKeys, Renew, RenewReply};
+use fairlock_core::{
+    Acquire, AcquireMode, AcquireReply, LockKeys, RenewBatch, RenewItem, RenewStatus,
+};
 
-use crate::client::{Core, LockClient};
 use crate::config::{millis, Lease, LockOptions};
 use crate::error::{Error, Result};
-use crate::guard::{Grant, HeldLock, LockGuard};
-use crate::registry::{WaiterEvent, WaiterSlot};
-use crate::telemetry::{waiters_evicted, LockTelemetry};
+use crate::held::{Grant, HeldLock};
+use crate::state::ClientState;
+use crate::telemetry::LockTelemetry;
+use crate::waiters::{WaiterEvent, WaiterSlot};
 
 /// Whether the caller waits in the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,80 +37,93 @@ pub(crate) enum Mode {
     Try,
 }
 
-/// The shortest bounded wait: a holder whose lease is about to run out is
-/// re-checked no sooner than this, so no loop spins on Redis.
-const MIN_RECHECK: Duration = Duration::from_millis(10);
-/// The bounded wait of a waiter that is not first in line. Such a waiter
-/// cannot be granted by its own re-check; the batched heartbeat grants a
-/// lock whose holder vanished and re-delivers lost grants long before this
-/// backstop fires, so waiters behind the head cost Redis nothing.
-const BACKSTOP_RECHECK: Duration = Duration::from_secs(30);
-/// Margin after the holder's lease ends before re-checking.
-const RECHECK_MARGIN: Duration = Duration::from_millis(5);
-
+/// Takes lock `name`: the grant, or `None` if `mode` is try and the lock is
+/// busy.
 pub(crate) async fn acquire(
-    client: &LockClient,
+    state: &Arc<ClientState>,
     name: &str,
     options: LockOptions,
     mode: Mode,
-) -> Result<Option<LockGuard>> {
+) -> Result<Option<Arc<HeldLock>>> {
+    let keys = state.keys(name)?;
+    acquire_keys(state, name, keys, options, mode).await
+}
+
+/// [`acquire`] with the keys computed already (a [`crate::Lock`] handle).
+pub(crate) async fn acquire_keys(
+    state: &Arc<ClientState>,
+    name: &str,
+    keys: Arc<LockKeys>,
+    options: LockOptions,
+    mode: Mode,
+) -> Result<Option<Arc<HeldLock>>> {
     options.validate()?;
-    let keys = client.keys(name)?;
     let span = tracing::debug_span!("fairlock.acquire", lock = name, mode = ?mode);
-    acquire_validated(client, name, keys, options, mode)
+    acquire_validated(state, name, keys, options, mode)
         .instrument(span)
         .await
 }
 
 async fn acquire_validated(
-    client: &LockClient,
+    state: &Arc<ClientState>,
     name: &str,
     keys: Arc<LockKeys>,
     options: LockOptions,
     mode: Mode,
-) -> Result<Option<LockGuard>> {
-    let core = client.core();
-    let telemetry = core.config.metrics_lock_label.labels(name);
+) -> Result<Option<Arc<HeldLock>>> {
+    let telemetry = state.config.metrics_lock_label.labels(name);
     let started = Instant::now();
-    let lease_ms = match options.lease {
-        Lease::Fixed(lease) => millis(lease),
-        Lease::Watchdog => millis(core.config.watchdog_lease),
+    let lease_len = match options.lease {
+        Lease::Fixed(lease) => lease,
+        Lease::Watchdog => state.config.watchdog_lease,
     };
-    let member = core.new_member();
-    let mut pending = PendingAcquire::new(client, &keys, &member, mode, telemetry.clone());
+    let member = state.new_member(millis(lease_len));
+    let mut pending = PendingAcquire::new(state, &keys, &member, mode, telemetry.clone());
     let deadline = options
         .wait_timeout
         .filter(|_| mode == Mode::Wait)
         .map(|timeout| tokio::time::Instant::from_std(started + timeout));
     let mut ticket = None;
+    // Callers ahead when this waiter joined, and when: a grant rate sample.
+    let mut joined: Option<(u64, Instant)> = None;
+    // Subscribed before the first call that could make a grant for us.
+    // The rare, larger futures below are boxed: every waiting task carries
+    // its acquire future for its whole wait, so it stays small.
+    Box::pin(state.subscribe_slot(&keys, false)).await?;
+    let channel_prefix = state.channel_prefix(&keys);
+    let grant = |token, ticket, lease_from| Grant {
+        token,
+        ticket,
+        lease: options.lease,
+        lease_len,
+        lease_from,
+    };
 
     loop {
         let sent_at = Instant::now();
         let call = Acquire {
             member: &member,
-            lease_ms,
             mode: match mode {
                 Mode::Wait => AcquireMode::Wait,
                 Mode::Try => AcquireMode::Try,
             },
-            timings: &core.timings,
-            channel_prefix: &core.channel_prefix,
+            timings: &state.timings,
+            channel_prefix: &channel_prefix,
         };
-        let reply = match core.run(&keys, &call).await {
+        let reply = match state.run(&keys, &call).await {
             Ok(reply) => reply,
             Err(error) => {
                 telemetry.acquire_ended("error", started);
                 return Err(error);
             }
         };
-        let (position, owner_pttl_ms) = match reply {
-            AcquireReply::Granted { token, evicted } => {
-                waiters_evicted(evicted);
-                let held = pending.granted(name, token, ticket, options.lease, sent_at);
-                return Ok(Some(LockGuard::new(client.clone(), held)));
+        match reply {
+            AcquireReply::Granted { token } => {
+                let held = pending.granted(name, grant(token, ticket, sent_at));
+                return Box::pin(replicated_or_given_back(state, held)).await;
             }
-            AcquireReply::Busy { evicted, .. } => {
-                waiters_evicted(evicted);
+            AcquireReply::Busy { purged } => {
+                state.after_purge(&keys, purged);
                 pending.finished();
                 telemetry.acquire_ended("busy", started);
                 return Ok(None);
@@ -110,11 +131,18 @@ async fn acquire_validated(
             AcquireReply::Queued {
                 ticket: queued_with,
                 position,
-                owner_pttl_ms,
-                evicted,
+                purged,
             } => {
-                waiters_evicted(evicted);
+                state.after_purge(&keys, purged);
                 if ticket.replace(queued_with).is_none() {
+                    joined = Some((position, sent_at));
+                    if let Some(error) =
+                        admission_refused(state, &keys, name, options, position, started)
+                    {
+                        Box::pin(pending.cancel_now()).await;
+                        telemetry.acquire_ended("refused", started);
+                        return Err(error);
+                    }
                     telemetry.contended(position);
                     tracing::debug!(
                         ticket = queued_with,
@@ -122,30 +150,14 @@ async fn acquire_validated(
                         "fairlock waiting in the queue"
                     );
                 }
-                core.registry.mark_queued(&member);
-                (position, owner_pttl_ms)
+                state.waiters.mark_queued(&member, queued_with);
             }
-        };
+        }
 
-        // Bounded wait. First in line: the holder's remaining lease, after
-        // which its expiry lets the script grant us at once. Behind it: the
-        // backstop (see BACKSTOP_RECHECK).
-        let until_expiry = u64::try_from(owner_pttl_ms)
-            .map(|ms| Duration::from_millis(ms) + RECHECK_MARGIN)
-            .unwrap_or(core.config.heartbeat_interval);
-        let recheck = if position == 0 {
-            until_expiry.clamp(MIN_RECHECK, BACKSTOP_RECHECK)
-        } else {
-            BACKSTOP_RECHECK.max(until_expiry)
-        };
         let event = tokio::select! {
             event = pending.next_event() => event,
-            _ = tokio::time::sleep(recheck) => {
-                telemetry.recheck();
-                continue;
-            }
             _ = sleep_until_deadline(deadline) => {
-                pending.cancel_now().await;
+                Box::pin(pending.cancel_now()).await;
                 telemetry.acquire_ended("timeout", started);
                 return Err(Error::WaitTimeout {
                     name: name.to_owned(),
@@ -153,18 +165,96 @@ async fn acquire_validated(
                 });
             }
         };
-        if let Some(WaiterEvent::Granted { token }) = event {
+        if let WaiterEvent::Granted { token, confirm } = event {
+            let lease_from = Instant::now();
+            // With replica acknowledgement on, the waiter writes once (its
+            // own lease) so that WAIT on its connection covers the handoff
+            // that came before it in the replication stream.
+            let confirm = confirm || state.config.replica_acks.is_some();
+            if confirm && !Box::pin(confirm_lease(state, &keys, &member, lease_len)).await? {
+                // The short lease of an unheard grant ran out first: the
+                // lock went on; queue again.
+                telemetry.recheck();
+                continue;
+            }
             telemetry.handoff();
+            if let Some((position, at)) = joined {
+                state
+                    .grant_rates
+                    .record(keys.owner(), position, at.elapsed());
+            }
             tracing::debug!(token, "fairlock lock handed on to this waiter");
-            // The grant was made moments ago, by someone else's release; its
-            // lease (the short grant lease until confirmed) runs from about now.
-            let held = pending.granted(name, token, ticket, options.lease, Instant::now());
-            confirm_lease(client, &held, lease_ms);
-            return Ok(Some(LockGuard::new(client.clone(), held)));
+            // The releasing script set this waiter's own lease moments
+            // ago; it is counted from the moment the grant arrived.
+            return Ok(Some(
+                pending.granted(name, grant(token, ticket, lease_from)),
+            ));
         }
-        // Recheck: we are no longer queued (evicted after a stall, or the
-        // queue was lost in a failover); the script re-enqueues us.
+        // Recheck: the queue may have lost us; acquire keeps our place if
+        // we still have one, and queues us again otherwise.
+        telemetry.recheck();
     }
+}
+
+/// Deadline-aware admission (see [`LockOptions::admission`]): the error to
+/// fail with if `position` callers ahead cannot be served in what is left
+/// of the wait timeout.
+fn admission_refused(
+    state: &ClientState,
+    keys: &LockKeys,
+    name: &str,
+    options: LockOptions,
+    position: u64,
+    started: Instant,
+) -> Option<Error> {
+    let timeout = options.wait_timeout.filter(|_| options.admission)?;
+    let per_grant = state.grant_rates.per_grant(keys.owner())?;
+    let expected = per_grant.saturating_mul(u32::try_from(position).unwrap_or(u32::MAX));
+    let budget = timeout.saturating_sub(started.elapsed());
+    (expected > budget).then(|| Error::WouldMissDeadline {
+        name: name.to_owned(),
+        position,
+        per_grant,
+        expected,
+        budget,
+    })
+}
+
+/// With replica acknowledgement on, keeps the grant only once enough
+/// replicas have it; otherwise gives it back (the next waiter gets it) and
+/// fails with [`Error::NotReplicated`].
+async fn replicated_or_given_back(
+    state: &Arc<ClientState>,
+    held: Arc<HeldLock>,
+) -> Result<Option<Arc<HeldLock>>> {
+    match state.confirm_replicated().await {
+        Ok(()) => Ok(Some(held)),
+        Err(error) => {
+            if let Err(release_error) = state.release(&held).await {
+                tracing::warn!(%release_error, "fairlock could not give back an unreplicated grant; its lease runs out");
+            }
+            Err(error)
+        }
+    }
+}
+
+/// Sets the waiter's own lease on a grant a heartbeat found (its message
+/// may have reached nobody, and the script then gave it a short lease).
+/// `false` if the grant is gone already.
+async fn confirm_lease(
+    state: &ClientState,
+    keys: &LockKeys,
+    member: &str,
+    lease: std::time::Duration,
+) -> Result<bool> {
+    let batch = RenewBatch {
+        items: vec![RenewItem {
+            owner_key: keys.owner(),
+            member,
+            lease_ms: millis(lease),
+        }],
+    };
+    Ok(state.renew(&batch).await?.first() == Some(&RenewStatus::Held))
 }
 
 async fn sleep_until_deadline(deadline: Option<tokio::time::Instant>) {
@@ -174,31 +264,9 @@ async fn sleep_until_deadline(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// A handed-on grant carries the short grant lease; set the holder's own
-/// lease right away, in the background so the woken task starts at once.
-fn confirm_lease(client: &LockClient, held: &Arc<HeldLock>, lease_ms: u64) {
-    let task_client = client.clone();
-    let held = Arc::clone(held);
-    client.spawn(async move {
-        let call = Renew {
-            member: &held.member,
-            lease_ms,
-        };
-        let sent_at = Instant::now();
-        match task_client.core().run(&held.keys, &call).await {
-            Ok(RenewReply::Renewed { .. }) => held.renewed_at(sent_at),
-            Ok(RenewReply::NotOwner) if !held.is_released() => {
-                held.mark_lost("the handed-on grant expired before it was confirmed");
-            }
-            Ok(RenewReply::NotOwner) => {}
-            Err(error) => tracing::warn!(lock = %held.name, %error, "fairlock could not confirm a handed-on lease; the watchdog retries"),
-        }
-    });
-}
-
-/// An acquire that has not produced a guard yet. Dropping it cancels.
+/// An acquire that has not produced a grant yet. Dropping it cancels.
 struct PendingAcquire<'a> {
-    client: &'a LockClient,
+    state: &'a Arc<ClientState>,
     keys: &'a Arc<LockKeys>,
     member: &'a str,
     events: Option<Arc<WaiterSlot>>,
@@ -209,7 +277,7 @@ struct PendingAcquire<'a> {
 
 impl<'a> PendingAcquire<'a> {
     fn new(
-        client: &'a LockClient,
+        state: &'a Arc<ClientState>,
         keys: &'a Arc<LockKeys>,
         member: &'a str,
         mode: Mode,
@@ -217,9 +285,9 @@ impl<'a> PendingAcquire<'a> {
     ) -> Self {
         // Register before the first script call: the grant may be published
         // the instant the script queues us.
-        let events = (mode == Mode::Wait).then(|| client.core().registry.register(member, keys));
+        let events = (mode == Mode::Wait).then(|| state.waiters.register(member, keys));
         Self {
-            client,
+            state,
             keys,
             member,
             events,
@@ -229,9 +297,9 @@ impl<'a> PendingAcquire<'a> {
         }
     }
 
-    async fn next_event(&mut self) -> Option<WaiterEvent> {
+    async fn next_event(&mut self) -> WaiterEvent {
         match self.events.as_ref() {
-            Some(slot) => Some(slot.next().await),
+            Some(slot) => slot.next().await,
             None => std::future::pending().await,
         }
     }
@@ -240,45 +308,33 @@ impl<'a> PendingAcquire<'a> {
     fn finished(&mut self) {
         self.done = true;
         if self.events.take().is_some() {
-            self.client.core().registry.deregister(self.member);
+            self.state.waiters.deregister(self.member);
         }
     }
 
-    /// The caller owns the lock: build the grant and hand it to the
-    /// watchdog if the lease is watchdog-kept.
-    fn granted(
-        &mut self,
-        name: &str,
-        token: u64,
-        ticket: Option<u64>,
-        lease: Lease,
-        sent_at: Instant,
-    ) -> Arc<HeldLock> {
-        self.finished();
-        self.telemetry.acquire_ended("acquired", self.started);
+    /// The caller owns the lock: record the grant (before leaving the
+    /// waiter registry, so a duplicate grant message is never taken for an
+    /// orphan) and hand it to the watchdog.
+    fn granted(&mut self, name: &str, grant: Grant) -> Arc<HeldLock> {
+        let (token, ticket) = (grant.token, grant.ticket);
         let held = Arc::new(HeldLock::new(
             name.to_owned(),
             Arc::clone(self.keys),
             self.member.to_owned(),
-            Grant {
-                token,
-                ticket,
-                lease,
-                requested_at: sent_at,
-            },
+            grant,
             self.telemetry.clone(),
         ));
+        self.state.held.track(&held);
+        self.finished();
+        self.telemetry.acquire_ended("acquired", self.started);
         tracing::debug!(token, ?ticket, waited = ?self.started.elapsed(), "fairlock lock granted");
-        self.client.core().watchdog.track(&held);
         held
     }
 
     /// Leaves the queue now (wait timeout), passing on a raced grant.
     async fn cancel_now(&mut self) {
         self.finished();
-        if let Err(error) = run_cancel(self.client.core(), self.keys, self.member).await {
-            tracing::warn!(%error, "fairlock could not leave the queue; the waiter entry expires with its heartbeat deadline");
-        }
+        self.state.cancel(self.keys, self.member).await;
     }
 }
 
@@ -289,28 +345,10 @@ impl Drop for PendingAcquire<'_> {
         }
         self.finished();
         self.telemetry.acquire_ended("cancelled", self.started);
-        let client = self.client.clone();
+        let state = Arc::clone(self.state);
         let keys = Arc::clone(self.keys);
         let member = self.member.to_owned();
-        self.client.spawn(async move {
-            if let Err(error) = run_cancel(client.core(), &keys, &member).await {
-                tracing::warn!(%error, "fairlock could not clean up a cancelled acquire; its entry expires with its heartbeat deadline");
-            }
-        });
+        self.state
+            .spawn(async move { state.cancel(&keys, &member).await });
     }
-}
-
-async fn run_cancel(core: &Core, keys: &LockKeys, member: &str) -> Result<()> {
-    let reply = core
-        .run(
-            keys,
-            &Cancel {
-                member,
-                timings: &core.timings,
-                channel_prefix: &core.channel_prefix,
-            },
-        )
-        .await?;
-    waiters_evicted(reply.evicted);
-    Ok(())
 }

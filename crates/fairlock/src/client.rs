@@ -1,59 +1,45 @@
-//! The client: one per process (clone it freely), holding the Redis
-//! connections and the background tasks shared by all its locks.
+//! The client: one per process (clone it freely). It connects, checks the
+//! server's settings, subscribes the process's one grant channel, starts
+//! the background tasks, and offers the lock operations.
 
-use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use fairlock_core::{
     decode_fenced, FencedOp, FencedReply, FencedScript, FencedWrite, ForceRelease, Inspect,
-    LockKeys, LockName, LockState, Release, ReleaseReply, Renew, RenewReply, Reply, ScriptSource,
-    Timings,
+    LockState, RenewBatch, RenewItem, RenewStatus, Reply, ScriptSource,
 };
-use tokio::runtime::Handle;
-use tokio::sync::Notify;
-use tokio::task::AbortHandle;
 
 use crate::acquire::{acquire, Mode};
-use crate::config::{millis, ClientConfig, LockOptions};
+use crate::config::{millis, ClientConfig, EvictionCheck, LockOptions};
 use crate::error::{Error, Result};
-use crate::guard::{FencingToken, HeldLock, LockGuard};
+use crate::grants::spawn_router;
+use crate::guard::{FencingToken, LockGuard};
+use crate::handle::{run_while_held, Held, Lock};
+use crate::heartbeat::spawn_heartbeat;
 use crate::owner::LockOwner;
 use crate::redis::RedisConnection;
-use crate::registry::{WaiterEvent, WaiterRegistry};
-use crate::telemetry::waiters_evicted;
-use crate::watchdog::LeaseWatchdog;
-use crate::{heartbeat, subscription, watchdog};
+use crate::state::ClientState;
+use crate::task::BackgroundTask;
+use crate::watchdog::spawn_watchdog;
 
-/// State shared by the client handles, guards and background tasks.
-pub(crate) struct Core {
-    pub(crate) redis: RedisConnection,
-    pub(crate) config: ClientConfig,
-    pub(crate) timings: Timings,
-    /// This process's grant channel: `channel_prefix` + `tag`.
-    pub(crate) channel: String,
-    pub(crate) channel_prefix: String,
-    /// Random routing tag of this client, the suffix of all its members.
-    pub(crate) tag: String,
-    pub(crate) registry: WaiterRegistry,
-    pub(crate) watchdog: LeaseWatchdog,
-    pub(crate) heartbeat_now: Notify,
-    closed: AtomicBool,
-}
+/// Eviction policies under which Redis never evicts a key. Every fairlock
+/// key has a TTL, so even the `volatile-*` policies can evict lock state.
+const SAFE_POLICIES: &[&str] = &["noeviction"];
 
 struct ClientHandle {
-    core: Arc<Core>,
-    runtime: Handle,
-    tasks: Vec<AbortHandle>,
+    state: Arc<ClientState>,
+    /// The grant router, the waiter heartbeat and the lease watchdog.
+    tasks: Mutex<Vec<BackgroundTask>>,
+    eviction_warning: Option<String>,
 }
 
 impl Drop for ClientHandle {
     fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
-        }
-        let core = Arc::clone(&self.core);
-        self.runtime.spawn(async move { core.redis.quit().await });
+        // The tasks stop on their own when dropped (they watch their
+        // shutdown signal); the connections are closed in the background.
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        let state = Arc::clone(&self.state);
+        self.state.spawn(async move { state.redis.quit().await });
     }
 }
 
@@ -73,8 +59,7 @@ pub struct ClientStats {
 /// It holds two Redis connections (commands, and the single pub/sub
 /// subscription of the process) and three background tasks: the grant
 /// router, the waiter heartbeat and the lease watchdog. They stop when the
-/// last clone of the client and the last guard are dropped, or at
-/// [`LockClient::shutdown`].
+/// last clone of the client is dropped, or at [`LockClient::shutdown`].
 #[derive(Clone)]
 pub struct LockClient {
     handle: Arc<ClientHandle>,
@@ -87,60 +72,108 @@ impl LockClient {
     }
 
     /// Connects with `config`. Fails with [`Error::Unreachable`] within the
-    /// connect timeout if Redis does not answer.
+    /// connect timeout if Redis does not answer, and with
+    /// [`Error::UnsafeServer`] if the server may evict lock keys and
+    /// [`ClientConfig::eviction_check`] is [`EvictionCheck::Fail`].
     pub async fn with_config(config: ClientConfig) -> Result<Self> {
         config.validate()?;
         let redis = RedisConnection::connect(&config).await?;
+        let eviction_warning = match check_eviction(&redis, config.eviction_check).await {
+            Ok(warning) => warning,
+            Err(error) => {
+                redis.quit().await;
+                return Err(error);
+            }
+        };
         let tag = format!("{:016x}", uuid::Uuid::new_v4().as_u64_pair().0);
-        let channel_prefix = config.prefix.channel_prefix();
-        let channel = format!("{channel_prefix}{tag}");
+        let state = Arc::new(ClientState::new(config, redis, tag));
         // Listen before subscribing, and subscribe before anything can be
         // enqueued: no grant for this process can be published unheard.
-        let messages = redis.messages();
-        let reconnects = redis.subscriber_reconnects();
-        if let Err(error) = redis.subscribe(&channel).await {
-            redis.quit().await;
+        let messages = state.redis.messages();
+        let reconnects = state.redis.subscriber_reconnects();
+        if let Err(error) = state.redis.subscribe(&state.channel).await {
+            state.redis.quit().await;
             return Err(error);
         }
-        let core = Arc::new(Core {
-            redis,
-            timings: config.timings(),
-            config,
-            channel,
-            channel_prefix,
-            tag,
-            registry: WaiterRegistry::default(),
-            watchdog: LeaseWatchdog::default(),
-            heartbeat_now: Notify::new(),
-            closed: AtomicBool::new(false),
-        });
         let tasks = vec![
-            tokio::spawn(subscription::route_grants(Arc::clone(&core), messages)).abort_handle(),
-            tokio::spawn(subscription::heal_after_reconnect(
-                Arc::clone(&core),
-                reconnects,
-            ))
-            .abort_handle(),
-            tokio::spawn(heartbeat::run_waiter_heartbeat(Arc::clone(&core))).abort_handle(),
-            tokio::spawn(watchdog::run_lease_watchdog(Arc::clone(&core))).abort_handle(),
+            spawn_router(Arc::clone(&state), messages, reconnects),
+            spawn_heartbeat(Arc::clone(&state)),
+            spawn_watchdog(Arc::clone(&state)),
         ];
         Ok(Self {
             handle: Arc::new(ClientHandle {
-                core,
-                runtime: Handle::current(),
-                tasks,
+                state,
+                tasks: Mutex::new(tasks),
+                eviction_warning,
             }),
         })
     }
 
-    pub(crate) fn core(&self) -> &Arc<Core> {
-        &self.handle.core
+    pub(crate) fn state(&self) -> &Arc<ClientState> {
+        &self.handle.state
     }
 
-    /// Runs a cleanup future on the client's runtime, from any context
-    /// (including `Drop`).
-    pub(crate) fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) {
-        self.handle.runtime.spawn(future);
+    /// A reusable handle for lock `name`: the name is checked and its keys
+    /// computed once; clone it freely. `lock(name)` stays the shortcut.
+    pub fn handle(&self, name: &str) -> Result<Lock> {
+        Lock::new(self.clone(), name)
+    }
+
+    /// Runs `body` while holding lock `name`, and releases it on every way
+    /// out. If the lease is lost meanwhile (expired, force-released, the key
+    /// vanished), the body's future is dropped at once, stopping the work,
+    /// and the call fails with [`Error::LeaseLost`]. The body gets the
+    /// grant's [`Held`] identity, with its fencing token.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: fairlock::LockClient) -> fairlock::Result<()> {
+    /// let report = client
+    ///     .with_lock("nightly-report", fairlock::LockOptions::new(), |held| async move {
+    ///         format!("built under token {}", held.token())
+    ///     })
+    ///     .await?;
+    /// # let _ = report;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn with_lock<F, Fut, T>(&self, name: &str, options: LockOptions, body: F) -> Result<T>
+    where
+        F: FnOnce(Held) -> Fut,
+        Fut: std::future::Future<Output = T>,
+    {
+        let guard = self.lock_with(name, options).await?;
+        run_while_held(guard, body).await
+    }
+
+    /// [`LockClient::with_lock`] for synchronous code: blocks the calling
+    /// thread, which must not be a thread of the client's async runtime
+    /// (call it from `spawn_blocking` or a plain thread). The body cannot be
+    /// interrupted: it should check [`LockGuard::is_lost`]-style state
+    /// itself through the [`Held`] token's writes; if the lease was lost by
+    /// the time it returns, the call fails with [`Error::LeaseLost`].
+    pub fn with_lock_blocking<F, T>(&self, name: &str, options: LockOptions, body: F) -> Result<T>
+    where
+        F: FnOnce(Held) -> T,
+    {
+        let runtime = self.state().runtime().clone();
+        let guard = runtime.block_on(self.lock_with(name, options))?;
+        let held = Held::from_guard(&guard);
+        let value = body(held);
+        let lost = guard.is_lost();
+        match runtime.block_on(guard.release()) {
+            Ok(()) if !lost => Ok(value),
+            Ok(()) | Err(Error::NotOwner { .. }) => Err(Error::LeaseLost {
+                name: name.to_owned(),
+            }),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Why the server's settings put the guarantees at risk (an eviction
+    /// policy that can evict lock keys), if they do; see the README's
+    /// "What Redis must be configured for".
+    pub fn eviction_warning(&self) -> Option<&str> {
+        self.handle.eviction_warning.as_deref()
     }
 
     /// Waits until the lock is granted, with a watchdog-kept lease.
@@ -155,8 +188,8 @@ impl LockClient {
     /// `options`. A wait that runs out fails with [`Error::WaitTimeout`]
     /// and leaves the queue.
     pub async fn lock_with(&self, name: &str, options: LockOptions) -> Result<LockGuard> {
-        match acquire(self, name, options, Mode::Wait).await? {
-            Some(guard) => Ok(guard),
+        match acquire(self.state(), name, options, Mode::Wait).await? {
+            Some(held) => Ok(LockGuard::new(Arc::clone(self.state()), held)),
             None => Err(Error::Redis(
                 "acquire in wait mode ended without a grant".into(),
             )),
@@ -176,21 +209,23 @@ impl LockClient {
         name: &str,
         options: LockOptions,
     ) -> Result<Option<LockGuard>> {
-        acquire(self, name, options, Mode::Try).await
+        Ok(acquire(self.state(), name, options, Mode::Try)
+            .await?
+            .map(|held| LockGuard::new(Arc::clone(self.state()), held)))
     }
 
-    /// Releases lock `name` on behalf of the owner `owner_id` (a
+    /// Releases lock `name` on behalf of the holder `owner_id` (a
     /// [`LockGuard::owner_id`], e.g. passed from another process).
     /// Refused with [`Error::NotOwner`], changing nothing, unless that
-    /// owner holds the lock.
+    /// holder has the lock.
     pub async fn release_by_owner_id(&self, name: &str, owner_id: &str) -> Result<()> {
-        let keys = self.keys(name)?;
-        self.core().release_member(name, &keys, owner_id).await
+        let keys = self.state().keys(name)?;
+        self.state().release_member(name, &keys, owner_id).await
     }
 
     /// Sets the lease of lock `name` held by `owner_id` to `lease` from
     /// now. Refused with [`Error::NotOwner`], changing nothing, unless that
-    /// owner holds the lock.
+    /// holder has the lock.
     pub async fn extend_by_owner_id(
         &self,
         name: &str,
@@ -198,63 +233,93 @@ impl LockClient {
         lease: std::time::Duration,
     ) -> Result<()> {
         LockOptions::new().lease(lease).validate()?;
-        let keys = self.keys(name)?;
-        match self
-            .core()
-            .run(
-                &keys,
-                &Renew {
-                    member: owner_id,
-                    lease_ms: millis(lease),
-                },
-            )
-            .await?
-        {
-            RenewReply::Renewed { .. } => Ok(()),
-            RenewReply::NotOwner => Err(Error::NotOwner {
+        let keys = self.state().keys(name)?;
+        let batch = RenewBatch {
+            items: vec![RenewItem {
+                owner_key: keys.owner(),
+                member: owner_id,
+                lease_ms: millis(lease),
+            }],
+        };
+        match self.state().renew(&batch).await?.first() {
+            Some(RenewStatus::Held) => Ok(()),
+            Some(RenewStatus::WrongType) => Err(Error::WrongType(format!(
+                "WRONGTYPE fairlock key {} holds a value of another type",
+                keys.owner()
+            ))),
+            _ => Err(Error::NotOwner {
                 name: name.to_owned(),
             }),
         }
     }
 
-    /// ADMIN: frees lock `name` whoever holds it and grants it to the
-    /// oldest live waiter. The evicted holder learns of it at its next
-    /// renewal (its lease-lost signal fires). Returns whether it was held.
+    /// ADMIN: frees lock `name` from whoever holds it now and grants it to
+    /// the oldest live waiter. The evicted holder's process is told at once
+    /// (its lease-lost signal fires). Returns whether a holder was evicted.
+    ///
+    /// Safe to resend: it reads the holder first and frees only that
+    /// holder, so a retry never frees the next one.
     pub async fn force_release(&self, name: &str) -> Result<bool> {
-        let keys = self.keys(name)?;
-        let core = self.core();
-        let reply = core
+        let keys = self.state().keys(name)?;
+        let seen = self.state().run(&keys, &Inspect { waiters: 0 }).await?;
+        // The grant seen, member and token: a resend never frees a later
+        // grant, not even one to the same member.
+        let holder = seen
+            .owner
+            .map(|owner| format!("{owner} {}", seen.token))
+            .unwrap_or_default();
+        self.force_release_from(name, &holder).await
+    }
+
+    /// ADMIN: frees lock `name` only if `holder` still holds it: a holder's
+    /// id as shown by [`LockClient::inspect`] or [`LockGuard::owner_id`],
+    /// optionally followed by a space and the grant's token to name exactly
+    /// one grant; `Ok(false)` and no change
+    /// if another holder has it by now or it is free. An empty `holder`
+    /// only hands a free lock with waiters on.
+    pub async fn force_release_from(&self, name: &str, holder: &str) -> Result<bool> {
+        let keys = self.state().keys(name)?;
+        let state = self.state();
+        let reply = state
             .run(
                 &keys,
                 &ForceRelease {
-                    timings: &core.timings,
-                    channel_prefix: &core.channel_prefix,
+                    expected: holder,
+                    timings: &state.timings,
+                    channel_prefix: &state.channel_prefix(&keys),
                 },
             )
             .await?;
-        Ok(reply.had_owner)
+        state.after_purge(&keys, reply.purged);
+        Ok(reply.released)
     }
 
-    /// A read-only snapshot of lock `name`: holder, token, lease, queue.
+    /// A read-only snapshot of lock `name`: holder, token, lease, queue
+    /// length and the first `waiters` waiters with their liveness.
+    pub async fn inspect_queue(&self, name: &str, waiters: u64) -> Result<LockState> {
+        let keys = self.state().keys(name)?;
+        self.state().run(&keys, &Inspect { waiters }).await
+    }
+
+    /// A read-only snapshot of lock `name`: holder, token, lease, queue length.
     pub async fn inspect(&self, name: &str) -> Result<LockState> {
-        let keys = self.keys(name)?;
-        self.core().run(&keys, &Inspect).await
+        self.inspect_queue(name, 0).await
     }
 
     /// An owner handle for re-entrant locking (see [`LockOwner`]).
     pub fn owner(&self) -> LockOwner {
-        LockOwner::new(self.clone())
+        LockOwner::new(Arc::clone(self.state()))
     }
 
     /// Releases every lock this client holds, handing each to its next
     /// waiter, e.g. before shutting down. Their guards become inert. Returns
     /// how many were released; the first error, if any, after trying all.
     pub async fn release_all(&self) -> Result<usize> {
-        let core = self.core();
+        let state = self.state();
         let mut released = 0;
         let mut first_error = None;
-        for held in core.watchdog.all() {
-            match core.release(&held).await {
+        for held in state.held.all() {
+            match state.release(&held).await {
                 Ok(()) => released += 1,
                 Err(error) => {
                     first_error.get_or_insert(error);
@@ -267,12 +332,13 @@ impl LockClient {
         }
     }
 
-    /// Applies `op` to `target_key` only if `token` is not older than the
-    /// newest token that used the resource whose fence key is `fence_key`;
-    /// otherwise fails with [`Error::StaleToken`], changing nothing. Keep
-    /// `fence_key` and `target_key` under one hash tag. Fence the reads that
-    /// decide a write too ([`FencedOp::Get`]); for several writes that must
-    /// land together, use [`LockClient::fenced_eval`] with one script.
+    /// Applies `op` to `target_key` only if `token` is newer than the
+    /// newest token that used the resource whose fence key is `fence_key`
+    /// (or is that same token of the same holder); otherwise fails with
+    /// [`Error::StaleToken`], changing nothing. Keep `fence_key` and
+    /// `target_key` under one hash tag. Fence the reads that decide a write
+    /// too ([`FencedOp::Get`]); for several writes that must land together,
+    /// use [`LockClient::fenced_eval`] with one script.
     /// [`FencedOp::IncrBy`] is not idempotent if the connection drops and
     /// the command is resent.
     ///
@@ -292,7 +358,12 @@ impl LockClient {
         token: FencingToken,
         op: FencedOp<'_>,
     ) -> Result<Reply> {
-        let write = FencedWrite { token: token.0, op };
+        let holder = token.holder();
+        let write = FencedWrite {
+            token: token.value(),
+            holder: &holder,
+            op,
+        };
         self.fenced(
             FencedWrite::script(),
             &[fence_key, target_key],
@@ -302,9 +373,9 @@ impl LockClient {
         .await
     }
 
-    /// Runs a user script (see [`FencedScript`]) only if `token` is not
-    /// older than the newest token the resource behind `fence_key` has
-    /// seen; otherwise fails with [`Error::StaleToken`], changing nothing.
+    /// Runs a user script (see [`FencedScript`]) only if `token` passes the
+    /// same check as [`LockClient::fenced_write`]; otherwise fails with
+    /// [`Error::StaleToken`], changing nothing.
     pub async fn fenced_eval(
         &self,
         script: &FencedScript,
@@ -315,7 +386,7 @@ impl LockClient {
     ) -> Result<Reply> {
         let mut all_keys = vec![fence_key];
         all_keys.extend_from_slice(keys);
-        let mut all_args = vec![token.0.to_string()];
+        let mut all_args = vec![token.value().to_string(), token.holder()];
         all_args.extend(args.iter().map(|a| (*a).to_owned()));
         self.fenced(script.as_source(), &all_keys, token, all_args)
             .await
@@ -328,15 +399,12 @@ impl LockClient {
         token: FencingToken,
         args: Vec<String>,
     ) -> Result<Reply> {
-        let core = self.core();
-        if core.closed.load(Ordering::SeqCst) {
-            return Err(Error::Closed);
-        }
-        let reply = core.redis.eval(script, keys, args).await?;
+        self.state().check_open()?;
+        let reply = self.state().redis.eval(script, keys, args).await?;
         match decode_fenced("fenced write", reply)? {
             FencedReply::Applied(reply) => Ok(reply),
             FencedReply::Stale { newest } => Err(Error::StaleToken {
-                token: token.0,
+                token: token.value(),
                 newest,
             }),
         }
@@ -345,9 +413,9 @@ impl LockClient {
     /// What this client is doing right now.
     pub fn stats(&self) -> ClientStats {
         ClientStats {
-            waiters: self.core().registry.len(),
-            watched_leases: self.core().watchdog.watched(),
-            held: self.core().watchdog.all().len(),
+            waiters: self.state().waiters.len(),
+            watched_leases: self.state().held.watched(),
+            held: self.state().held.len(),
         }
     }
 
@@ -355,89 +423,36 @@ impl LockClient {
     /// guards are alive. Locks still held are not released: their leases
     /// run out. Later calls fail with [`Error::Closed`].
     pub async fn shutdown(&self) {
-        self.core().closed.store(true, Ordering::SeqCst);
-        for task in &self.handle.tasks {
-            task.abort();
+        self.state().close();
+        let mut tasks =
+            std::mem::take(&mut *self.handle.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in &mut tasks {
+            task.shutdown().await;
         }
-        self.core().redis.quit().await;
-    }
-
-    pub(crate) fn keys(&self, name: &str) -> Result<Arc<LockKeys>> {
-        let name = LockName::new(name)?;
-        Ok(Arc::new(LockKeys::new(&self.core().config.prefix, &name)))
+        self.state().redis.quit().await;
     }
 }
 
-impl Core {
-    /// Runs a script call, refusing once the client is shut down.
-    pub(crate) async fn run<C: fairlock_core::ScriptCall>(
-        &self,
-        keys: &LockKeys,
-        call: &C,
-    ) -> Result<C::Output> {
-        if self.closed.load(Ordering::SeqCst) {
-            return Err(Error::Closed);
-        }
-        // Boxed: the Redis call's future is large, and every waiting task
-        // would otherwise carry it inline for its whole wait.
-        Box::pin(self.redis.run(keys, call)).await
+/// Reads `maxmemory-policy` and judges it (see [`EvictionCheck`]).
+async fn check_eviction(redis: &RedisConnection, check: EvictionCheck) -> Result<Option<String>> {
+    if check == EvictionCheck::Off {
+        return Ok(None);
     }
-
-    /// A new member: a random 128-bit owner id and this client's tag.
-    pub(crate) fn new_member(&self) -> String {
-        format!("{}.{}", uuid::Uuid::new_v4().simple(), self.tag)
-    }
-
-    /// Releases a guard's grant.
-    pub(crate) async fn release(&self, held: &HeldLock) -> Result<()> {
-        if !held.set_released() {
-            // Released already (by `release_all`): nothing left to do.
-            return Ok(());
+    let warning = match redis.config_get("maxmemory-policy").await {
+        Ok(Some(policy)) if SAFE_POLICIES.contains(&policy.as_str()) => return Ok(None),
+        Ok(Some(policy)) => format!(
+            "Redis runs with maxmemory-policy {policy}, which can evict lock keys: a holder's key \
+             evicted means two holders; set maxmemory-policy noeviction on the server"
+        ),
+        Ok(None) | Err(_) => "could not read maxmemory-policy (CONFIG GET refused?); make sure \
+             the server runs with maxmemory-policy noeviction"
+            .to_owned(),
+    };
+    match check {
+        EvictionCheck::Fail => Err(Error::UnsafeServer(warning)),
+        _ => {
+            tracing::warn!(%warning, "fairlock server settings put the lock guarantees at risk");
+            Ok(Some(warning))
         }
-        self.watchdog.forget(&held.member);
-        let result = self
-            .release_member(&held.name, &held.keys, &held.member)
-            .await;
-        held.telemetry.held_for(held.granted_at);
-        tracing::debug!(lock = %held.name, token = held.token, ok = result.is_ok(), "fairlock lock released");
-        if matches!(result, Err(Error::NotOwner { .. })) {
-            held.mark_lost("release found the lock no longer held");
-        }
-        result
-    }
-
-    async fn release_member(&self, name: &str, keys: &LockKeys, member: &str) -> Result<()> {
-        let reply = self
-            .run(
-                keys,
-                &Release {
-                    member,
-                    timings: &self.timings,
-                    channel_prefix: &self.channel_prefix,
-                },
-            )
-            .await?;
-        match reply {
-            ReleaseReply::Released { handed_to, evicted } => {
-                waiters_evicted(evicted);
-                if let Some((member, token)) = handed_to {
-                    // The next owner may wait in this very process: wake it
-                    // now instead of after the pub/sub round trip. Its
-                    // message still arrives and is then ignored.
-                    self.registry
-                        .deliver(&member, WaiterEvent::Granted { token });
-                }
-                Ok(())
-            }
-            ReleaseReply::NotOwner => Err(Error::NotOwner {
-                name: name.to_owned(),
-            }),
-        }
-    }
-
-    /// Whether `held` still owns its lock, asked of Redis (read-only).
-    pub(crate) async fn owns(&self, held: &HeldLock) -> Result<bool> {
-        let state = self.run(&held.keys, &Inspect).await?;
-        Ok(state.owner.as_deref() == Some(held.member.as_str()))
     }
 }

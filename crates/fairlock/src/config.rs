@@ -23,11 +23,34 @@ pub enum Lease {
     Watchdog,
 }
 
+/// How many replicas must acknowledge a lock write, and how long to wait
+/// for them (see [`ClientConfig::replica_acks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaAcks {
+    /// Replicas that must acknowledge.
+    pub replicas: u32,
+    /// How long `WAIT` may block.
+    pub timeout: Duration,
+}
+
+/// What a client does at connect when the server may evict lock keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EvictionCheck {
+    /// Log a warning and expose it as [`crate::LockClient::eviction_warning`].
+    #[default]
+    Warn,
+    /// Refuse to connect with [`Error::UnsafeServer`].
+    Fail,
+    /// Do not check (e.g. `CONFIG` is renamed and the setting is known).
+    Off,
+}
+
 /// Options of one lock call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LockOptions {
     pub(crate) lease: Lease,
     pub(crate) wait_timeout: Option<Duration>,
+    pub(crate) admission: bool,
 }
 
 impl Default for LockOptions {
@@ -35,6 +58,7 @@ impl Default for LockOptions {
         Self {
             lease: Lease::Watchdog,
             wait_timeout: None,
+            admission: false,
         }
     }
 }
@@ -54,6 +78,18 @@ impl LockOptions {
     /// Give up with [`Error::WaitTimeout`] after waiting this long.
     pub fn wait_timeout(mut self, timeout: Duration) -> Self {
         self.wait_timeout = Some(timeout);
+        self
+    }
+
+    /// Deadline-aware admission (off by default; needs a wait timeout):
+    /// when the caller's place in the queue means it cannot be served
+    /// within its wait timeout, at the grant rate this client has seen on
+    /// the lock, it leaves the queue at once and fails with
+    /// [`Error::WouldMissDeadline`] instead of holding a place in line until
+    /// the timeout. Until the client has seen a grant rate, every caller is
+    /// admitted.
+    pub fn admission(mut self, on: bool) -> Self {
+        self.admission = on;
         self
     }
 
@@ -92,18 +128,29 @@ pub struct ClientConfig {
     pub heartbeat_interval: Duration,
     /// A waiter without a heartbeat for this long is dead and skipped.
     pub waiter_timeout: Duration,
-    /// Lease of a lock handed to a waiter until the waiter confirms it.
-    pub grant_lease: Duration,
     /// Lease of watchdog-kept locks; renewed every third of it.
     pub watchdog_lease: Duration,
+    /// Opt-in replica acknowledgement: after every write that matters (a
+    /// grant, a handoff taken, a release, a renewal) the client runs
+    /// `WAIT replicas timeout` and treats fewer acknowledgements as a
+    /// failure: an acquire gives back what it took and fails with
+    /// [`Error::NotReplicated`], a renewal fires the lease-lost signal.
+    /// `None` (the default) waits for no replica. WAIT is not consensus: it
+    /// narrows the window in which a fail-over loses a grant, it does not
+    /// close it.
+    pub replica_acks: Option<ReplicaAcks>,
+    /// What to do when the server may evict lock keys (its
+    /// `maxmemory-policy` is not `noeviction`): warn (the default), fail
+    /// to connect, or not check.
+    pub eviction_check: EvictionCheck,
     /// Whether metrics carry a `lock` label (off by default: lock names
     /// can be unbounded).
     pub metrics_lock_label: MetricsLockLabel,
 }
 
 impl ClientConfig {
-    /// Defaults for `url`: 5 s timeouts, 1 s heartbeat, 5 s waiter timeout
-    /// and grant lease, 30 s watchdog lease.
+    /// Defaults for `url`: 5 s timeouts, 1 s heartbeat, 5 s waiter
+    /// timeout, 30 s watchdog lease, a warning if the server may evict keys.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
@@ -112,7 +159,8 @@ impl ClientConfig {
             command_timeout: Duration::from_secs(5),
             heartbeat_interval: Duration::from_secs(1),
             waiter_timeout: Duration::from_secs(5),
-            grant_lease: Duration::from_secs(5),
+            eviction_check: EvictionCheck::Warn,
+            replica_acks: None,
             watchdog_lease: Duration::from_secs(30),
             metrics_lock_label: MetricsLockLabel::Off,
         }
@@ -140,12 +188,23 @@ impl ClientConfig {
             self.waiter_timeout,
             Duration::from_millis(20),
         )?;
-        check_duration("grant lease", self.grant_lease, Duration::from_millis(10))?;
         check_duration(
             "watchdog lease",
             self.watchdog_lease,
             Duration::from_millis(30),
         )?;
+        if let Some(acks) = self.replica_acks {
+            check_duration(
+                "replica ack timeout",
+                acks.timeout,
+                Duration::from_millis(1),
+            )?;
+            if acks.replicas == 0 {
+                return Err(Error::InvalidOptions(
+                    "replica_acks with 0 replicas waits for nothing; leave it None instead".into(),
+                ));
+            }
+        }
         if self.heartbeat_interval >= self.waiter_timeout {
             return Err(Error::InvalidOptions(format!(
                 "heartbeat interval {:?} must be shorter than the waiter timeout {:?} (a third of it or less is safe), or live waiters would be evicted",
@@ -160,7 +219,9 @@ impl ClientConfig {
             waiter_ttl_ms: millis(self.waiter_timeout),
             // An abandoned queue vanishes; a live one is refreshed by every heartbeat.
             queue_ttl_ms: millis(self.waiter_timeout.max(self.heartbeat_interval) * 4),
-            grant_lease_ms: millis(self.grant_lease),
+            // Losing the counter is safe (it restarts above the server
+            // clock); this only bounds how long an idle lock leaves keys.
+            idle_ms: 600_000,
         }
     }
 }

@@ -25,10 +25,34 @@ pub enum Error {
         waited: Duration,
     },
 
+    /// Deadline-aware admission: the caller's place in the queue means it
+    /// cannot be served within its wait timeout; it has left the queue.
+    #[error("lock {name:?}: {position} callers are ahead and the lock is granted about every {per_grant:?}, so the wait of about {expected:?} would miss the {budget:?} wait timeout; try again later or raise the wait timeout")]
+    WouldMissDeadline {
+        /// The lock.
+        name: String,
+        /// Callers ahead in the queue.
+        position: u64,
+        /// The time between grants this client has seen on the lock.
+        per_grant: Duration,
+        /// The expected wait.
+        expected: Duration,
+        /// What was left of the wait timeout.
+        budget: Duration,
+    },
+
     /// A release or extend came from someone who does not own the lock;
     /// nothing was changed.
     #[error("lock {name:?} is not held by this owner (its lease ran out, or it was force-released); the critical section may have overlapped another holder, check its fencing token")]
     NotOwner {
+        /// The lock.
+        name: String,
+    },
+
+    /// The lease ended while the work ran (see [`crate::LockClient::with_lock`]):
+    /// the work was stopped, and another holder may have run meanwhile.
+    #[error("the lease on lock {name:?} was lost while the work ran; the work was stopped, and another holder may have overlapped it: check the fencing token on every write")]
+    LeaseLost {
         /// The lock.
         name: String,
     },
@@ -69,6 +93,57 @@ pub enum Error {
         token: u64,
         /// The newest token the resource has seen.
         newest: u64,
+    },
+
+    /// The server's settings break the lock's guarantees (an eviction
+    /// policy that can evict lock keys) and the client was configured to
+    /// refuse such a server.
+    #[error("{0}")]
+    UnsafeServer(String),
+
+    /// Fewer replicas than [`crate::ClientConfig::replica_acks`] asks for
+    /// acknowledged a lock write in time. An acquire has given back what it
+    /// took; a release has happened on the primary but may be lost in a
+    /// fail-over.
+    #[error("only {acked} of {wanted} replicas acknowledged the lock write in time; check replication (INFO replication) or lower replica_acks")]
+    NotReplicated {
+        /// Replicas that acknowledged.
+        acked: u32,
+        /// Replicas asked for.
+        wanted: u32,
+    },
+
+    /// Redis refused a write because the server is a read-only replica
+    /// (`READONLY`); nothing was changed.
+    #[error("Redis refused a write, the server is a read-only replica ({0}); point the client at the primary, or at Sentinel or Cluster so it follows fail-overs")]
+    ReadOnly(String),
+
+    /// Redis refused a write because it reached `maxmemory` under the
+    /// `noeviction` policy (`OOM`); nothing was changed.
+    #[error("Redis is out of memory and refuses writes ({0}); free memory or raise maxmemory, but keep maxmemory-policy noeviction: an evicting policy can evict lock keys")]
+    OutOfMemory(String),
+
+    /// Redis is busy running another (long) script past its
+    /// `busy-reply-threshold` and answers nothing else (`BUSY`); nothing
+    /// was changed.
+    #[error("Redis is busy running another script ({0}); find and stop it (SCRIPT KILL, or FUNCTION KILL for a function), then retry")]
+    Busy(String),
+
+    /// The Redis user lacks a permission fairlock needs (`NOPERM`): a
+    /// command, a key or a channel. Nothing was changed.
+    #[error("the Redis user lacks a permission fairlock needs ({0}); grant it the commands +evalsha +script|load +subscribe +ping +config|get, the keys ~<prefix>* and the channels &<prefix>notify:*")]
+    NoPermission(String),
+
+    /// A script failed inside Redis with an error of its own (not one of
+    /// the errors above). From a fairlock script it should not happen:
+    /// report it, with the message, as a bug. From a fenced user script
+    /// ([`crate::FencedScript`]) it is that script's error.
+    #[error("script {script} failed in Redis: {detail}; in a fairlock script this is a bug, please report it with this message (in a fenced user script, fix the script)")]
+    ScriptFailed {
+        /// The script that failed.
+        script: String,
+        /// Redis's message.
+        detail: String,
     },
 
     /// A script's reply had an unexpected shape.

@@ -2,153 +2,70 @@
 //! release, extend or watch the lease.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fairlock_core::{LockKeys, Renew, RenewReply};
-use tokio::sync::watch;
+use fairlock_core::{Member, RenewBatch, RenewItem, RenewStatus};
 
-use crate::client::LockClient;
-use crate::config::{millis, Lease, LockOptions};
+use crate::config::{millis, LockOptions};
 use crate::error::{Error, Result};
-use crate::owner::OwnerShared;
-use crate::telemetry::LockTelemetry;
+use crate::held::HeldLock;
+use crate::held::OwnerShared;
+use crate::state::ClientState;
 
-/// A fencing token: strictly increasing per lock name across all grants.
+/// A fencing token: strictly increasing per lock name across all grants,
+/// together with the identity of the holder it was granted to.
 ///
 /// Hand it to the resource the lock protects and have the resource refuse
-/// any write carrying a token older than the newest it has seen (see
-/// [`LockClient::fenced_write`]): a holder that was paused past its lease
-/// then cannot overwrite a newer holder's work.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct FencingToken(pub u64);
+/// any write carrying a token older than the newest it has seen, or the
+/// same token from another holder (see [`crate::LockClient::fenced_write`]):
+/// a holder that was paused past its lease then cannot overwrite a newer
+/// holder's work. Tokens compare by [`FencingToken::value`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FencingToken {
+    value: u64,
+    holder: u128,
+}
+
+impl FencingToken {
+    /// A token as received from another process: its value and the
+    /// holder's owner id (the 32 hex digits of [`LockGuard::owner_id`]).
+    /// `None` if the owner id is not 32 hex digits.
+    pub fn new(value: u64, owner_id: &str) -> Option<Self> {
+        let id = Member::owner_id_of(owner_id).unwrap_or(owner_id);
+        if id.len() != 32 {
+            return None;
+        }
+        let holder = u128::from_str_radix(id, 16).ok()?;
+        Some(Self { value, holder })
+    }
+
+    /// The number: strictly greater for every later grant of the lock.
+    pub fn value(&self) -> u64 {
+        self.value
+    }
+
+    /// The holder's owner id, 32 hex digits.
+    pub fn holder(&self) -> String {
+        format!("{:032x}", self.holder)
+    }
+}
+
+impl PartialOrd for FencingToken {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for FencingToken {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.value, self.holder).cmp(&(other.value, other.holder))
+    }
+}
 
 impl fmt::Display for FencingToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-/// One grant, shared by its guards (several, when re-entered), the client's
-/// held-lock list and, for watchdog leases, the watchdog.
-pub(crate) struct HeldLock {
-    pub(crate) name: String,
-    pub(crate) keys: Arc<LockKeys>,
-    pub(crate) member: String,
-    pub(crate) token: u64,
-    /// The queue ticket, if the grant came after waiting in the queue.
-    pub(crate) ticket: Option<u64>,
-    pub(crate) lease: Lease,
-    pub(crate) granted_at: Instant,
-    /// Watchdog: the start of the last successful renewal. Fixed lease:
-    /// the start of the call that set the lease. Either way the lease is
-    /// counted from before Redis set it, so local expiry is conservative.
-    lease_from: Mutex<Instant>,
-    /// The current fixed lease (changed by `extend`).
-    fixed_lease: Mutex<Duration>,
-    lost: watch::Sender<bool>,
-    released: AtomicBool,
-    pub(crate) telemetry: LockTelemetry,
-}
-
-/// What a script's grant told us.
-pub(crate) struct Grant {
-    pub(crate) token: u64,
-    pub(crate) ticket: Option<u64>,
-    pub(crate) lease: Lease,
-    /// When the granting call was sent: the lease is counted from then.
-    pub(crate) requested_at: Instant,
-}
-
-impl HeldLock {
-    pub(crate) fn new(
-        name: String,
-        keys: Arc<LockKeys>,
-        member: String,
-        grant: Grant,
-        telemetry: LockTelemetry,
-    ) -> Self {
-        let Grant {
-            token,
-            ticket,
-            lease,
-            requested_at,
-        } = grant;
-        let fixed = match lease {
-            Lease::Fixed(lease) => lease,
-            Lease::Watchdog => Duration::MAX,
-        };
-        Self {
-            name,
-            keys,
-            member,
-            token,
-            ticket,
-            lease,
-            granted_at: Instant::now(),
-            lease_from: Mutex::new(requested_at),
-            fixed_lease: Mutex::new(fixed),
-            lost: watch::Sender::new(false),
-            released: AtomicBool::new(false),
-            telemetry,
-        }
-    }
-
-    /// A renewal or extend that started at `at` succeeded.
-    pub(crate) fn renewed_at(&self, at: Instant) {
-        let mut from = self.lease_from.lock().unwrap_or_else(|p| p.into_inner());
-        *from = (*from).max(at);
-    }
-
-    pub(crate) fn renewal_overdue(&self, lease: Duration) -> bool {
-        let from = *self.lease_from.lock().unwrap_or_else(|p| p.into_inner());
-        from.elapsed() >= lease
-    }
-
-    /// When a fixed lease runs out, by the local monotonic clock.
-    fn fixed_deadline(&self) -> Option<Instant> {
-        if self.lease == Lease::Watchdog {
-            return None;
-        }
-        let from = *self.lease_from.lock().unwrap_or_else(|p| p.into_inner());
-        let lease = *self.fixed_lease.lock().unwrap_or_else(|p| p.into_inner());
-        from.checked_add(lease)
-    }
-
-    fn set_fixed_lease(&self, lease: Duration, from: Instant) {
-        *self.fixed_lease.lock().unwrap_or_else(|p| p.into_inner()) = lease;
-        *self.lease_from.lock().unwrap_or_else(|p| p.into_inner()) = from;
-    }
-
-    /// Fires the lease-lost signal (once).
-    pub(crate) fn mark_lost(&self, why: &str) {
-        if !self.lost.send_replace(true) {
-            self.telemetry.lease_lost();
-            tracing::warn!(lock = %self.name, token = self.token, why, "fairlock lease lost");
-        }
-    }
-
-    pub(crate) fn is_lost(&self) -> bool {
-        if *self.lost.borrow() {
-            return true;
-        }
-        if self
-            .fixed_deadline()
-            .is_some_and(|deadline| Instant::now() >= deadline)
-        {
-            self.mark_lost("the fixed lease ran out");
-            return true;
-        }
-        false
-    }
-
-    pub(crate) fn set_released(&self) -> bool {
-        !self.released.swap(true, Ordering::SeqCst)
-    }
-
-    pub(crate) fn is_released(&self) -> bool {
-        self.released.load(Ordering::SeqCst)
+        self.value.fmt(f)
     }
 }
 
@@ -161,16 +78,16 @@ impl HeldLock {
 /// the lock.
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct LockGuard {
-    pub(crate) client: LockClient,
+    state: Arc<ClientState>,
     pub(crate) held: Arc<HeldLock>,
     owner: Option<Arc<OwnerShared>>,
     released: bool,
 }
 
 impl LockGuard {
-    pub(crate) fn new(client: LockClient, held: Arc<HeldLock>) -> Self {
+    pub(crate) fn new(state: Arc<ClientState>, held: Arc<HeldLock>) -> Self {
         Self {
-            client,
+            state,
             held,
             owner: None,
             released: false,
@@ -189,7 +106,10 @@ impl LockGuard {
 
     /// The fencing token of this grant; re-entry keeps it.
     pub fn token(&self) -> FencingToken {
-        FencingToken(self.held.token)
+        FencingToken::new(self.held.token, &self.held.member).unwrap_or(FencingToken {
+            value: self.held.token,
+            holder: 0,
+        })
     }
 
     /// The queue ticket this grant waited with, or `None` if the lock was
@@ -199,15 +119,17 @@ impl LockGuard {
         self.held.ticket
     }
 
-    /// This holder's owner id as stored in Redis (random, 128-bit, plus the
-    /// client's routing tag).
+    /// This holder's identity as stored in Redis: its random 128-bit owner
+    /// id, the client's routing tag and the lease it asked for.
     pub fn owner_id(&self) -> &str {
         &self.held.member
     }
 
     /// Whether the lease is known to be lost: the watchdog found the lock
-    /// gone or taken, no renewal succeeded for a whole lease, a release or
-    /// extend was refused, or a fixed lease ran out by the local clock.
+    /// gone or taken (checked every heartbeat interval, for fixed and
+    /// watchdog leases alike), an administrator force-released it, a
+    /// release or extend was refused, or the lease ran out by the local
+    /// clock without a renewal.
     pub fn is_lost(&self) -> bool {
         self.held.is_lost()
     }
@@ -226,31 +148,12 @@ impl LockGuard {
     /// # }
     /// ```
     pub async fn lost(&self) {
-        let mut rx = self.held.lost.subscribe();
-        loop {
-            let deadline = self.held.fixed_deadline();
-            let expiry = async {
-                match deadline {
-                    Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                // The sender lives in `held`, which outlives this borrow.
-                _ = rx.wait_for(|lost| *lost) => return,
-                _ = expiry => {
-                    // An extend may have moved the deadline meanwhile.
-                    if self.held.is_lost() {
-                        return;
-                    }
-                }
-            }
-        }
+        self.held.lost().await
     }
 
     /// Asks Redis whether this guard still owns the lock.
     pub async fn is_held(&self) -> Result<bool> {
-        self.client.core().owns(&self.held).await
+        self.state.owns(&self.held).await
     }
 
     /// Sets the lease to `lease` from now. For a watchdog-kept lock the
@@ -260,19 +163,23 @@ impl LockGuard {
     pub async fn extend(&self, lease: Duration) -> Result<()> {
         LockOptions::new().lease(lease).validate()?;
         let sent_at = Instant::now();
-        let call = Renew {
-            member: &self.held.member,
-            lease_ms: millis(lease),
+        let batch = RenewBatch {
+            items: vec![RenewItem {
+                owner_key: self.held.keys.owner(),
+                member: &self.held.member,
+                lease_ms: millis(lease),
+            }],
         };
-        match self.client.core().run(&self.held.keys, &call).await? {
-            RenewReply::Renewed { .. } => {
-                match self.held.lease {
-                    Lease::Fixed(_) => self.held.set_fixed_lease(lease, sent_at),
-                    Lease::Watchdog => self.held.renewed_at(sent_at),
-                }
+        match self.state.renew(&batch).await?.first() {
+            Some(RenewStatus::Held) => {
+                self.held.lease_set(sent_at, lease);
                 Ok(())
             }
-            RenewReply::NotOwner => {
+            Some(RenewStatus::WrongType) => Err(Error::WrongType(format!(
+                "WRONGTYPE fairlock key {} holds a value of another type",
+                self.held.keys.owner()
+            ))),
+            _ => {
                 self.held.mark_lost("extend found the lock no longer held");
                 Err(Error::NotOwner {
                     name: self.held.name.clone(),
@@ -292,7 +199,7 @@ impl LockGuard {
         if !self.last_hold() {
             return Ok(());
         }
-        self.client.core().release(&self.held).await
+        self.state.release(&self.held).await
     }
 
     /// Gives back this guard's hold on a re-entered lock; `true` if it was
@@ -320,10 +227,10 @@ impl Drop for LockGuard {
         if self.released || !self.last_hold() || self.held.is_released() {
             return;
         }
-        let client = self.client.clone();
+        let state = Arc::clone(&self.state);
         let held = Arc::clone(&self.held);
-        client.clone().spawn(async move {
-            if let Err(error) = client.core().release(&held).await {
+        self.state.spawn(async move {
+            if let Err(error) = state.release(&held).await {
                 tracing::warn!(lock = %held.name, %error, "fairlock release on drop failed");
             }
         });

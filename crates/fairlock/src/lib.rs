@@ -29,22 +29,30 @@
 #![deny(missing_docs)]
 
 mod acquire;
+mod admission;
 mod client;
 mod config;
 mod error;
+mod grants;
 mod guard;
+mod handle;
 mod heartbeat;
+mod held;
 mod owner;
 mod redis;
-mod registry;
-mod subscription;
+mod state;
+mod task;
 mod telemetry;
+mod waiters;
 mod watchdog;
 
 pub use client::{ClientStats, LockClient};
-pub use config::{ClientConfig, Lease, LockOptions, MAX_DURATION};
+pub use config::{ClientConfig, EvictionCheck, Lease, LockOptions, ReplicaAcks, MAX_DURATION};
 pub use error::{Error, Result};
-pub use fairlock_core::{FencedOp, FencedScript, KeyPrefix, LockState, Reply, MAX_NAME_BYTES};
+pub use fairlock_core::{
+    FencedOp, FencedScript, KeyPrefix, LockState, QueuedWaiter, Reply, MAX_NAME_BYTES,
+};
 pub use guard::{FencingToken, LockGuard};
+pub use handle::{Held, Lock};
 pub use owner::LockOwner;
 pub use telemetry::MetricsLockLabel;

@@ -8,12 +8,13 @@
 
 use std::time::Duration;
 
-use fairlock_core::{LockKeys, Reply, ScriptCall, ScriptSource};
+use fairlock_core::{LockKeys, RenewBatch, RenewStatus, Reply, ScriptCall, ScriptSource};
 use fred::clients::SubscriberClient;
 use fred::prelude::{
     Builder, Client, ClientLike, Config, Error as FredError, ErrorKind, EventInterface, Key,
     LuaInterface, PubsubInterface, ReconnectPolicy, Server, Value,
 };
+use fred::types::{ClusterHash, CustomCommand};
 use tokio::sync::broadcast;
 
 use crate::config::ClientConfig;
@@ -21,6 +22,11 @@ use crate::error::{Error, Result};
 
 /// The command connection and the subscriber connection of one client.
 pub(crate) struct RedisConnection {
+    /// Whether the server is a Redis Cluster: then a script may only touch
+    /// keys of one slot, and batched calls are made per slot.
+    clustered: bool,
+    /// Whether the connections speak RESP3 (chosen in the URL).
+    resp3: bool,
     commands: Client,
     subscriber: SubscriberClient,
     command_timeout: Duration,
@@ -36,6 +42,7 @@ impl RedisConnection {
                 e.details()
             ))
         })?;
+        let resp3 = fred_config.version == fred::types::RespVersion::RESP3;
         let mut builder = Builder::from_config(fred_config);
         builder
             .with_connection_config(|c| {
@@ -84,6 +91,8 @@ impl RedisConnection {
         // Resubscribe by itself after every reconnect of the subscriber.
         let _resubscriber = subscriber.manage_subscriptions();
         Ok(Self {
+            resp3,
+            clustered: commands.is_clustered(),
             commands,
             subscriber,
             command_timeout: config.command_timeout,
@@ -92,9 +101,97 @@ impl RedisConnection {
 
     /// Runs one lock script call with EVALSHA and decodes its reply.
     pub(crate) async fn run<C: ScriptCall>(&self, keys: &LockKeys, call: &C) -> Result<C::Output> {
-        let keys: Vec<&str> = keys.all()[..C::KEYS].iter().map(String::as_str).collect();
-        let reply = self.eval(C::SCRIPT.as_source(), &keys, call.args()).await?;
+        let keys: Vec<&str> = keys.all().iter().map(String::as_str).collect();
+        let reply = match self.eval(C::SCRIPT.as_source(), &keys, call.args()).await {
+            Ok(reply) => reply,
+            Err(Error::WrongType(detail)) => return Err(self.name_wrong_keys(&keys, detail).await),
+            Err(error) => return Err(error),
+        };
         Ok(C::decode(reply)?)
+    }
+
+    /// A WRONGTYPE error that Redis raised inside a script names no key;
+    /// one `TYPE` per lock key (on this error path only, never on the hot
+    /// path) finds the keys that hold another type, so the error names them.
+    async fn name_wrong_keys(&self, keys: &[&str], detail: String) -> Error {
+        if keys.iter().any(|key| detail.contains(key)) {
+            return Error::WrongType(detail);
+        }
+        let mut foreign = Vec::new();
+        for (key, expected) in keys.iter().zip(KEY_TYPES) {
+            let command = CustomCommand::new_static("TYPE", ClusterHash::FirstKey, false);
+            let call = self
+                .commands
+                .custom::<Value, _>(command, vec![(*key).to_owned()]);
+            if let Ok(Value::String(found)) = self.bounded("TYPE", call).await {
+                if &*found != "none" && &*found != expected {
+                    foreign.push(format!("{key} is a {found}, not a {expected}"));
+                }
+            }
+        }
+        if foreign.is_empty() {
+            return Error::WrongType(detail);
+        }
+        Error::WrongType(format!(
+            "WRONGTYPE fairlock key {} ({detail})",
+            foreign.join(", ")
+        ))
+    }
+
+    /// Whether keys of different slots must go in different script calls.
+    pub(crate) fn is_clustered(&self) -> bool {
+        self.clustered
+    }
+
+    /// Runs one batched renewal (on a cluster, all keys in one slot).
+    pub(crate) async fn renew(&self, batch: &RenewBatch<'_>) -> Result<Vec<RenewStatus>> {
+        let reply = self
+            .eval(
+                RenewBatch::script().as_source(),
+                &batch.keys(),
+                batch.args(),
+            )
+            .await?;
+        Ok(RenewBatch::decode(reply)?)
+    }
+
+    /// `WAIT replicas timeout` on the command connection: how many replicas
+    /// acknowledged every write this connection sent before.
+    pub(crate) async fn wait_replicas(&self, replicas: u32, timeout: Duration) -> Result<u32> {
+        let command = CustomCommand::new_static("WAIT", ClusterHash::Random, true);
+        let call = self.commands.custom::<Value, _>(
+            command,
+            vec![replicas.to_string(), timeout.as_millis().to_string()],
+        );
+        let wait = tokio::time::timeout(timeout + self.command_timeout, call);
+        match wait.await {
+            Ok(Ok(value)) => match to_reply(value) {
+                Reply::Int(n) => Ok(u32::try_from(n).unwrap_or(0)),
+                other => Err(Error::Redis(format!("WAIT answered {other:?}"))),
+            },
+            Ok(Err(e)) => Err(classify(&e, "WAIT", self.command_timeout)),
+            Err(_) => Err(Error::Timeout {
+                operation: "WAIT".to_owned(),
+                timeout: timeout + self.command_timeout,
+            }),
+        }
+    }
+
+    /// Reads one server setting with `CONFIG GET`; `None` if the server
+    /// does not know it.
+    pub(crate) async fn config_get(&self, name: &str) -> Result<Option<String>> {
+        let command = CustomCommand::new_static("CONFIG", ClusterHash::Random, false);
+        let call = self
+            .commands
+            .custom::<Value, _>(command, vec!["GET".to_owned(), name.to_owned()]);
+        let reply = self.bounded("CONFIG GET", call).await?;
+        Ok(match to_reply(reply) {
+            Reply::Array(items) => match items.into_iter().nth(1) {
+                Some(Reply::Str(value)) => Some(value),
+                _ => None,
+            },
+            _ => None,
+        })
     }
 
     /// Runs any script with EVALSHA; on NOSCRIPT (after `SCRIPT FLUSH` or a
@@ -107,6 +204,16 @@ impl RedisConnection {
     ) -> Result<Reply> {
         let keys: Vec<Key> = keys.iter().map(|k| Key::from(*k)).collect();
         match self.evalsha(script.sha1, &keys, &args, script.name).await {
+            Err(EvalError::NoScript) if self.clustered => {
+                // On a cluster, SCRIPT LOAD would reach one node, not the
+                // one that owns the keys: EVAL is routed by key and caches
+                // the script on that node for the next EVALSHA.
+                let call =
+                    self.commands
+                        .eval::<Value, _, _, _>(script.source.to_owned(), keys, args);
+                let value = self.bounded(script.name, call).await?;
+                Ok(to_reply(value))
+            }
             Err(EvalError::NoScript) => {
                 let load = self
                     .commands
@@ -162,6 +269,34 @@ impl RedisConnection {
     /// Subscribes the process's one subscriber connection to `channel`.
     pub(crate) async fn subscribe(&self, channel: &str) -> Result<()> {
         self.bounded("SUBSCRIBE", self.subscriber.subscribe(channel))
+            .await?;
+        // fred reports SUBSCRIBE done without reading Redis's answer, so a
+        // refusal (NOPERM for the command or the channel) arrives as the
+        // reply to the next command on that connection, or is dropped if
+        // none is pending yet. Without this check a process whose
+        // subscription was refused would connect, and its waiters would be
+        // passed over by every handoff (nobody hears their grants). Redis
+        // answers the PING after the SUBSCRIBE: with the refusal, or on a
+        // RESP2 connection in subscribed mode with ["pong", ""] instead of
+        // PONG. (On a cluster the PING may reach another node's
+        // connection, and RESP3 answers PONG either way: only a refusal
+        // that reaches the PING is seen there.)
+        let pong = self
+            .bounded("SUBSCRIBE", self.subscriber.ping::<Value>(None))
+            .await?;
+        if self.clustered || self.resp3 || matches!(pong, Value::Array(_)) {
+            return Ok(());
+        }
+        Err(Error::NoPermission(format!(
+            "SUBSCRIBE {channel} was refused (the connection is not subscribed after it; \
+             PING answered {pong:?}): the ACL user most likely lacks +subscribe or the channel"
+        )))
+    }
+
+    /// Subscribes a sharded channel (`SSUBSCRIBE`, routed by fred to the
+    /// node that owns the channel's slot).
+    pub(crate) async fn ssubscribe(&self, channel: &str) -> Result<()> {
+        self.bounded("SSUBSCRIBE", self.subscriber.ssubscribe(channel))
             .await
     }
 
@@ -185,6 +320,10 @@ impl RedisConnection {
         let _ = tokio::time::timeout(self.command_timeout, self.commands.quit()).await;
     }
 }
+
+/// The Redis type of each lock key, in script order (see
+/// [`LockKeys`]): owner, queue, alive, seq, freed.
+const KEY_TYPES: [&str; 5] = ["string", "zset", "zset", "string", "string"];
 
 /// Extra time over fred's own command timeout before fairlock gives up on a
 /// call itself: fred's timeout should fire first; this one is the backstop
@@ -268,10 +407,30 @@ fn to_reply(value: Value) -> Reply {
     }
 }
 
+/// Turns a Redis error into fairlock's: each refusal a server can give
+/// a lock call (a read-only replica, out of memory, a busy script, a
+/// missing ACL permission, a foreign key type) gets its own variant with
+/// advice, recognised by the error code Redis puts first, also when the
+/// error was raised inside a script. Any other error raised inside a
+/// script is [`Error::ScriptFailed`], never a generic [`Error::Redis`].
 fn classify(error: &FredError, operation: &str, timeout: Duration) -> Error {
     let details = error.details();
-    if details.starts_with("WRONGTYPE") {
-        return Error::WrongType(details.to_owned());
+    let code = details.split_whitespace().next().unwrap_or_default();
+    match code {
+        "WRONGTYPE" => return Error::WrongType(details.to_owned()),
+        "READONLY" => return Error::ReadOnly(details.to_owned()),
+        "OOM" => return Error::OutOfMemory(details.to_owned()),
+        "BUSY" => return Error::Busy(details.to_owned()),
+        "NOPERM" => return Error::NoPermission(details.to_owned()),
+        _ => {}
+    }
+    // Redis 7 appends "script: <sha>, on @user_script:<line>." to errors
+    // raised inside a script; Redis 6 says "Error running script".
+    if details.contains("@user_script") || details.contains("Error running script") {
+        return Error::ScriptFailed {
+            script: operation.to_owned(),
+            detail: details.to_owned(),
+        };
     }
     match error.kind() {
         ErrorKind::Timeout => Error::Timeout {

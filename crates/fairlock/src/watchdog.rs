@@ -1,118 +1,154 @@
-//! The lease watchdog: one background task per client renewing the leases
-//! of all watchdog-kept locks the client holds.
+//! The lease watchdog: one background task per client that keeps watch
+//! over every grant the client holds.
 //!
-//! Every third of the watchdog lease it runs `renew.lua` once per held
-//! lock. A renewal that finds the lock gone or taken fires that guard's
-//! lease-lost signal and stops watching it. A failing renewal (Redis down)
-//! does not stop the watchdog: it keeps trying, and once a whole lease has
-//! passed without a successful renewal the lock may have expired, so the
-//! lost signal fires too. A guard leaves the watchdog exactly when it is
-//! released or dropped.
+//! Every heartbeat interval it runs `renew.lua` once for all held locks
+//! together (on a Redis Cluster, once per slot: one call per client per
+//! interval per slot, not one per lock): watchdog-kept leases that are a third used up are renewed, all
+//! others are checked. A lock found gone or taken fires its guard's
+//! lease-lost signal, whether its lease is watchdog-kept or fixed, so a
+//! holder learns of an expiry, a forced release or a vanished key within
+//! one interval. A failing call (Redis down) does not stop the watchdog:
+//! it keeps trying, and once a lease has run out by the local clock
+//! without a successful renewal, the lost signal fires too. A guard leaves
+//! the watchdog exactly when it is released or dropped.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use fairlock_core::{Renew, RenewReply};
+use fairlock_core::{RenewBatch, RenewItem, RenewStatus};
 use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 
-use crate::client::Core;
 use crate::config::{millis, Lease};
-use crate::guard::HeldLock;
+use crate::error::Error;
+use crate::held::HeldLock;
+use crate::state::ClientState;
+use crate::task::{BackgroundTask, ShutdownSignal};
 use crate::telemetry::lease_renewal;
 
-/// Every grant this client holds; the watchdog renews those with a
-/// watchdog lease, and `release_all` releases them all.
-#[derive(Default)]
-pub(crate) struct LeaseWatchdog {
-    held: Mutex<HashMap<String, Arc<HeldLock>>>,
+/// The most locks one renew call covers; more make several calls.
+const BATCH: usize = 1_000;
+
+/// Starts the watchdog task.
+pub(crate) fn spawn_watchdog(state: Arc<ClientState>) -> BackgroundTask {
+    BackgroundTask::spawn(
+        "lease watchdog",
+        move |mut shutdown: ShutdownSignal| async move {
+            let interval = state
+                .config
+                .heartbeat_interval
+                .min(state.config.watchdog_lease / 3);
+            let mut ticker = tokio::time::interval(interval);
+            ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            ticker.tick().await;
+            loop {
+                tokio::select! {
+                    _ = shutdown.requested() => return,
+                    _ = ticker.tick() => {}
+                }
+                watch_round(&state).await;
+            }
+        },
+    )
 }
 
-impl LeaseWatchdog {
-    fn held(&self) -> MutexGuard<'_, HashMap<String, Arc<HeldLock>>> {
-        self.held
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Tracks a new grant (and renews it, if its lease is watchdog-kept).
-    pub(crate) fn track(&self, lock: &Arc<HeldLock>) {
-        self.held().insert(lock.member.clone(), Arc::clone(lock));
-    }
-
-    /// Forgets the grant of `member`: renewal stops here.
-    pub(crate) fn forget(&self, member: &str) {
-        self.held().remove(member);
-    }
-
-    /// How many leases the watchdog renews.
-    pub(crate) fn watched(&self) -> usize {
-        self.held()
-            .values()
-            .filter(|l| l.lease == Lease::Watchdog)
-            .count()
-    }
-
-    /// Every grant held.
-    pub(crate) fn all(&self) -> Vec<Arc<HeldLock>> {
-        self.held().values().cloned().collect()
-    }
-
-    fn snapshot(&self) -> Vec<Arc<HeldLock>> {
-        self.held()
-            .values()
-            .filter(|l| l.lease == Lease::Watchdog)
-            .cloned()
-            .collect()
-    }
-}
-
-/// Runs until the client shuts down (the task is aborted).
-pub(crate) async fn run_lease_watchdog(core: Arc<Core>) {
-    let mut ticker = tokio::time::interval(core.config.watchdog_lease / 3);
-    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    ticker.tick().await;
-    loop {
-        ticker.tick().await;
-        let mut renewals = JoinSet::new();
-        for lock in core.watchdog.snapshot() {
-            let core = Arc::clone(&core);
-            renewals.spawn(async move { renew_once(&core, &lock).await });
+async fn watch_round(state: &Arc<ClientState>) {
+    // One script call may touch keys of one slot only on a cluster; a
+    // single server takes them all in one call.
+    let clustered = state.redis.is_clustered();
+    let mut by_slot: BTreeMap<u16, Vec<Arc<HeldLock>>> = BTreeMap::new();
+    for lock in state.held.all() {
+        if lock.is_released() {
+            state.held.forget(&lock.member);
+            continue;
         }
-        while renewals.join_next().await.is_some() {}
+        let slot = if clustered { lock.keys.slot() } else { 0 };
+        by_slot.entry(slot).or_default().push(lock);
+    }
+    let mut calls = JoinSet::new();
+    for locks in by_slot.into_values() {
+        for chunk in locks.chunks(BATCH) {
+            let state = Arc::clone(state);
+            let chunk = chunk.to_vec();
+            calls.spawn(async move { renew_batch(&state, chunk).await });
+        }
+    }
+    while calls.join_next().await.is_some() {}
+}
+
+/// The lease to set now for `lock`, or 0 to only check it.
+fn renewal_due(lock: &HeldLock, watchdog_lease: Duration) -> u64 {
+    match lock.lease {
+        Lease::Watchdog if lock.since_lease_set() >= watchdog_lease / 3 => millis(watchdog_lease),
+        _ => 0,
     }
 }
 
-async fn renew_once(core: &Core, lock: &Arc<HeldLock>) {
+async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
     let started = Instant::now();
-    let call = Renew {
-        member: &lock.member,
-        lease_ms: millis(core.config.watchdog_lease),
+    let watchdog_lease = state.config.watchdog_lease;
+    let leases: Vec<u64> = locks
+        .iter()
+        .map(|lock| renewal_due(lock, watchdog_lease))
+        .collect();
+    let batch = RenewBatch {
+        items: locks
+            .iter()
+            .zip(&leases)
+            .map(|(lock, &lease_ms)| RenewItem {
+                owner_key: lock.keys.owner(),
+                member: &lock.member,
+                lease_ms,
+            })
+            .collect(),
     };
-    let result = core.redis.run(&lock.keys, &call).await;
-    if lock.is_released() {
-        // A renewal that raced the guard's release: not a lost lease.
-        core.watchdog.forget(&lock.member);
-        return;
-    }
+    let result = match state.renew(&batch).await {
+        // A renewal enough replicas do not have may be lost in a fail-over.
+        Ok(statuses) if leases.iter().any(|&l| l > 0) => match state.confirm_replicated().await {
+            Ok(()) => Ok(statuses),
+            Err(error) => Err(error),
+        },
+        other => other,
+    };
     match result {
-        Ok(RenewReply::Renewed { .. }) => {
-            lease_renewal("renewed");
-            tracing::trace!(lock = %lock.name, "fairlock lease renewed");
-            lock.renewed_at(started);
+        Ok(statuses) => {
+            for ((lock, lease_ms), status) in locks.iter().zip(leases).zip(statuses) {
+                if lock.is_released() {
+                    // A check that raced the guard's release: not a loss.
+                    continue;
+                }
+                match status {
+                    RenewStatus::Held if lease_ms > 0 => {
+                        lease_renewal("renewed");
+                        lock.lease_set(started, watchdog_lease);
+                    }
+                    RenewStatus::Held => {}
+                    RenewStatus::Lost | RenewStatus::WrongType => {
+                        lease_renewal("lost");
+                        state.held.forget(&lock.member);
+                        lock.mark_lost("the lock is gone or owned by another");
+                    }
+                }
+            }
         }
-        Ok(RenewReply::NotOwner) => {
-            lease_renewal("lost");
-            core.watchdog.forget(&lock.member);
-            lock.mark_lost("the watchdog found the lock gone or owned by another");
+        Err(error @ Error::NotReplicated { .. }) => {
+            lease_renewal("unreplicated");
+            for (lock, lease_ms) in locks.iter().zip(leases) {
+                if lease_ms > 0 && !lock.is_released() {
+                    state.held.forget(&lock.member);
+                    lock.mark_lost(&format!("a renewal was not replicated: {error}"));
+                }
+            }
         }
         Err(error) => {
             lease_renewal("error");
-            tracing::warn!(lock = %lock.name, %error, "fairlock lease renewal failed; retrying");
-            if lock.renewal_overdue(core.config.watchdog_lease) {
-                core.watchdog.forget(&lock.member);
-                lock.mark_lost("no renewal succeeded for a whole lease");
+            tracing::warn!(%error, locks = locks.len(), "fairlock lease check failed; retrying");
+            for lock in &locks {
+                // Fires once the lease has run out by the local clock.
+                if lock.is_lost() {
+                    state.held.forget(&lock.member);
+                }
             }
         }
     }

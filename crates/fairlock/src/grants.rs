@@ -1,0 +1,158 @@
+//! The grant path: socket → waiter, in one place.
+//!
+//! Each process subscribes once, at connect, to its own channel
+//! `<prefix>notify:<client tag>`, before any of its tasks can enqueue: a
+//! grant can never be published before its waiter listens. Scripts publish
+//! `<member> <token> <owner key>` on the channel of the granted member's
+//! process when they hand it the lock, and `<member> revoked <owner key>`
+//! when an administrator force-releases it.
+//!
+//! [`route_grant`] is the one place a grant reaches a waiter, whether it
+//! came by pub/sub, in a heartbeat reply (a lost message) or in the reply
+//! of a release made here: the waiting task is woken through its slot; a
+//! grant for a member that holds the lock already is a duplicate; a grant
+//! nobody here waits for any more is handed back at once, so it never
+//! stalls the lock.
+
+use std::sync::Arc;
+
+use fairlock_core::LockKeys;
+
+use crate::redis::{Messages, Reconnects};
+use crate::state::ClientState;
+use crate::task::{BackgroundTask, ShutdownSignal};
+use crate::telemetry;
+use crate::waiters::WaiterEvent;
+
+/// What a message on the grant channel says.
+#[derive(Debug, PartialEq, Eq)]
+enum Notice<'a> {
+    Granted {
+        member: &'a str,
+        token: u64,
+        owner_key: &'a str,
+    },
+    Revoked {
+        member: &'a str,
+        owner_key: &'a str,
+    },
+}
+
+fn parse(payload: &str) -> Option<Notice<'_>> {
+    let mut parts = payload.splitn(3, ' ');
+    let (member, what, owner_key) = (parts.next()?, parts.next()?, parts.next()?);
+    if what == "revoked" {
+        return Some(Notice::Revoked { member, owner_key });
+    }
+    Some(Notice::Granted {
+        member,
+        token: what.parse().ok()?,
+        owner_key,
+    })
+}
+
+/// Hands a grant for `member` (one of ours) to its waiting task, or back
+/// to the lock if nobody here waits for it. `confirm` marks a grant found
+/// by a heartbeat rather than announced (see [`WaiterEvent::Granted`]).
+pub(crate) fn route_grant(
+    state: &Arc<ClientState>,
+    keys: Arc<LockKeys>,
+    member: &str,
+    token: u64,
+    confirm: bool,
+) {
+    if state
+        .waiters
+        .deliver(member, WaiterEvent::Granted { token, confirm })
+    {
+        return;
+    }
+    // A waiter registers its grant with the held locks before it leaves
+    // the registry, so this is never a grant in the middle of being taken.
+    if state.held.contains(member) {
+        return;
+    }
+    state.hand_back(keys, member.to_owned());
+}
+
+fn route(state: &Arc<ClientState>, payload: &str) {
+    match parse(payload) {
+        Some(Notice::Granted {
+            member,
+            token,
+            owner_key,
+        }) => match LockKeys::from_owner_key(owner_key) {
+            Some(keys) => route_grant(state, Arc::new(keys), member, token, false),
+            None => tracing::warn!(%payload, "fairlock ignored a grant for an unknown key"),
+        },
+        Some(Notice::Revoked { member, .. }) => {
+            if let Some(held) = state.held.get(member) {
+                state.held.forget(member);
+                held.mark_lost("an administrator force-released the lock");
+            }
+        }
+        None => tracing::warn!(%payload, "fairlock ignored a malformed grant message"),
+    }
+}
+
+/// The task reading the subscriber connection.
+pub(crate) fn spawn_router(
+    state: Arc<ClientState>,
+    mut messages: Messages,
+    mut reconnects: Reconnects,
+) -> BackgroundTask {
+    BackgroundTask::spawn(
+        "grant router",
+        move |mut shutdown: ShutdownSignal| async move {
+            // Grants lost to a lagging receiver are recovered by a heartbeat
+            // now, not at the next interval.
+            let heal = |state: &ClientState| state.heartbeat_now.notify_one();
+            loop {
+                tokio::select! {
+                    _ = shutdown.requested() => return,
+                    message = messages.recv(|_| heal(&state)) => match message {
+                        Some((channel, payload)) if state.is_our_channel(&channel) => route(&state, &payload),
+                        Some(_) => {}
+                        None => return,
+                    },
+                    reconnected = reconnects.next() => {
+                        if !reconnected {
+                            return;
+                        }
+                        // Messages sent while the subscriber was away are lost:
+                        // a heartbeat at once re-delivers every grant.
+                        telemetry::pubsub_reconnected();
+                        tracing::info!("fairlock pub/sub connection re-established; re-checking all waiters");
+                        heal(&state);
+                    }
+                }
+            }
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notices_parse() {
+        assert_eq!(
+            parse("abc.01.5 42 p:{a b}:owner"),
+            Some(Notice::Granted {
+                member: "abc.01.5",
+                token: 42,
+                owner_key: "p:{a b}:owner"
+            })
+        );
+        assert_eq!(
+            parse("abc.01.5 revoked k"),
+            Some(Notice::Revoked {
+                member: "abc.01.5",
+                owner_key: "k"
+            })
+        );
+        assert_eq!(parse("abc.01"), None);
+        assert_eq!(parse("abc.01 x k"), None);
+    }
+}

@@ -1,0 +1,188 @@
+//! A reusable handle for one lock name, and scoped locking that stops the
+//! work when the lease is lost.
+//!
+//! [`Lock`] validates the name and computes its keys once; it is cheap to
+//! clone into tasks and carries its own default options. `with_lock` runs
+//! a body while the lock is held, drops (cancels) the body the moment the
+//! lease-lost signal fires, and releases on every way out, so a body can
+//! never go on working under a lock it no longer has.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use fairlock_core::{LockKeys, LockState};
+
+use crate::acquire::{acquire_keys, Mode};
+use crate::client::LockClient;
+use crate::config::LockOptions;
+use crate::error::{Error, Result};
+use crate::guard::{FencingToken, LockGuard};
+use crate::state::ClientState;
+
+/// A handle for one lock name: keys computed once, cheap to clone, with its
+/// own default options (see [`LockClient::handle`]).
+///
+/// ```no_run
+/// # async fn demo(client: fairlock::LockClient) -> fairlock::Result<()> {
+/// use std::time::Duration;
+/// let stock = client
+///     .handle("stock:42")?
+///     .with_options(fairlock::LockOptions::new().wait_timeout(Duration::from_secs(2)));
+/// let sold = stock
+///     .with_lock(|held| async move {
+///         // ... read and write the stock, passing held.token() along ...
+///         held.token().value()
+///     })
+///     .await?;
+/// # let _ = sold;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Lock {
+    client: LockClient,
+    name: Arc<str>,
+    keys: Arc<LockKeys>,
+    options: LockOptions,
+}
+
+/// What the body of a `with_lock` gets: the grant's identity, owned, so the
+/// body can move it into tasks.
+#[derive(Debug, Clone)]
+pub struct Held {
+    name: Arc<str>,
+    token: FencingToken,
+    owner_id: String,
+}
+
+impl Held {
+    pub(crate) fn from_guard(guard: &LockGuard) -> Self {
+        Self {
+            name: Arc::from(guard.name()),
+            token: guard.token(),
+            owner_id: guard.owner_id().to_owned(),
+        }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The grant's fencing token: pass it to every write the lock protects.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The holder's id as stored in Redis.
+    pub fn owner_id(&self) -> &str {
+        &self.owner_id
+    }
+}
+
+impl Lock {
+    pub(crate) fn new(client: LockClient, name: &str) -> Result<Self> {
+        let keys = client.state().keys(name)?;
+        Ok(Self {
+            client,
+            name: Arc::from(name),
+            keys,
+            options: LockOptions::default(),
+        })
+    }
+
+    /// The same handle with other default options.
+    pub fn with_options(mut self, options: LockOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn state(&self) -> &Arc<ClientState> {
+        self.client.state()
+    }
+
+    /// Waits for the lock with the handle's options.
+    pub async fn lock(&self) -> Result<LockGuard> {
+        self.lock_with(self.options).await
+    }
+
+    /// Waits for the lock with `options`.
+    pub async fn lock_with(&self, options: LockOptions) -> Result<LockGuard> {
+        match acquire_keys(
+            self.state(),
+            &self.name,
+            Arc::clone(&self.keys),
+            options,
+            Mode::Wait,
+        )
+        .await?
+        {
+            Some(held) => Ok(LockGuard::new(Arc::clone(self.state()), held)),
+            None => Err(Error::Redis(
+                "acquire in wait mode ended without a grant".into(),
+            )),
+        }
+    }
+
+    /// Takes the lock only if it is free and nobody waits.
+    pub async fn try_lock(&self) -> Result<Option<LockGuard>> {
+        Ok(acquire_keys(
+            self.state(),
+            &self.name,
+            Arc::clone(&self.keys),
+            self.options,
+            Mode::Try,
+        )
+        .await?
+        .map(|held| LockGuard::new(Arc::clone(self.state()), held)))
+    }
+
+    /// A read-only snapshot of the lock.
+    pub async fn inspect(&self) -> Result<LockState> {
+        self.client.inspect(&self.name).await
+    }
+
+    /// Runs `body` while holding the lock (waiting with the handle's
+    /// options); see [`LockClient::with_lock`].
+    pub async fn with_lock<F, Fut, T>(&self, body: F) -> Result<T>
+    where
+        F: FnOnce(Held) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.lock().await?;
+        run_while_held(guard, body).await
+    }
+}
+
+/// Runs `body` under `guard`: stops it when the lease is lost, releases on
+/// every way out (a panic in the body releases through the guard's drop).
+pub(crate) async fn run_while_held<F, Fut, T>(guard: LockGuard, body: F) -> Result<T>
+where
+    F: FnOnce(Held) -> Fut,
+    Fut: Future<Output = T>,
+{
+    let held = Held::from_guard(&guard);
+    let name = held.name.to_string();
+    let outcome = tokio::select! {
+        // Dropping the body's future here cancels it.
+        _ = guard.lost() => None,
+        value = body(held) => Some(value),
+    };
+    match outcome {
+        Some(value) => match guard.release().await {
+            Ok(()) => Ok(value),
+            Err(Error::NotOwner { .. }) => Err(Error::LeaseLost { name }),
+            Err(error) => Err(error),
+        },
+        None => {
+            // Dropping the guard hands the lock on if it is still ours.
+            drop(guard);
+            Err(Error::LeaseLost { name })
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! What the client holds: one [`HeldLock`] per grant, and the [`HeldLocks`]
+//! registry of them all.
+//!
+//! A grant is shared by its guards (several, when re-entered), the
+//! registry, and the lease watchdog. Its lease-lost signal lives here: the
+//! watchdog, a forced-release notice, a refused release or extend, and the
+//! local clock (for fixed leases) all fire it through [`HeldLock::mark_lost`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use fairlock_core::LockKeys;
+use tokio::sync::watch;
+
+use crate::config::Lease;
+use crate::telemetry::LockTelemetry;
+
+/// One grant.
+pub(crate) struct HeldLock {
+    pub(crate) name: String,
+    pub(crate) keys: Arc<LockKeys>,
+    /// The holder's identity in Redis (see `fairlock_core::Member`).
+    pub(crate) member: String,
+    pub(crate) token: u64,
+    /// The queue ticket, if the grant came after waiting in the queue.
+    pub(crate) ticket: Option<u64>,
+    pub(crate) lease: Lease,
+    pub(crate) granted_at: Instant,
+    /// The start of the call that last set the lease (the granting call,
+    /// a renewal or an extend). The lease is counted from before Redis set
+    /// it, so local expiry is conservative.
+    lease_from: Mutex<Instant>,
+    /// The current lease length (changed by `extend` for fixed leases).
+    lease_len: Mutex<Duration>,
+    lost: watch::Sender<bool>,
+    released: AtomicBool,
+    pub(crate) telemetry: LockTelemetry,
+}
+
+/// What a script's grant told us.
+pub(crate) struct Grant {
+    pub(crate) token: u64,
+    pub(crate) ticket: Option<u64>,
+    pub(crate) lease: Lease,
+    pub(crate) lease_len: Duration,
+    /// When the granting call was sent (for a handoff: when the waiter
+    /// queued, the earliest moment the grant could have been made).
+    pub(crate) lease_from: Instant,
+}
+
+impl HeldLock {
+    pub(crate) fn new(
+        name: String,
+        keys: Arc<LockKeys>,
+        member: String,
+        grant: Grant,
+        telemetry: LockTelemetry,
+    ) -> Self {
+        Self {
+            name,
+            keys,
+            member,
+            token: grant.token,
+            ticket: grant.ticket,
+            lease: grant.lease,
+            granted_at: Instant::now(),
+            lease_from: Mutex::new(grant.lease_from),
+            lease_len: Mutex::new(grant.lease_len),
+            lost: watch::Sender::new(false),
+            released: AtomicBool::new(false),
+            telemetry,
+        }
+    }
+
+    /// A renewal or extend that started at `at` set the lease to `len`.
+    pub(crate) fn lease_set(&self, at: Instant, len: Duration) {
+        let mut from = self.lease_from.lock().unwrap_or_else(|p| p.into_inner());
+        if at >= *from {
+            *from = at;
+            *self.lease_len.lock().unwrap_or_else(|p| p.into_inner()) = len;
+        }
+    }
+
+    /// When the lease runs out by the local monotonic clock.
+    pub(crate) fn lease_deadline(&self) -> Option<Instant> {
+        let from = *self.lease_from.lock().unwrap_or_else(|p| p.into_inner());
+        let len = *self.lease_len.lock().unwrap_or_else(|p| p.into_inner());
+        from.checked_add(len)
+    }
+
+    /// Since the lease was last set.
+    pub(crate) fn since_lease_set(&self) -> Duration {
+        self.lease_from
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed()
+    }
+
+    /// Fires the lease-lost signal (once).
+    pub(crate) fn mark_lost(&self, why: &str) {
+        if self.is_released() {
+            return;
+        }
+        if !self.lost.send_replace(true) {
+            self.telemetry.lease_lost();
+            tracing::warn!(lock = %self.name, token = self.token, why, "fairlock lease lost");
+        }
+    }
+
+    /// Whether the lease is known lost, by a signal or by the local clock.
+    pub(crate) fn is_lost(&self) -> bool {
+        if *self.lost.borrow() {
+            return true;
+        }
+        if self
+            .lease_deadline()
+            .is_some_and(|deadline| Instant::now() >= deadline)
+        {
+            self.mark_lost("the lease ran out by the local clock");
+            return *self.lost.borrow();
+        }
+        false
+    }
+
+    /// Resolves when the lease is lost.
+    pub(crate) async fn lost(&self) {
+        let mut rx = self.lost.subscribe();
+        loop {
+            let deadline = self.lease_deadline();
+            let expiry = async {
+                match deadline {
+                    Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = rx.wait_for(|lost| *lost) => return,
+                _ = expiry => {
+                    // A renewal or extend may have moved the deadline.
+                    if self.is_lost() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Marks the grant released; `true` the first time.
+    pub(crate) fn set_released(&self) -> bool {
+        !self.released.swap(true, Ordering::SeqCst)
+    }
+
+    pub(crate) fn is_released(&self) -> bool {
+        self.released.load(Ordering::SeqCst)
+    }
+}
+
+/// Every grant this client holds, by member.
+#[derive(Default)]
+pub(crate) struct HeldLocks {
+    by_member: Mutex<HashMap<String, Arc<HeldLock>>>,
+}
+
+impl HeldLocks {
+    fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<HeldLock>>> {
+        // Every critical section is one map operation: a poisoned lock is
+        // still consistent.
+        self.by_member.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn track(&self, lock: &Arc<HeldLock>) {
+        self.map().insert(lock.member.clone(), Arc::clone(lock));
+    }
+
+    pub(crate) fn forget(&self, member: &str) {
+        self.map().remove(member);
+    }
+
+    pub(crate) fn get(&self, member: &str) -> Option<Arc<HeldLock>> {
+        self.map().get(member).cloned()
+    }
+
+    pub(crate) fn contains(&self, member: &str) -> bool {
+        self.map().contains_key(member)
+    }
+
+    pub(crate) fn all(&self) -> Vec<Arc<HeldLock>> {
+        self.map().values().cloned().collect()
+    }
+
+    pub(crate) fn watched(&self) -> usize {
+        self.map()
+            .values()
+            .filter(|l| l.lease == Lease::Watchdog)
+            .count()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.map().len()
+    }
+}
+
+/// The holds of one re-entrant owner handle ([`crate::LockOwner`]).
+#[derive(Default)]
+pub(crate) struct OwnerShared {
+    /// Lock name → the grant and how many guards hold it.
+    holds: Mutex<HashMap<String, (Arc<HeldLock>, usize)>>,
+    /// Lock name → serializes acquisitions of that lock through this
+    /// handle, so two tasks sharing it never both queue for the same lock.
+    /// Pruned when the last acquisition of a name ends.
+    acquiring: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl OwnerShared {
+    pub(crate) fn holds(&self) -> MutexGuard<'_, HashMap<String, (Arc<HeldLock>, usize)>> {
+        self.holds.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes another hold on a grant this owner has, if it is still good.
+    pub(crate) fn reenter(&self, name: &str) -> Option<Arc<HeldLock>> {
+        let mut holds = self.holds();
+        let (held, count) = holds.get_mut(name)?;
+        if held.is_released() || held.is_lost() {
+            holds.remove(name);
+            return None;
+        }
+        *count += 1;
+        Some(Arc::clone(held))
+    }
+
+    /// Gives back one hold; `true` if it was the last.
+    pub(crate) fn give_back(&self, held: &Arc<HeldLock>) -> bool {
+        let mut holds = self.holds();
+        match holds.get_mut(&held.name) {
+            Some((current, count)) if Arc::ptr_eq(current, held) => {
+                *count -= 1;
+                if *count == 0 {
+                    holds.remove(&held.name);
+                    true
+                } else {
+                    false
+                }
+            }
+            // A grant the handle has already forgotten (lost, released):
+            // nothing else counts on it.
+            _ => true,
+        }
+    }
+
+    /// The gate serializing acquisitions of `name` through this handle.
+    pub(crate) fn gate(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut gates = self.acquiring.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(gates.entry(name.to_owned()).or_default())
+    }
+
+    /// Forgets the gate of `name` once nobody uses it.
+    pub(crate) fn prune_gate(&self, name: &str, gate: Arc<tokio::sync::Mutex<()>>) {
+        let mut gates = self.acquiring.lock().unwrap_or_else(|p| p.into_inner());
+        // Ours and the map's: nobody else is acquiring this name.
+        if Arc::strong_count(&gate) == 2 {
+            gates.remove(name);
+        }
+    }
+
+    /// How many names have a gate (for tests of the pruning).
+    pub(crate) fn gates(&self) -> usize {
+        self.acquiring
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+}

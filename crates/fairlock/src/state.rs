@@ -1,0 +1,348 @@
+//! The client's shared state, the one module every other part depends on.
+//!
+//! [`ClientState`] holds the Redis connection, the configuration, this
+//! process's identity (its client tag and grant channel) and the two
+//! registries: the tasks waiting for a grant ([`WaiterRegistry`]) and the
+//! grants held ([`HeldLocks`]). It also owns the operations several parts
+//! share: running a script, releasing a grant, handing back a grant nobody
+//! here waits for, cancelling a wait, and going on purging dead waiters.
+//! Nothing in here imports the parts that use it (acquire, guards, the
+//! background tasks), so the dependencies run one way.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use fairlock_core::{
+    Cancel, Heartbeat, Inspect, LockKeys, LockName, Member, Purged, Release, ReleaseReply,
+    RenewBatch, RenewStatus, ScriptCall, Timings,
+};
+use tokio::runtime::Handle;
+use tokio::sync::Notify;
+
+use crate::admission::GrantRates;
+use crate::config::ClientConfig;
+use crate::error::{Error, Result};
+use crate::held::{HeldLock, HeldLocks};
+use crate::redis::RedisConnection;
+use crate::telemetry::waiters_evicted;
+use crate::waiters::{WaiterEvent, WaiterRegistry};
+
+/// How many purge calls one release may chain (each bounded in Redis) while
+/// dead waiters are left at the head of a queue: enough for 500,000 dead
+/// entries.
+const MAX_PURGE_CALLS: usize = 2_000;
+
+/// State shared by the client handles, guards and background tasks.
+pub(crate) struct ClientState {
+    pub(crate) redis: RedisConnection,
+    pub(crate) config: ClientConfig,
+    pub(crate) timings: Timings,
+    /// Random routing tag of this process, inside every member it makes.
+    pub(crate) tag: String,
+    /// On a single server, waiters are woken on this prefix + their
+    /// process's tag (on a cluster, see [`ClientState::channel_prefix`]).
+    plain_channel_prefix: String,
+    /// This process's grant channel on a single server.
+    pub(crate) channel: String,
+    /// Cluster slots whose sharded grant channel this process subscribed.
+    sharded_slots: Mutex<HashSet<u16>>,
+    pub(crate) waiters: WaiterRegistry,
+    pub(crate) held: HeldLocks,
+    /// Time per grant per lock, for deadline-aware admission.
+    pub(crate) grant_rates: GrantRates,
+    /// Asks the heartbeat for a round now (after a reconnect or lost messages).
+    pub(crate) heartbeat_now: Notify,
+    runtime: Handle,
+    closed: AtomicBool,
+}
+
+impl ClientState {
+    pub(crate) fn new(config: ClientConfig, redis: RedisConnection, tag: String) -> Self {
+        let channel_prefix = config.prefix.channel_prefix();
+        Self {
+            channel: format!("{channel_prefix}{tag}"),
+            plain_channel_prefix: channel_prefix,
+            sharded_slots: Mutex::default(),
+            tag,
+            timings: config.timings(),
+            config,
+            redis,
+            waiters: WaiterRegistry::default(),
+            held: HeldLocks::default(),
+            grant_rates: GrantRates::default(),
+            heartbeat_now: Notify::new(),
+            runtime: Handle::current(),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// Runs a cleanup future on the client's runtime, from any context
+    /// (including `Drop`).
+    pub(crate) fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) {
+        self.runtime.spawn(future);
+    }
+
+    /// The runtime the client was created on.
+    pub(crate) fn runtime(&self) -> &Handle {
+        &self.runtime
+    }
+
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(Error::Closed);
+        }
+        Ok(())
+    }
+
+    /// Where scripts on lock `keys` wake waiters: on a single server the
+    /// one plain prefix; on a cluster a sharded channel in the lock's own
+    /// slot, so grants never cross the cluster bus.
+    pub(crate) fn channel_prefix(&self, keys: &LockKeys) -> Cow<'_, str> {
+        if self.redis.is_clustered() {
+            Cow::Owned(self.config.prefix.sharded_channel_prefix(keys.slot()))
+        } else {
+            Cow::Borrowed(&self.plain_channel_prefix)
+        }
+    }
+
+    /// With replica acknowledgement on, waits until enough replicas have
+    /// every write this client sent so far (replication is one ordered
+    /// stream, so that includes writes of others that came before).
+    pub(crate) async fn confirm_replicated(&self) -> Result<()> {
+        let Some(acks) = self.config.replica_acks else {
+            return Ok(());
+        };
+        let acked = self
+            .redis
+            .wait_replicas(acks.replicas, acks.timeout)
+            .await?;
+        if acked < acks.replicas {
+            return Err(Error::NotReplicated {
+                acked,
+                wanted: acks.replicas,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether a message arrived on one of this process's grant channels.
+    pub(crate) fn is_our_channel(&self, channel: &str) -> bool {
+        channel == self.channel
+            || (channel.starts_with(self.config.prefix.as_str()) && channel.ends_with(&self.tag))
+    }
+
+    /// On a cluster, subscribes this process's sharded grant channel in the
+    /// slot of `keys` before anything there can name it: once per slot, not
+    /// per lock. `again` re-subscribes a slot already subscribed (a slot
+    /// migration or fail-over drops sharded subscriptions silently).
+    pub(crate) async fn subscribe_slot(&self, keys: &LockKeys, again: bool) -> Result<()> {
+        if !self.redis.is_clustered() {
+            return Ok(());
+        }
+        let slot = keys.slot();
+        let known = self
+            .sharded_slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&slot);
+        if known && !again {
+            return Ok(());
+        }
+        let channel = format!("{}{}", self.channel_prefix(keys), self.tag);
+        self.redis.ssubscribe(&channel).await?;
+        self.sharded_slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(slot);
+        Ok(())
+    }
+
+    /// The keys of lock `name`, validating the name.
+    pub(crate) fn keys(&self, name: &str) -> Result<Arc<LockKeys>> {
+        let name = LockName::new(name)?;
+        Ok(Arc::new(LockKeys::new(&self.config.prefix, &name)))
+    }
+
+    /// Runs a lock script call, refusing once the client is shut down.
+    pub(crate) async fn run<C: ScriptCall>(&self, keys: &LockKeys, call: &C) -> Result<C::Output> {
+        self.check_open()?;
+        // Boxed: the Redis call's future is large, and every waiting task
+        // would otherwise carry it inline for its whole wait.
+        Box::pin(self.redis.run(keys, call)).await
+    }
+
+    /// Renews or checks several grants of one slot in one call.
+    pub(crate) async fn renew(&self, batch: &RenewBatch<'_>) -> Result<Vec<RenewStatus>> {
+        self.check_open()?;
+        Box::pin(self.redis.renew(batch)).await
+    }
+
+    /// A new member: a random 128-bit owner id, this process's tag and
+    /// the lease it asks for.
+    pub(crate) fn new_member(&self, lease_ms: u64) -> String {
+        Member::new(
+            &uuid::Uuid::new_v4().simple().to_string(),
+            &self.tag,
+            lease_ms,
+        )
+        .as_str()
+        .to_owned()
+    }
+
+    /// Whether a member was made by this process.
+    pub(crate) fn is_ours(&self, member: &str) -> bool {
+        Member::tag_of(member) == Some(self.tag.as_str())
+    }
+
+    /// Releases a guard's grant.
+    pub(crate) async fn release(self: &Arc<Self>, held: &HeldLock) -> Result<()> {
+        if !held.set_released() {
+            // Released already (by `release_all`): nothing left to do.
+            return Ok(());
+        }
+        self.held.forget(&held.member);
+        let result = self
+            .release_member(&held.name, &held.keys, &held.member)
+            .await;
+        held.telemetry.held_for(held.granted_at);
+        tracing::debug!(lock = %held.name, token = held.token, ok = result.is_ok(), "fairlock lock released");
+        result?;
+        self.confirm_replicated().await
+    }
+
+    /// Releases the grant of `member`, waking the next owner at once if it
+    /// waits in this process.
+    pub(crate) async fn release_member(
+        self: &Arc<Self>,
+        name: &str,
+        keys: &Arc<LockKeys>,
+        member: &str,
+    ) -> Result<()> {
+        let reply = self
+            .run(
+                keys,
+                &Release {
+                    member,
+                    timings: &self.timings,
+                    channel_prefix: &self.channel_prefix(keys),
+                },
+            )
+            .await?;
+        match reply {
+            ReleaseReply::Released { handed_to, purged } => {
+                self.after_purge(keys, purged);
+                if let Some((next, token)) = handed_to {
+                    // The next owner may wait in this very process: wake it
+                    // now instead of after the pub/sub round trip. Its
+                    // message still arrives and is then ignored.
+                    self.waiters.deliver(
+                        &next,
+                        WaiterEvent::Granted {
+                            token,
+                            confirm: false,
+                        },
+                    );
+                }
+                Ok(())
+            }
+            ReleaseReply::NotOwner => Err(Error::NotOwner {
+                name: name.to_owned(),
+            }),
+        }
+    }
+
+    /// A grant for `member` of ours arrived and nobody here waits for it
+    /// or holds it (the waiter gave up): hand the lock on at once.
+    pub(crate) fn hand_back(self: &Arc<Self>, keys: Arc<LockKeys>, member: String) {
+        let state = Arc::clone(self);
+        self.spawn(async move {
+            tracing::debug!(lock = keys.owner(), %member, "fairlock handing back a grant nobody here waits for");
+            match state.release_member(keys.owner(), &keys, &member).await {
+                Ok(()) | Err(Error::NotOwner { .. }) => {}
+                Err(error) if !retry_may_cure(&error) => {
+                    tracing::warn!(%error, "fairlock could not hand back an orphaned grant; its lease will run out");
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "fairlock could not hand back an orphaned grant; the heartbeat retries");
+                    state.waiters.cancel_later(&keys, &member);
+                }
+            }
+        });
+    }
+
+    /// Leaves the queue for `member`, passing on a grant that raced the
+    /// cancellation. A failure is retried by the heartbeat.
+    pub(crate) async fn cancel(self: &Arc<Self>, keys: &Arc<LockKeys>, member: &str) {
+        let call = Cancel {
+            member,
+            timings: &self.timings,
+            channel_prefix: &self.channel_prefix(keys),
+        };
+        match self.run(keys, &call).await {
+            Ok(reply) => self.after_purge(keys, reply.purged),
+            Err(Error::Closed) => {}
+            Err(error) if !retry_may_cure(&error) => {
+                tracing::warn!(%error, "fairlock could not leave the queue; the entry, if any, is dropped as dead once this process stops refreshing it");
+            }
+            Err(error) => {
+                tracing::warn!(%error, "fairlock could not leave the queue; retrying with the next heartbeat");
+                self.waiters.cancel_later(keys, member);
+            }
+        }
+    }
+
+    /// Counts purged dead waiters and, if dead waiters are left at the head
+    /// of the queue, goes on purging in the background (each call bounded
+    /// in Redis) until the oldest live waiter has the lock.
+    pub(crate) fn after_purge(self: &Arc<Self>, keys: &Arc<LockKeys>, purged: Purged) {
+        waiters_evicted(purged.dropped);
+        if !purged.more {
+            return;
+        }
+        let state = Arc::clone(self);
+        let keys = Arc::clone(keys);
+        self.spawn(async move {
+            let channel_prefix = state.channel_prefix(&keys);
+            let call = Heartbeat::purge(&state.tag, &state.timings, &channel_prefix);
+            for _ in 0..MAX_PURGE_CALLS {
+                match state.run(&keys, &call).await {
+                    Ok(reply) => {
+                        waiters_evicted(reply.purged.dropped);
+                        if !reply.purged.more {
+                            return;
+                        }
+                    }
+                    // Heartbeats of the waiting processes go on from here.
+                    Err(_) => return,
+                }
+            }
+        });
+    }
+
+    /// Whether `held` still owns its lock, asked of Redis (read-only).
+    pub(crate) async fn owns(&self, held: &HeldLock) -> Result<bool> {
+        let state = self.run(&held.keys, &Inspect { waiters: 0 }).await?;
+        Ok(state.owner.as_deref() == Some(held.member.as_str()))
+    }
+}
+
+/// Whether retrying a failed cancel or hand-back with the heartbeat can
+/// succeed. A foreign key type, a missing ACL permission or a read-only
+/// replica refuse every retry the same way: retrying would cost one script
+/// call and one warning per heartbeat for as long as the cause lasts. Not
+/// retrying is safe: a queue entry left behind is dropped as dead once
+/// this process stops refreshing its deadline there, and a grant ends with
+/// its lease.
+fn retry_may_cure(error: &Error) -> bool {
+    !matches!(
+        error,
+        Error::WrongType(_) | Error::NoPermission(_) | Error::ReadOnly(_)
+    )
+}

@@ -1,0 +1,275 @@
+//! The waiter registry: which task waits for which grant.
+//!
+//! A grant arrives (by pub/sub, in a release reply of this process, or in
+//! a heartbeat reply) naming a member; the registry hands it to the task
+//! waiting under that member. It also groups waiters by lock, so the
+//! heartbeat keeps all of a lock's waiters alive with one call and probes
+//! the oldest of them, and it remembers cancels that failed, so the
+//! heartbeat retries them.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use fairlock_core::LockKeys;
+use tokio::sync::Notify;
+
+/// What a waiting task is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WaiterEvent {
+    /// The task's member now owns the lock, with this fencing token.
+    /// `confirm`: the grant was found by a heartbeat, not announced by
+    /// pub/sub; its message may have reached nobody, in which case the
+    /// script gave it only the waiter TTL as lease, so the waiter sets its
+    /// own lease before going on.
+    Granted { token: u64, confirm: bool },
+    /// The waiter may be missing from the queue (evicted after a stall, or
+    /// the queue was lost): run acquire again, which keeps its place if it
+    /// still has one.
+    Recheck,
+}
+
+/// Where a waiting task finds its next event: one slot, not a queue, since
+/// only the latest matters (a grant is never overwritten by a re-check).
+/// Small on purpose: a process may have ten thousand waiters.
+#[derive(Default)]
+pub(crate) struct WaiterSlot {
+    event: Mutex<Option<WaiterEvent>>,
+    ready: Notify,
+}
+
+impl WaiterSlot {
+    fn put(&self, event: WaiterEvent) {
+        {
+            let mut slot = self.event.lock().unwrap_or_else(|p| p.into_inner());
+            if !matches!(
+                (*slot, event),
+                (Some(WaiterEvent::Granted { .. }), WaiterEvent::Recheck)
+            ) {
+                *slot = Some(event);
+            }
+        }
+        // Stores a permit if the task is not waiting yet: nothing is missed.
+        self.ready.notify_one();
+    }
+
+    /// Waits for the next event.
+    pub(crate) async fn next(&self) -> WaiterEvent {
+        loop {
+            let taken = self.event.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(event) = taken {
+                return event;
+            }
+            self.ready.notified().await;
+        }
+    }
+}
+
+struct Waiter {
+    keys: Arc<LockKeys>,
+    slot: Arc<WaiterSlot>,
+    /// Its ticket, once acquire has queued it; only queued waiters are
+    /// heartbeaten.
+    ticket: Option<u64>,
+}
+
+/// The waiters of one lock in this process, for one heartbeat call.
+pub(crate) struct LockWaiters {
+    pub(crate) keys: Arc<LockKeys>,
+    /// The oldest queued waiter: the heartbeat checks it is still queued.
+    pub(crate) probe: String,
+}
+
+#[derive(Default)]
+struct State {
+    waiters: HashMap<String, Waiter>,
+    /// Lock (owner key) → members waiting on it.
+    by_lock: HashMap<String, (Arc<LockKeys>, HashSet<String>)>,
+    /// Lock (owner key) → members whose cancel failed, to retry.
+    cancels: HashMap<String, (Arc<LockKeys>, HashSet<String>)>,
+}
+
+/// All waiting tasks of one client.
+#[derive(Default)]
+pub(crate) struct WaiterRegistry {
+    state: Mutex<State>,
+}
+
+impl WaiterRegistry {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every critical section is a few map operations: a poisoned lock
+        // is still consistent.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers `member` before its first acquire call, so a grant that is
+    /// published the moment it is queued is not missed.
+    pub(crate) fn register(&self, member: &str, keys: &Arc<LockKeys>) -> Arc<WaiterSlot> {
+        let slot = Arc::new(WaiterSlot::default());
+        let mut state = self.state();
+        state.waiters.insert(
+            member.to_owned(),
+            Waiter {
+                keys: Arc::clone(keys),
+                slot: Arc::clone(&slot),
+                ticket: None,
+            },
+        );
+        state
+            .by_lock
+            .entry(keys.owner().to_owned())
+            .or_insert_with(|| (Arc::clone(keys), HashSet::new()))
+            .1
+            .insert(member.to_owned());
+        slot
+    }
+
+    /// Forgets `member`; later grants for it are handed back.
+    pub(crate) fn deregister(&self, member: &str) {
+        let mut state = self.state();
+        if let Some(waiter) = state.waiters.remove(member) {
+            let lock = waiter.keys.owner();
+            if let Some((_, members)) = state.by_lock.get_mut(lock) {
+                members.remove(member);
+                if members.is_empty() {
+                    state.by_lock.remove(lock);
+                }
+            }
+        }
+    }
+
+    /// Records that `member` is queued with `ticket`, so heartbeats cover it.
+    pub(crate) fn mark_queued(&self, member: &str, ticket: u64) {
+        if let Some(waiter) = self.state().waiters.get_mut(member) {
+            waiter.ticket = Some(ticket);
+        }
+    }
+
+    /// Routes an event to `member`'s task; `false` if nobody waits for it.
+    /// The registry's lock is not held while the task is woken.
+    pub(crate) fn deliver(&self, member: &str, event: WaiterEvent) -> bool {
+        let slot = self
+            .state()
+            .waiters
+            .get(member)
+            .map(|waiter| Arc::clone(&waiter.slot));
+        match slot {
+            Some(slot) => {
+                slot.put(event);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Tells every waiter of lock `owner_key` to check its place.
+    pub(crate) fn recheck_lock(&self, owner_key: &str) {
+        let slots: Vec<Arc<WaiterSlot>> = {
+            let state = self.state();
+            state
+                .by_lock
+                .get(owner_key)
+                .map(|(_, members)| {
+                    members
+                        .iter()
+                        .filter_map(|m| state.waiters.get(m).map(|w| Arc::clone(&w.slot)))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        for slot in slots {
+            slot.put(WaiterEvent::Recheck);
+        }
+    }
+
+    /// Every lock with queued waiters here.
+    pub(crate) fn waiting_locks(&self) -> Vec<LockWaiters> {
+        let state = self.state();
+        state
+            .by_lock
+            .values()
+            .filter_map(|(keys, members)| {
+                let mut probe: Option<(u64, &String)> = None;
+                for member in members {
+                    if let Some(ticket) = state.waiters.get(member).and_then(|w| w.ticket) {
+                        if probe.is_none_or(|(oldest, _)| ticket < oldest) {
+                            probe = Some((ticket, member));
+                        }
+                    }
+                }
+                probe.map(|(_, probe)| LockWaiters {
+                    keys: Arc::clone(keys),
+                    probe: probe.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// Remembers a cancel that failed, for the heartbeat to retry.
+    pub(crate) fn cancel_later(&self, keys: &Arc<LockKeys>, member: &str) {
+        self.state()
+            .cancels
+            .entry(keys.owner().to_owned())
+            .or_insert_with(|| (Arc::clone(keys), HashSet::new()))
+            .1
+            .insert(member.to_owned());
+    }
+
+    /// Takes the cancels to retry.
+    pub(crate) fn take_cancels(&self) -> Vec<(Arc<LockKeys>, Vec<String>)> {
+        self.state()
+            .cancels
+            .drain()
+            .map(|(_, (keys, members))| (keys, members.into_iter().collect()))
+            .collect()
+    }
+
+    /// How many tasks wait right now.
+    pub(crate) fn len(&self) -> usize {
+        self.state().waiters.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fairlock_core::{KeyPrefix, LockName};
+
+    #[test]
+    fn routes_grants_groups_by_lock_and_probes_the_oldest() {
+        let registry = WaiterRegistry::default();
+        let keys = Arc::new(LockKeys::new(
+            &KeyPrefix::default(),
+            &LockName::new("a").unwrap(),
+        ));
+        let slot1 = registry.register("m1", &keys);
+        let _slot2 = registry.register("m2", &keys);
+        assert!(registry.deliver(
+            "m1",
+            WaiterEvent::Granted {
+                token: 3,
+                confirm: false
+            }
+        ));
+        // A later re-check does not hide the grant.
+        assert!(registry.deliver("m1", WaiterEvent::Recheck));
+        let event = slot1.event.lock().unwrap().take();
+        assert_eq!(
+            event,
+            Some(WaiterEvent::Granted {
+                token: 3,
+                confirm: false
+            })
+        );
+        assert!(registry.waiting_locks().is_empty(), "not queued yet");
+        registry.mark_queued("m1", 20);
+        registry.mark_queued("m2", 10);
+        let locks = registry.waiting_locks();
+        assert_eq!(locks.len(), 1);
+        assert_eq!(locks[0].probe, "m2");
+        registry.deregister("m1");
+        registry.deregister("m2");
+        assert!(!registry.deliver("m1", WaiterEvent::Recheck));
+        assert!(registry.waiting_locks().is_empty());
+        assert_eq!(registry.len(), 0);
+    }
+}
