@@ -1,5 +1,7 @@
-//! A tiny blocking RESP2 codec: encodes commands as arrays of bulk strings and
-//! decodes the five RESP2 reply types.
+//! A tiny blocking RESP2 codec and admin client: encodes commands as arrays of
+//! bulk strings and decodes the five RESP2 reply types. Tests inspect and
+//! steer servers through it, never through the library under test, so a bug
+//! in fairlock's client cannot hide itself.
 
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -11,6 +13,23 @@ use crate::TestkitError;
 const MAX_LEN: i64 = 512 * 1024 * 1024;
 /// Deepest array nesting we are willing to decode.
 const MAX_DEPTH: usize = 64;
+/// Connect/read/write timeout of the admin client.
+pub(crate) const CMD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Sends one command to the Redis server at `addr` over a fresh connection
+/// (5 s connect, read and write timeouts) and returns the reply.
+///
+/// `addr` is `host:port`; a `redis://host:port[/db]` URL without credentials
+/// is accepted too (the db number is ignored).
+///
+/// # Errors
+///
+/// As [`RedisServer::cmd`](crate::RedisServer::cmd).
+pub fn cmd_at(addr: &str, args: &[&str]) -> Result<Resp, TestkitError> {
+    let host_port = addr.strip_prefix("redis://").unwrap_or(addr);
+    let host_port = host_port.split('/').next().unwrap_or(host_port);
+    Conn::connect(host_port, CMD_TIMEOUT)?.request(args)
+}
 
 /// A decoded RESP2 reply.
 #[derive(Debug, Clone, PartialEq, Eq)]

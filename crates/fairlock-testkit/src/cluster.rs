@@ -1,0 +1,613 @@
+//! A local Redis Cluster: [`RedisCluster`], 3 primaries with one replica
+//! each, on 127.0.0.1.
+//!
+//! The cluster is created the way users create theirs (`redis-cli --cluster
+//! create ... --cluster-replicas 1`), so the tests meet the same slot layout
+//! and replication a real deployment has. Slot migration and fail-over are
+//! driven with the server's own admin commands (`CLUSTER SETSLOT`, `MIGRATE`,
+//! `CLUSTER FAILOVER`, SIGKILL), never by editing state behind its back, and
+//! every helper returns only once all live nodes agree on the new slot map:
+//! a test that starts right after a helper sees a settled cluster.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::install::ensure_cli;
+use crate::nodes::NodeSet;
+use crate::process::{free_port, poll_until, run_with_timeout};
+use crate::stats::parse_fields;
+use crate::version::ServerKind;
+use crate::{RedisServer, Resp, TestkitError};
+
+/// Number of hash slots in a Redis Cluster.
+pub const SLOTS: u16 = 16384;
+/// Primaries the cluster starts with.
+const PRIMARIES: usize = 3;
+/// `cluster-node-timeout`: short, so a killed primary is failed over in a
+/// few seconds, yet long enough that a busy 2-core CI machine does not
+/// trigger spurious fail-overs.
+const NODE_TIMEOUT_MS: u64 = 2000;
+/// How long `redis-cli --cluster create` may run.
+const CREATE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the cluster may take to settle after a change.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Keys moved per `MIGRATE` call.
+const MIGRATE_BATCH: usize = 100;
+/// Start attempts per node (two ports are picked per attempt).
+const NODE_START_ATTEMPTS: usize = 3;
+
+/// The cluster's hash slot of `key`: CRC16 (XMODEM) of the key, or of its
+/// hash tag (the part between the first `{` and the next `}`, when not
+/// empty), modulo 16384.
+pub fn key_slot(key: &[u8]) -> u16 {
+    let hashed = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|&b| b == b'}')
+                .filter(|&close| close > 0)
+                .map(|close| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16_xmodem(hashed) % SLOTS
+}
+
+fn crc16_xmodem(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// One line of `CLUSTER NODES`.
+#[derive(Debug, Clone)]
+struct NodeEntry {
+    id: String,
+    addr: String,
+    flags: Vec<String>,
+    primary_id: Option<String>,
+    slots: Vec<(u16, u16)>,
+}
+
+impl NodeEntry {
+    fn has_flag(&self, flag: &str) -> bool {
+        self.flags.iter().any(|f| f == flag)
+    }
+
+    fn is_failed(&self) -> bool {
+        self.has_flag("fail") || self.has_flag("fail?")
+    }
+
+    fn owns(&self, slot: u16) -> bool {
+        self.slots.iter().any(|&(a, b)| (a..=b).contains(&slot))
+    }
+}
+
+fn parse_nodes(reply: &Resp) -> Result<Vec<NodeEntry>, TestkitError> {
+    let text = reply.as_str().ok_or_else(|| {
+        TestkitError::Protocol(format!("unexpected CLUSTER NODES reply {reply:?}"))
+    })?;
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() < 8 {
+            return Err(TestkitError::Protocol(format!(
+                "short CLUSTER NODES line {line:?}"
+            )));
+        }
+        // `ip:port@cport[,hostname]`.
+        let addr = fields[1].split('@').next().unwrap_or(fields[1]).to_string();
+        let slots = fields[8..]
+            .iter()
+            // Skip `[slot->-id]` / `[slot-<-id]` migration markers.
+            .filter(|s| !s.starts_with('['))
+            .filter_map(|s| match s.split_once('-') {
+                Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
+                None => s.parse().ok().map(|n| (n, n)),
+            })
+            .collect();
+        out.push(NodeEntry {
+            id: fields[0].to_string(),
+            addr,
+            flags: fields[2].split(',').map(str::to_string).collect(),
+            primary_id: Some(fields[3]).filter(|m| *m != "-").map(str::to_string),
+            slots,
+        });
+    }
+    Ok(out)
+}
+
+/// A local Redis Cluster (or Valkey cluster, with `FAIRLOCK_TEST_SERVER=valkey`):
+/// 3 primaries and 1 replica each, on free 127.0.0.1 ports, each node with
+/// its own temp dir and `nodes.conf`, no persistence.
+///
+/// Dropping it SIGKILLs every node. Roles change after a fail-over, so the
+/// accessors ask the cluster rather than remembering who was primary.
+///
+/// ```no_run
+/// use fairlock_testkit::{key_slot, RedisCluster};
+///
+/// let mut cluster = RedisCluster::start()?;
+/// let slot = key_slot(b"lock:{orders}:owner");
+/// let from = cluster.slot_owner(slot)?;
+/// let to = cluster.primaries()?.into_iter().find(|p| *p != from).unwrap();
+/// cluster.migrate_slot(slot, &to)?;
+/// let promoted = cluster.failover(&to)?;
+/// # Ok::<(), fairlock_testkit::TestkitError>(())
+/// ```
+#[derive(Debug)]
+pub struct RedisCluster {
+    /// Killed nodes (see [`kill_node`](Self::kill_node)) are left out of
+    /// every wait.
+    nodes: NodeSet,
+}
+
+impl RedisCluster {
+    /// Starts 6 nodes, creates the cluster with `redis-cli --cluster create
+    /// --cluster-replicas 1` (or `valkey-cli`), and waits until every node
+    /// reports `cluster_state:ok`, all nodes agree on the slot map and every
+    /// replica is in sync with its primary.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisServer::start`]; [`TestkitError::StartFailed`] with the
+    /// cli's output if the create fails; [`TestkitError::Timeout`] if the
+    /// cluster does not settle within 30 s.
+    pub fn start() -> Result<RedisCluster, TestkitError> {
+        let kind = ServerKind::from_env()?;
+        let mut nodes = Vec::with_capacity(PRIMARIES * 2);
+        for _ in 0..PRIMARIES * 2 {
+            nodes.push(start_node(kind)?);
+        }
+        let cluster = RedisCluster {
+            nodes: NodeSet::new("cluster node", nodes),
+        };
+        let cli = ensure_cli(kind)?;
+        let mut create = Command::new(cli);
+        create.arg("--cluster").arg("create");
+        create.args(cluster.addrs());
+        create.args(["--cluster-replicas", "1", "--cluster-yes"]);
+        let log = cluster.nodes.all()[0].dir().join("cluster-create.log");
+        run_with_timeout(create, &log, CREATE_TIMEOUT)?;
+        cluster.wait_settled()?;
+        Ok(cluster)
+    }
+
+    /// Every node, primaries and replicas, in start order (killed ones too).
+    pub fn nodes(&self) -> &[RedisServer] {
+        self.nodes.all()
+    }
+
+    /// `127.0.0.1:<port>` of every node, in start order.
+    pub fn addrs(&self) -> Vec<String> {
+        self.nodes.all().iter().map(RedisServer::addr).collect()
+    }
+
+    /// A `redis-cluster://127.0.0.1:<port>?node=...&node=...` URL naming
+    /// every node, as fred's `Config::from_url` accepts it.
+    pub fn url(&self) -> String {
+        let mut addrs = self.addrs().into_iter();
+        let first = addrs.next().unwrap_or_default();
+        let rest: Vec<String> = addrs.map(|a| format!("node={a}")).collect();
+        format!("redis-cluster://{first}?{}", rest.join("&"))
+    }
+
+    /// The node listening on `addr` (`127.0.0.1:<port>`).
+    ///
+    /// # Errors
+    ///
+    /// [`TestkitError::Protocol`] when no node of this cluster has that address.
+    pub fn node(&self, addr: &str) -> Result<&RedisServer, TestkitError> {
+        self.nodes.get(addr)
+    }
+
+    /// The slot map as one live node sees it.
+    fn view(&self) -> Result<Vec<NodeEntry>, TestkitError> {
+        let mut last = None;
+        for node in self.nodes.live() {
+            match node.cmd_ok(&["CLUSTER", "NODES"]) {
+                Ok(reply) => return parse_nodes(&reply),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| TestkitError::Protocol("no live cluster node".into())))
+    }
+
+    /// Addresses of the primaries that own slots, sorted.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisServer::cmd`] when no live node answers.
+    pub fn primaries(&self) -> Result<Vec<String>, TestkitError> {
+        let mut out: Vec<String> = self
+            .view()?
+            .into_iter()
+            .filter(|e| e.has_flag("master") && !e.is_failed() && !e.slots.is_empty())
+            .map(|e| e.addr)
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// Addresses of the live replicas of the primary at `primary`.
+    ///
+    /// # Errors
+    ///
+    /// As [`primaries`](Self::primaries), or [`TestkitError::Protocol`] if
+    /// `primary` is not a node of the cluster.
+    pub fn replicas_of(&self, primary: &str) -> Result<Vec<String>, TestkitError> {
+        let view = self.view()?;
+        let id = view
+            .iter()
+            .find(|e| e.addr == primary)
+            .map(|e| e.id.clone())
+            .ok_or_else(|| TestkitError::Protocol(format!("{primary} is not in CLUSTER NODES")))?;
+        Ok(view
+            .into_iter()
+            .filter(|e| e.primary_id.as_deref() == Some(id.as_str()) && !e.is_failed())
+            .map(|e| e.addr)
+            .collect())
+    }
+
+    /// The cluster node id of the node at `addr`.
+    ///
+    /// # Errors
+    ///
+    /// As [`replicas_of`](Self::replicas_of).
+    pub fn node_id(&self, addr: &str) -> Result<String, TestkitError> {
+        match self.node(addr)?.cmd_ok(&["CLUSTER", "MYID"])? {
+            reply @ (Resp::Bulk(_) | Resp::Simple(_)) => reply
+                .as_str()
+                .map(str::to_string)
+                .ok_or_else(|| TestkitError::Protocol("CLUSTER MYID is not text".into())),
+            other => Err(TestkitError::Protocol(format!(
+                "unexpected CLUSTER MYID reply {other:?}"
+            ))),
+        }
+    }
+
+    /// The address of the primary that owns `slot`.
+    ///
+    /// # Errors
+    ///
+    /// As [`primaries`](Self::primaries), or [`TestkitError::Protocol`] if no
+    /// live primary owns it.
+    pub fn slot_owner(&self, slot: u16) -> Result<String, TestkitError> {
+        self.view()?
+            .into_iter()
+            .find(|e| e.has_flag("master") && !e.is_failed() && e.owns(slot))
+            .map(|e| e.addr)
+            .ok_or_else(|| TestkitError::Protocol(format!("no live primary owns slot {slot}")))
+    }
+
+    /// How many of the 16384 slots live primaries own, as a live node sees it.
+    ///
+    /// # Errors
+    ///
+    /// As [`primaries`](Self::primaries).
+    pub fn covered_slots(&self) -> Result<u32, TestkitError> {
+        Ok(self
+            .view()?
+            .iter()
+            .filter(|e| e.has_flag("master") && !e.is_failed())
+            .flat_map(|e| e.slots.iter())
+            .map(|&(a, b)| u32::from(b - a) + 1)
+            .sum())
+    }
+
+    /// Starts moving `slot` to the primary at `to`: `CLUSTER SETSLOT slot
+    /// IMPORTING` on the target, then `MIGRATING` on the source. From here
+    /// on the source answers `ASK` for keys it no longer has. Returns the
+    /// source's address.
+    ///
+    /// # Errors
+    ///
+    /// As [`slot_owner`](Self::slot_owner), or an error reply of a step.
+    pub fn begin_slot_migration(&self, slot: u16, to: &str) -> Result<String, TestkitError> {
+        let from = self.slot_owner(slot)?;
+        if from == to {
+            return Err(TestkitError::Protocol(format!(
+                "{to} already owns slot {slot}"
+            )));
+        }
+        let slot_arg = slot.to_string();
+        let (from_id, to_id) = (self.node_id(&from)?, self.node_id(to)?);
+        self.node(to)?
+            .cmd_ok(&["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &from_id])?;
+        self.node(&from)?
+            .cmd_ok(&["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &to_id])?;
+        Ok(from)
+    }
+
+    /// Moves every key of `slot` from `from` to `to` with `MIGRATE ... KEYS`
+    /// in batches; returns how many keys moved.
+    ///
+    /// # Errors
+    ///
+    /// An error reply of `CLUSTER GETKEYSINSLOT` or `MIGRATE`.
+    pub fn move_slot_keys(&self, slot: u16, from: &str, to: &str) -> Result<usize, TestkitError> {
+        let source = self.node(from)?;
+        let target = self.node(to)?;
+        let (port, slot_arg, batch) = (
+            target.port().to_string(),
+            slot.to_string(),
+            MIGRATE_BATCH.to_string(),
+        );
+        let mut moved = 0;
+        loop {
+            let reply = source.cmd_ok(&["CLUSTER", "GETKEYSINSLOT", &slot_arg, &batch])?;
+            let keys: Vec<&str> = reply
+                .as_array()
+                .unwrap_or_default()
+                .iter()
+                .filter_map(Resp::as_str)
+                .collect();
+            if keys.is_empty() {
+                return Ok(moved);
+            }
+            let mut args = vec![
+                "MIGRATE",
+                "127.0.0.1",
+                &port,
+                "",
+                "0",
+                "5000",
+                "REPLACE",
+                "KEYS",
+            ];
+            args.extend(keys.iter().copied());
+            source.cmd_ok(&args)?;
+            moved += keys.len();
+        }
+    }
+
+    /// Ends a migration: `CLUSTER SETSLOT slot NODE <to>` on the target, the
+    /// source and then every other live primary, and waits until all live
+    /// nodes agree that `to` owns `slot`.
+    ///
+    /// # Errors
+    ///
+    /// An error reply of `SETSLOT`, or [`TestkitError::Timeout`].
+    pub fn finish_slot_migration(
+        &self,
+        slot: u16,
+        from: &str,
+        to: &str,
+    ) -> Result<(), TestkitError> {
+        let to_id = self.node_id(to)?;
+        let slot_arg = slot.to_string();
+        let setslot = [
+            "CLUSTER",
+            "SETSLOT",
+            slot_arg.as_str(),
+            "NODE",
+            to_id.as_str(),
+        ];
+        self.node(to)?.cmd_ok(&setslot)?;
+        self.node(from)?.cmd_ok(&setslot)?;
+        for primary in self.primaries()? {
+            if primary != to && primary != from {
+                self.node(&primary)?.cmd_ok(&setslot)?;
+            }
+        }
+        self.wait_settled()?;
+        poll_until(
+            &format!("every node to see slot {slot} on {to}"),
+            SETTLE_TIMEOUT,
+            || {
+                for node in self.nodes.live() {
+                    let view = parse_nodes(&node.cmd_ok(&["CLUSTER", "NODES"])?)?;
+                    let owner = view.iter().find(|e| e.has_flag("master") && e.owns(slot));
+                    if owner.map(|e| e.addr.as_str()) != Some(to) {
+                        return Ok(None);
+                    }
+                }
+                Ok(Some(()))
+            },
+        )
+    }
+
+    /// Moves `slot` and its keys to the primary at `to`: the three steps
+    /// [`begin_slot_migration`](Self::begin_slot_migration),
+    /// [`move_slot_keys`](Self::move_slot_keys) and
+    /// [`finish_slot_migration`](Self::finish_slot_migration). Returns how
+    /// many keys moved.
+    ///
+    /// # Errors
+    ///
+    /// As those three.
+    pub fn migrate_slot(&self, slot: u16, to: &str) -> Result<usize, TestkitError> {
+        let from = self.begin_slot_migration(slot, to)?;
+        let moved = self.move_slot_keys(slot, &from, to)?;
+        self.finish_slot_migration(slot, &from, to)?;
+        Ok(moved)
+    }
+
+    /// A manual fail-over of the primary at `primary`: `CLUSTER FAILOVER` on
+    /// one of its replicas, which waits for the replica to catch up first, so
+    /// no acknowledged write is lost. Returns the promoted replica's address
+    /// once all live nodes agree on it.
+    ///
+    /// # Errors
+    ///
+    /// [`TestkitError::Protocol`] if `primary` has no live replica, an error
+    /// reply, or [`TestkitError::Timeout`].
+    pub fn failover(&self, primary: &str) -> Result<String, TestkitError> {
+        let replica = self
+            .replicas_of(primary)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| TestkitError::Protocol(format!("{primary} has no live replica")))?;
+        self.node(&replica)?.cmd_ok(&["CLUSTER", "FAILOVER"])?;
+        self.wait_promoted(&replica)?;
+        Ok(replica)
+    }
+
+    /// SIGKILLs the primary at `primary` and waits until the cluster has
+    /// failed over to its replica (after `cluster-node-timeout`, 2 s) and
+    /// settled. Returns the promoted replica's address. Writes the replica
+    /// had not received are lost, as in a real crash.
+    ///
+    /// # Errors
+    ///
+    /// As [`failover`](Self::failover).
+    pub fn kill_primary(&mut self, primary: &str) -> Result<String, TestkitError> {
+        let replica = self
+            .replicas_of(primary)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| TestkitError::Protocol(format!("{primary} has no live replica")))?;
+        self.kill_node(primary)?;
+        self.wait_promoted(&replica)?;
+        Ok(replica)
+    }
+
+    /// SIGKILLs the node at `addr` (primary or replica) without waiting for
+    /// the cluster to react.
+    ///
+    /// # Errors
+    ///
+    /// [`TestkitError::Protocol`] if `addr` is not a node of this cluster.
+    pub fn kill_node(&mut self, addr: &str) -> Result<(), TestkitError> {
+        self.nodes.kill(addr)
+    }
+
+    /// Restarts a killed node on its port with its `nodes.conf` (its data is
+    /// gone); it rejoins, as a replica if it was failed over. Waits until
+    /// the cluster has settled.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisServer::restart`], or [`TestkitError::Timeout`].
+    pub fn restart_node(&mut self, addr: &str) -> Result<(), TestkitError> {
+        self.nodes.restart(addr)?;
+        self.wait_settled()
+    }
+
+    fn wait_promoted(&self, replica: &str) -> Result<(), TestkitError> {
+        let node = self.node(replica)?;
+        poll_until(
+            &format!("{replica} to become a primary"),
+            SETTLE_TIMEOUT,
+            || {
+                let info = node.info("replication")?;
+                Ok(Some(()).filter(|_| info.get("role").map(String::as_str) == Some("master")))
+            },
+        )?;
+        self.wait_settled()
+    }
+
+    /// Waits until every live node reports `cluster_state:ok`, all live
+    /// nodes map every slot to the same live primary, and every live replica
+    /// has caught up with its primary's replication offset.
+    ///
+    /// # Errors
+    ///
+    /// [`TestkitError::Timeout`] naming the condition that did not hold.
+    pub fn wait_settled(&self) -> Result<(), TestkitError> {
+        poll_until(
+            "cluster_state:ok and one slot map on every node",
+            SETTLE_TIMEOUT,
+            || {
+                let mut maps = Vec::new();
+                for node in self.nodes.live() {
+                    let info = parse_fields(&node.cmd_ok(&["CLUSTER", "INFO"])?)?;
+                    if info.get("cluster_state").map(String::as_str) != Some("ok") {
+                        return Ok(None);
+                    }
+                    let view = parse_nodes(&node.cmd_ok(&["CLUSTER", "NODES"])?)?;
+                    // After a fail-over the old primary keeps its role, without
+                    // slots, until it learns it has been replaced.
+                    let roles_settled = view.iter().filter(|e| !e.is_failed()).all(|e| {
+                        (e.has_flag("master") && !e.slots.is_empty())
+                            || (e.has_flag("slave") && e.primary_id.is_some())
+                    });
+                    // Every live node, e.g. one just restarted, is known and
+                    // no longer flagged as failed.
+                    let all_seen = self.nodes.live().all(|live| {
+                        view.iter().any(|e| {
+                            e.addr == live.addr() && !e.is_failed() && !e.has_flag("handshake")
+                        })
+                    });
+                    if !roles_settled || !all_seen {
+                        return Ok(None);
+                    }
+                    maps.push(slot_map(&view));
+                }
+                let agreed = maps.windows(2).all(|w| w[0] == w[1]);
+                let full = maps.first().is_some_and(|m| {
+                    m.iter()
+                        .map(|(&a, &(b, _))| u32::from(b - a) + 1)
+                        .sum::<u32>()
+                        == u32::from(SLOTS)
+                });
+                Ok(Some(()).filter(|_| agreed && full))
+            },
+        )?;
+        poll_until(
+            "every live replica in sync with its primary",
+            SETTLE_TIMEOUT,
+            || {
+                for node in self.nodes.live() {
+                    let info = node.info("replication")?;
+                    if info.get("role").map(String::as_str) != Some("slave") {
+                        continue;
+                    }
+                    let host = info.get("master_host").cloned().unwrap_or_default();
+                    let port = info.get("master_port").cloned().unwrap_or_default();
+                    let primary = self.node(&format!("{host}:{port}"))?;
+                    if !node.caught_up_with(primary)? {
+                        return Ok(None);
+                    }
+                }
+                Ok(Some(()))
+            },
+        )
+    }
+}
+
+/// `{first slot: (last slot, owner addr)}` of the live primaries in a view,
+/// for comparing the views of different nodes.
+fn slot_map(view: &[NodeEntry]) -> BTreeMap<u16, (u16, String)> {
+    view.iter()
+        .filter(|e| e.has_flag("master") && !e.is_failed())
+        .flat_map(|e| e.slots.iter().map(move |&(a, b)| (a, (b, e.addr.clone()))))
+        .collect()
+}
+
+/// Starts one cluster node with its bus on a second free port (the default
+/// bus port, port + 10000, does not exist for ports above 55535).
+fn start_node(kind: ServerKind) -> Result<RedisServer, TestkitError> {
+    let mut last = None;
+    for _ in 0..NODE_START_ATTEMPTS {
+        let (port, bus_port) = (free_port()?, free_port()?);
+        let started = RedisServer::builder()
+            .kind(kind)
+            .port(port)
+            .args(["--cluster-enabled", "yes"])
+            .args(["--cluster-config-file", "nodes.conf"])
+            .arg("--cluster-port")
+            .arg(bus_port.to_string())
+            .arg("--cluster-node-timeout")
+            .arg(NODE_TIMEOUT_MS.to_string())
+            // A replica's first sync would otherwise wait 5 s for others.
+            .args(["--repl-diskless-sync-delay", "0"])
+            .start();
+        match started {
+            Ok(server) => return Ok(server),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| TestkitError::Protocol("no start attempt was made".into())))
+}

@@ -1,0 +1,556 @@
+//! One throwaway server process: [`RedisServer`]. Every topology (cluster,
+//! sentinels, independent primaries) is built from these, so killing,
+//! restarting and cleaning up work the same way everywhere.
+
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+use std::thread;
+use std::time::Duration;
+
+use crate::install::ensure_server;
+use crate::process::{
+    free_port, fresh_temp_dir, kill_child, launch, start_failure, LaunchSpec, StartError,
+    START_ATTEMPTS,
+};
+use crate::resp::{Conn, CMD_TIMEOUT};
+use crate::version::{ServerKind, ServerVersion};
+use crate::{Resp, TestkitError};
+
+/// The name of the config file written from [`RedisServerBuilder::config`].
+const CONFIG_FILE: &str = "server.conf";
+
+/// A throwaway `redis-server` (or `valkey-server`) child process on
+/// `127.0.0.1`.
+///
+/// Which binary runs is chosen by `FAIRLOCK_TEST_SERVER` (`redis` by default,
+/// or `valkey`; see [`ServerKind::from_env`]) unless the builder sets
+/// [`kind`](RedisServerBuilder::kind).
+///
+/// The server runs without persistence (`--save "" --appendonly no`) in its
+/// own fresh temp dir (which also holds `redis.log`). Dropping the value
+/// SIGKILLs the process, reaps it and removes the temp dir; that also happens
+/// when a test panics. If the whole test process dies, the kernel kills the
+/// server too (`PR_SET_PDEATHSIG`).
+///
+/// `RedisServer` is `Send + Sync`, so it can be shared (e.g. in a
+/// `static OnceLock<RedisServer>`) between tests.
+pub struct RedisServer {
+    kind: ServerKind,
+    spec: LaunchSpec,
+    port: u16,
+    pid: u32,
+    dir: PathBuf,
+    child: Option<std::process::Child>,
+    conn: Mutex<Option<Conn>>,
+}
+
+/// Builder for a [`RedisServer`] with extra command-line arguments.
+#[derive(Debug, Clone, Default)]
+pub struct RedisServerBuilder {
+    args: Vec<OsString>,
+    kind: Option<ServerKind>,
+    config: Option<String>,
+    port: Option<u16>,
+}
+
+impl RedisServerBuilder {
+    /// Appends one extra `redis-server` argument, e.g. `.arg("--maxclients").arg("100")`.
+    pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
+        self.args.push(arg.as_ref().to_os_string());
+        self
+    }
+
+    /// Appends several extra `redis-server` arguments.
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.args
+            .extend(args.into_iter().map(|a| a.as_ref().to_os_string()));
+        self
+    }
+
+    /// Runs this server implementation whatever `FAIRLOCK_TEST_SERVER` says.
+    pub fn kind(mut self, kind: ServerKind) -> Self {
+        self.kind = Some(kind);
+        self
+    }
+
+    /// Writes `text` to a config file in the server's dir and passes it as
+    /// the first argument. Needed for sentinels, which rewrite their config
+    /// file and refuse to start without one.
+    pub fn config(mut self, text: impl Into<String>) -> Self {
+        self.config = Some(text.into());
+        self
+    }
+
+    /// Listens on `port` instead of a free one picked by the kit (e.g. to
+    /// announce the address before the server exists). No retry on another
+    /// port if it is taken.
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = Some(port);
+        self
+    }
+
+    /// Starts the server; see [`RedisServer::start`].
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisServer::start`].
+    pub fn start(self) -> Result<RedisServer, TestkitError> {
+        let kind = match self.kind {
+            Some(kind) => kind,
+            None => ServerKind::from_env()?,
+        };
+        RedisServer::start_with(kind, self.args, self.config, self.port)
+    }
+}
+
+impl RedisServer {
+    /// Starts a server on a free port and waits (up to 10 s) until it answers
+    /// PING. Up to 5 ports are tried if the server exits during startup.
+    ///
+    /// # Errors
+    ///
+    /// [`TestkitError::NotInstalled`] if `redis-server` is missing,
+    /// [`TestkitError::StartFailed`] (with the log tail) if it does not come
+    /// up, [`TestkitError::Io`] for spawn or temp-dir errors.
+    pub fn start() -> Result<RedisServer, TestkitError> {
+        RedisServer::builder().start()
+    }
+
+    /// Returns a builder for passing extra `redis-server` arguments.
+    pub fn builder() -> RedisServerBuilder {
+        RedisServerBuilder::default()
+    }
+
+    fn start_with(
+        kind: ServerKind,
+        args: Vec<OsString>,
+        config: Option<String>,
+        fixed_port: Option<u16>,
+    ) -> Result<RedisServer, TestkitError> {
+        let bin = ensure_server(kind)?;
+        let dir = fresh_temp_dir()?;
+        let config_file = match config {
+            Some(text) => {
+                let path = dir.join(CONFIG_FILE);
+                if let Err(e) = fs::write(&path, text) {
+                    let _ = fs::remove_dir_all(&dir);
+                    return Err(TestkitError::Io(e));
+                }
+                Some(path)
+            }
+            None => None,
+        };
+        let spec = LaunchSpec {
+            bin,
+            config_file,
+            args,
+        };
+        let attempts = if fixed_port.is_some() {
+            1
+        } else {
+            START_ATTEMPTS
+        };
+        let mut last_err = None;
+        for _ in 0..attempts {
+            let port = match fixed_port.map_or_else(free_port, Ok) {
+                Ok(port) => port,
+                Err(e) => {
+                    last_err = Some(TestkitError::Io(e));
+                    break;
+                }
+            };
+            // Start every attempt with fresh logs so the error shows this attempt.
+            let _ = fs::remove_file(dir.join("redis.log"));
+            match launch(&spec, port, &dir) {
+                Ok(child) => {
+                    return Ok(RedisServer {
+                        kind,
+                        spec,
+                        port,
+                        pid: child.id(),
+                        dir,
+                        child: Some(child),
+                        conn: Mutex::new(None),
+                    });
+                }
+                Err(StartError::Retry(e)) => last_err = Some(e),
+                Err(StartError::Fatal(e)) => {
+                    last_err = Some(e);
+                    break;
+                }
+            }
+        }
+        let _ = fs::remove_dir_all(&dir);
+        Err(last_err.unwrap_or_else(|| start_failure(Path::new(""), "no start attempt was made")))
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `127.0.0.1:<port>`, e.g. for [`cmd_at`](crate::cmd_at).
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The TCP port (stays the same across [`restart`](Self::restart)).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The process id of the current (or, after [`kill`](Self::kill), the
+    /// last) server process.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The server's temp dir (holds `redis.log`); removed on drop.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Which implementation this process runs.
+    pub fn kind(&self) -> ServerKind {
+        self.kind
+    }
+
+    /// The running server's implementation and version (`INFO server`).
+    ///
+    /// # Errors
+    ///
+    /// As [`cmd`](Self::cmd), plus [`TestkitError::Protocol`] for a reply
+    /// without a version.
+    pub fn version(&self) -> Result<ServerVersion, TestkitError> {
+        ServerVersion::from_info(&self.cmd(&["INFO", "server"])?)
+    }
+
+    /// `true` while the server process is running.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    fn drop_conn(&self) {
+        *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// SIGKILLs the server and waits for it to exit (simulates a crash).
+    /// Does nothing if it is not running. [`restart`](Self::restart) brings it
+    /// back on the same port.
+    pub fn kill(&mut self) {
+        self.drop_conn();
+        if let Some(mut child) = self.child.take() {
+            kill_child(&mut child);
+        }
+    }
+
+    /// Kills the server (if running) and starts it again on the same port with
+    /// the same arguments, waiting until it answers PING. All data is lost
+    /// (there is no persistence); files in [`dir`](Self::dir), such as a
+    /// cluster node's `nodes.conf`, are kept.
+    ///
+    /// # Errors
+    ///
+    /// [`TestkitError::StartFailed`] (with the log tail) if it does not come
+    /// back, e.g. because another process took the port meanwhile.
+    pub fn restart(&mut self) -> Result<(), TestkitError> {
+        self.kill();
+        let mut last_err = None;
+        for attempt in 0..START_ATTEMPTS {
+            if attempt > 0 {
+                thread::sleep(Duration::from_millis(100));
+            }
+            match launch(&self.spec, self.port, &self.dir) {
+                Ok(child) => {
+                    self.pid = child.id();
+                    self.child = Some(child);
+                    return Ok(());
+                }
+                Err(StartError::Retry(e)) => last_err = Some(e),
+                Err(fatal) => return Err(fatal.into_inner()),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| start_failure(&self.dir, "no restart attempt was made")))
+    }
+
+    /// Sends one command over a reused admin connection (5 s connect, read
+    /// and write timeouts) and returns the reply. Redis error replies come
+    /// back as `Ok(Resp::Error(..))`.
+    ///
+    /// Note that admin commands show up in [`commandstats`](Self::commandstats)
+    /// like any other command.
+    ///
+    /// # Errors
+    ///
+    /// [`TestkitError::Io`] if the server is unreachable or times out,
+    /// [`TestkitError::Protocol`] for malformed replies.
+    pub fn cmd(&self, args: &[&str]) -> Result<Resp, TestkitError> {
+        let mut guard = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(conn) = guard.as_mut() {
+            match conn.request(args) {
+                Ok(reply) => return Ok(reply),
+                Err(e) => {
+                    *guard = None;
+                    // A stale connection (e.g. closed by CLIENT KILL or a
+                    // restart) fails without a reply: retry once on a new one.
+                    let stale = matches!(&e, TestkitError::Io(io) if matches!(
+                        io.kind(),
+                        io::ErrorKind::UnexpectedEof
+                            | io::ErrorKind::ConnectionReset
+                            | io::ErrorKind::ConnectionAborted
+                            | io::ErrorKind::BrokenPipe
+                    ));
+                    if !stale {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        let mut conn = Conn::connect(&self.addr(), CMD_TIMEOUT)?;
+        let reply = conn.request(args)?;
+        *guard = Some(conn);
+        Ok(reply)
+    }
+
+    /// As [`cmd`](Self::cmd), but an error reply becomes
+    /// [`TestkitError::Protocol`] naming the command: for setup steps that
+    /// must succeed.
+    ///
+    /// # Errors
+    ///
+    /// As [`cmd`](Self::cmd), plus the error reply.
+    pub fn cmd_ok(&self, args: &[&str]) -> Result<Resp, TestkitError> {
+        match self.cmd(args)? {
+            Resp::Error(e) => Err(TestkitError::Protocol(format!(
+                "{} on {} answered {e}",
+                args.join(" "),
+                self.addr()
+            ))),
+            reply => Ok(reply),
+        }
+    }
+}
+
+impl fmt::Debug for RedisServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisServer")
+            .field("kind", &self.kind)
+            .field("port", &self.port)
+            .field("pid", &self.pid)
+            .field("running", &self.child.is_some())
+            .field("dir", &self.dir)
+            .field("args", &self.spec.args)
+            .finish()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd_at;
+    use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+    use std::sync::mpsc;
+
+    fn refused(port: u16) -> bool {
+        TcpStream::connect_timeout(
+            &SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            Duration::from_secs(1),
+        )
+        .is_err()
+    }
+
+    #[test]
+    fn ping_and_accessors() {
+        let server = RedisServer::start().unwrap();
+        assert_eq!(server.cmd(&["PING"]).unwrap(), Resp::Simple("PONG".into()));
+        assert_eq!(server.url(), format!("redis://127.0.0.1:{}", server.port()));
+        assert!(Path::new(&format!("/proc/{}", server.pid())).exists());
+        assert!(server.dir().join("redis.log").exists());
+        // No persistence and the expected bind address.
+        let save = server.cmd(&["CONFIG", "GET", "save"]).unwrap();
+        assert_eq!(save.as_array().unwrap()[1].as_str(), Some(""));
+        let bind = server.cmd(&["CONFIG", "GET", "bind"]).unwrap();
+        assert_eq!(bind.as_array().unwrap()[1].as_str(), Some("127.0.0.1"));
+        let aof = server.cmd(&["CONFIG", "GET", "appendonly"]).unwrap();
+        assert_eq!(aof.as_array().unwrap()[1].as_str(), Some("no"));
+    }
+
+    #[test]
+    fn set_get_roundtrip_and_replies() {
+        let server = RedisServer::start().unwrap();
+        assert_eq!(
+            server.cmd(&["SET", "k", "hello world"]).unwrap(),
+            Resp::Simple("OK".into())
+        );
+        assert_eq!(
+            server.cmd(&["GET", "k"]).unwrap().as_str(),
+            Some("hello world")
+        );
+        assert!(server.cmd(&["GET", "missing"]).unwrap().is_nil());
+        assert_eq!(server.cmd(&["INCR", "n"]).unwrap().as_int(), Some(1));
+        assert!(server.cmd(&["NOSUCHCMD"]).unwrap().is_error());
+        // The connection stays usable after an error reply.
+        assert_eq!(server.cmd(&["RPUSH", "l", "a", "b"]).unwrap(), Resp::Int(2));
+        assert_eq!(
+            server.cmd(&["LRANGE", "l", "0", "-1"]).unwrap(),
+            Resp::Array(Some(vec![
+                Resp::Bulk(Some(b"a".to_vec())),
+                Resp::Bulk(Some(b"b".to_vec())),
+            ]))
+        );
+        // cmd_at with host:port and with a URL.
+        assert_eq!(
+            cmd_at(&server.addr(), &["GET", "k"]).unwrap().as_str(),
+            Some("hello world")
+        );
+        assert_eq!(
+            cmd_at(&format!("{}/0", server.url()), &["PING"]).unwrap(),
+            Resp::Simple("PONG".into())
+        );
+    }
+
+    #[test]
+    fn cmd_reconnects_after_client_kill() {
+        let server = RedisServer::start().unwrap();
+        server.cmd(&["SET", "k", "v"]).unwrap();
+        // Kills every normal client, including our cached admin connection
+        // (the reply is sent before the connection is closed).
+        server.cmd(&["CLIENT", "KILL", "TYPE", "normal"]).unwrap();
+        assert_eq!(server.cmd(&["GET", "k"]).unwrap().as_str(), Some("v"));
+    }
+
+    #[test]
+    fn builder_passes_extra_args() {
+        let server = RedisServer::builder()
+            .arg("--maxclients")
+            .arg("100")
+            .args(["--databases", "3"])
+            .start()
+            .unwrap();
+        let reply = server.cmd(&["CONFIG", "GET", "maxclients"]).unwrap();
+        assert_eq!(reply.as_array().unwrap()[1].as_str(), Some("100"));
+        let reply = server.cmd(&["CONFIG", "GET", "databases"]).unwrap();
+        assert_eq!(reply.as_array().unwrap()[1].as_str(), Some("3"));
+    }
+
+    #[test]
+    fn bad_args_fail_with_log_tail() {
+        let err = RedisServer::builder()
+            .arg("--no-such-option")
+            .arg("1")
+            .start()
+            .unwrap_err();
+        let TestkitError::StartFailed { log_tail } = &err else {
+            panic!("unexpected error {err:?}");
+        };
+        assert!(log_tail.contains("no-such-option"), "{log_tail}");
+        assert!(err.to_string().contains("Bad directive"), "{err}");
+    }
+
+    #[test]
+    fn restart_keeps_port_and_loses_data() {
+        let mut server = RedisServer::builder()
+            .arg("--maxclients")
+            .arg("50")
+            .start()
+            .unwrap();
+        let (port, pid) = (server.port(), server.pid());
+        server.cmd(&["SET", "k", "v"]).unwrap();
+        server.restart().unwrap();
+        assert_eq!(server.port(), port);
+        assert_ne!(server.pid(), pid);
+        assert!(!Path::new(&format!("/proc/{pid}")).exists());
+        assert_eq!(server.cmd(&["PING"]).unwrap(), Resp::Simple("PONG".into()));
+        assert!(server.cmd(&["GET", "k"]).unwrap().is_nil());
+        // Same args as before.
+        let reply = server.cmd(&["CONFIG", "GET", "maxclients"]).unwrap();
+        assert_eq!(reply.as_array().unwrap()[1].as_str(), Some("50"));
+    }
+
+    #[test]
+    fn kill_then_restart() {
+        let mut server = RedisServer::start().unwrap();
+        let (port, pid) = (server.port(), server.pid());
+        server.kill();
+        assert!(!server.is_running());
+        assert!(!Path::new(&format!("/proc/{pid}")).exists());
+        assert!(refused(port));
+        assert!(matches!(server.cmd(&["PING"]), Err(TestkitError::Io(_))));
+        server.kill(); // idempotent
+        server.restart().unwrap();
+        assert!(server.is_running());
+        assert_eq!(server.port(), port);
+        assert_eq!(server.cmd(&["PING"]).unwrap(), Resp::Simple("PONG".into()));
+    }
+
+    #[test]
+    fn drop_kills_process_and_removes_dir() {
+        let server = RedisServer::start().unwrap();
+        let (port, pid, dir) = (server.port(), server.pid(), server.dir().to_path_buf());
+        assert!(Path::new(&format!("/proc/{pid}")).exists());
+        drop(server);
+        assert!(!Path::new(&format!("/proc/{pid}")).exists());
+        assert!(refused(port));
+        assert!(!dir.exists());
+    }
+
+    #[test]
+    fn drop_runs_on_panic() {
+        let (tx, rx) = mpsc::channel();
+        let result = thread::spawn(move || {
+            let server = RedisServer::start().unwrap();
+            tx.send((server.pid(), server.port())).unwrap();
+            panic!("test failure while a server is running");
+        })
+        .join();
+        assert!(result.is_err());
+        let (pid, port) = rx.recv().unwrap();
+        assert!(!Path::new(&format!("/proc/{pid}")).exists());
+        assert!(refused(port));
+    }
+
+    #[test]
+    fn outlives_the_thread_that_started_it() {
+        // PR_SET_PDEATHSIG is tied to the forking thread; servers are forked
+        // from a long-lived spawner thread so this must keep working.
+        let server = thread::spawn(|| RedisServer::start().unwrap())
+            .join()
+            .unwrap();
+        thread::sleep(Duration::from_millis(300));
+        assert_eq!(server.cmd(&["PING"]).unwrap(), Resp::Simple("PONG".into()));
+    }
+
+    #[test]
+    fn parallel_servers_get_distinct_ports() {
+        let servers: Vec<RedisServer> = (0..8)
+            .map(|_| thread::spawn(|| RedisServer::start().unwrap()))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect();
+        let mut ports: Vec<u16> = servers.iter().map(RedisServer::port).collect();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), servers.len());
+        for s in &servers {
+            assert_eq!(s.cmd(&["PING"]).unwrap(), Resp::Simple("PONG".into()));
+        }
+    }
+}
