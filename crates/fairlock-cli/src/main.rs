@@ -1,0 +1,89 @@
+//! `fairlock`: the command line of the fairlock distributed lock.
+//!
+//! One module per subcommand (`inspect`, `list`, `release`, `run` for
+//! `lock`, `watch`); `snapshot` renders a lock's state for the two that
+//! show it; `exit` holds the exit codes scripts rely on. The lock protocol
+//! itself is only reached through the `fairlock` client's public API,
+//! except `list`, which needs SCAN.
+
+mod args;
+mod connect;
+mod duration;
+mod exit;
+mod inspect;
+mod list;
+mod output;
+mod release;
+mod run;
+mod snapshot;
+mod watch;
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+
+use crate::args::{Cli, Command};
+use crate::connect::lock_client;
+use crate::exit::{Failure, OK};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let code = match execute(cli).await {
+        Ok(code) => code,
+        Err(failure) => {
+            eprintln!("fairlock: {}", failure.message);
+            failure.code
+        }
+    };
+    ExitCode::from(code)
+}
+
+async fn execute(cli: Cli) -> Result<u8, Failure> {
+    let global = &cli.global;
+    let client = lock_client(global).await?;
+    let outcome = match &cli.command {
+        Command::Inspect { name, limit } => inspect::inspect(&client, name, *limit, global.json)
+            .await
+            .map(|()| OK),
+        Command::List { limit, max_scans } => list::list(global, &client, *limit, *max_scans)
+            .await
+            .map(|()| OK),
+        Command::Release {
+            force: _,
+            holder,
+            name,
+        } => release::release(&client, name, holder.as_deref(), global.json)
+            .await
+            .map(|()| OK),
+        Command::Lock {
+            lease,
+            wait,
+            grace,
+            name,
+            command,
+        } => {
+            run::run_locked(
+                &client,
+                run::LockRun {
+                    name,
+                    lease: *lease,
+                    wait: *wait,
+                    grace: *grace,
+                    command,
+                },
+            )
+            .await
+        }
+        Command::Watch {
+            name,
+            interval,
+            limit,
+            count,
+        } => watch::watch(&client, name, *interval, *limit, *count, global.json)
+            .await
+            .map(|()| OK),
+    };
+    client.shutdown().await;
+    outcome
+}
