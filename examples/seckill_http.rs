@@ -73,12 +73,13 @@ async fn run() -> Result<(), BoxError> {
     Ok(())
 }
 
-/// Listens on 127.0.0.1:`port` with a deep accept queue: a flash sale
-/// opens a thousand connections at once, and a full queue drops SYNs that
-/// the clients only retry a whole second later.
+/// Listens on 127.0.0.1:`port` with the deepest accept queue the kernel
+/// allows (it caps the backlog at `net.core.somaxconn`): a flash sale
+/// opens ten thousand connections at once, and a full queue drops SYNs
+/// that the clients only retry a whole second later.
 fn listen(port: u16) -> std::io::Result<TcpListener> {
     let socket = TcpSocket::new_v4()?;
     socket.set_reuseaddr(true)?;
     socket.bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))?;
-    socket.listen(4096)
+    socket.listen(65535)
 }

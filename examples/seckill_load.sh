@@ -52,11 +52,64 @@ need ab apache2-utils
 need curl curl
 command -v cargo >/dev/null 2>&1 || die "cargo is missing: install the Rust toolchain (rustup)"
 
-# ab holds CONCURRENCY sockets, the service as many again.
-ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -lt $((CONCURRENCY * 2 + 256)) ]; then
-    die "open-file limit $(ulimit -n) is too low for CONCURRENCY=$CONCURRENCY; raise it (ulimit -n) or lower CONCURRENCY"
+# --- limits --------------------------------------------------------------------
+# ab and the service are separate processes, and each has its own open-file
+# limit: ab holds CONCURRENCY client sockets, the service CONCURRENCY
+# accepted sockets plus its Redis connections and its redis-server's. Both
+# inherit this shell's limit, so raise the soft limit to the hard one and
+# check it against one process's needs, not the sum.
+FDS_NEEDED=$((CONCURRENCY + 512))
+soft_before=$(ulimit -Sn)
+ulimit -Sn "$(ulimit -Hn)" 2>/dev/null || true
+soft_after=$(ulimit -Sn)
+# Root may raise the hard limit itself (up to fs.nr_open).
+if [ "$soft_after" != unlimited ] && [ "$soft_after" -lt "$FDS_NEEDED" ] && [ "$(id -u)" = 0 ] &&
+    ulimit -Hn "$FDS_NEEDED" 2>/dev/null && ulimit -Sn "$FDS_NEEDED" 2>/dev/null; then
+    soft_after=$(ulimit -Sn)
+    echo "limits: raised the hard open-file limit to $soft_after (running as root)"
 fi
+if [ "$soft_after" != "$soft_before" ]; then
+    echo "limits: raised the open-file limit of ab and the service from $soft_before to $soft_after each (the hard limit)"
+fi
+if [ "$soft_after" != unlimited ] && [ "$soft_after" -lt "$FDS_NEEDED" ]; then
+    die "open-file limit $soft_after (hard $(ulimit -Hn)) is below the $FDS_NEEDED that ab and the service each need for CONCURRENCY=$CONCURRENCY; raise the hard limit (limits.conf, or ulimit -Hn as root) or lower CONCURRENCY"
+fi
+echo "limits: open files $soft_after per process (each of ab and the service needs about $FDS_NEEDED)"
+
+# The service listens with a backlog of 65535, but the kernel caps every
+# backlog at net.core.somaxconn. When CONCURRENCY clients connect at once,
+# the connections beyond the accept queue have their SYN dropped and retry
+# a whole second later. As root, raise the cap for the run and put it back
+# on exit; otherwise say so (the run works, with 1 s stalls).
+SOMAXCONN_FILE=/proc/sys/net/core/somaxconn
+SYN_BACKLOG_FILE=/proc/sys/net/ipv4/tcp_max_syn_backlog
+SOMAXCONN_WAS=""
+SYN_BACKLOG_WAS=""
+restore_sysctls() {
+    [ -n "$SOMAXCONN_WAS" ] && echo "$SOMAXCONN_WAS" >"$SOMAXCONN_FILE" 2>/dev/null
+    [ -n "$SYN_BACKLOG_WAS" ] && echo "$SYN_BACKLOG_WAS" >"$SYN_BACKLOG_FILE" 2>/dev/null
+    true
+}
+if [ -r "$SOMAXCONN_FILE" ]; then
+    somaxconn=$(cat "$SOMAXCONN_FILE")
+    if [ "$somaxconn" -lt "$CONCURRENCY" ]; then
+        if [ "$(id -u)" = 0 ] && echo "$CONCURRENCY" >"$SOMAXCONN_FILE" 2>/dev/null; then
+            SOMAXCONN_WAS=$somaxconn
+            echo "limits: raised net.core.somaxconn from $somaxconn to $CONCURRENCY for this run (restored on exit)"
+        else
+            echo "limits: net.core.somaxconn is $somaxconn < CONCURRENCY=$CONCURRENCY: connections beyond it wait for a 1 s SYN retry (raise it as root: sysctl -w net.core.somaxconn=$CONCURRENCY)"
+        fi
+    fi
+fi
+if [ -r "$SYN_BACKLOG_FILE" ]; then
+    syn_backlog=$(cat "$SYN_BACKLOG_FILE")
+    if [ "$syn_backlog" -lt "$CONCURRENCY" ] && [ "$(id -u)" = 0 ] &&
+        echo "$CONCURRENCY" >"$SYN_BACKLOG_FILE" 2>/dev/null; then
+        SYN_BACKLOG_WAS=$syn_backlog
+        echo "limits: raised net.ipv4.tcp_max_syn_backlog from $syn_backlog to $CONCURRENCY for this run (restored on exit)"
+    fi
+fi
+trap restore_sysctls EXIT
 
 # --- build and start -----------------------------------------------------------
 echo "building: cargo build --release -p fairlock-examples --example seckill_http"
@@ -70,6 +123,7 @@ LOG="$OUT_DIR/server.log"
 env -u REDIS_URL PORT="$PORT" STOCK="$STOCK" WAIT_MS="$WAIT_MS" ITEMS="$ITEM" "$BIN" >"$LOG" 2>&1 &
 SERVER=$!
 cleanup() {
+    restore_sysctls
     if kill -0 "$SERVER" 2>/dev/null; then
         kill -TERM "$SERVER" 2>/dev/null || true
         for _ in $(seq 1 50); do
@@ -116,6 +170,14 @@ redis_read() {
 
 # Machine-wide count of connections dropped because an accept queue was
 # full; each one costs its client a SYN retransmit, a whole second later.
+# redis_cpu: Redis's own CPU seconds so far (user + system, INFO cpu), or
+# nothing without redis-cli.
+redis_cpu() {
+    command -v redis-cli >/dev/null 2>&1 && [ -n "$REDIS_URL" ] || return 0
+    redis-cli -u "$REDIS_URL" INFO cpu | tr -d '\r' |
+        awk -F: '$1 == "used_cpu_user" || $1 == "used_cpu_sys" { s += $2 } END { printf "%.2f", s }'
+}
+
 listen_overflows() {
     awk '$1 == "TcpExt:" { if (!seen) { for (i = 2; i <= NF; i++) name[i] = $i; seen = 1 }
         else { for (i = 2; i <= NF; i++) if (name[i] == "ListenOverflows") print $i } }' \
@@ -139,15 +201,17 @@ load() { # load VARIANT PATH
     local variant=$1 path=$2 report="$OUT_DIR/ab-$1.txt"
     echo
     echo "== $variant: ab -l -r -s 60 -c $CONCURRENCY -n $REQUESTS -p /dev/null $BASE$path/$ITEM"
-    local before after overflows
+    local before after overflows cpu_before cpu_after
     before=$(curl -sf "$BASE/stats")
     overflows=$(listen_overflows)
+    cpu_before=$(redis_cpu)
     if ! ab -l -r -s 60 -c "$CONCURRENCY" -n "$REQUESTS" -p /dev/null -T application/json \
         "$BASE$path/$ITEM" >"$report" 2>&1; then
         cat "$report" >&2
         die "ab failed (full report: $report)"
     fi
     after=$(curl -sf "$BASE/stats")
+    cpu_after=$(redis_cpu)
     overflows=$(($(listen_overflows) - ${overflows:-0}))
 
     grep -E '^(Complete requests|Failed requests|Requests per second|Time taken for tests):' "$report" | sed 's/^/  /'
@@ -156,6 +220,9 @@ load() { # load VARIANT PATH
         printf ' p%s %s ' "$p" "$(awk -v p="$p%" '$1 == p { print $2 }' "$report")"
     done
     echo
+    if [ -n "$cpu_before" ] && [ -n "$cpu_after" ]; then
+        echo "  redis CPU during the run (INFO cpu, user+sys): $(awk -v a="$cpu_after" -v b="$cpu_before" 'BEGIN { printf "%.2f", a - b }') s"
+    fi
     echo "  accept-queue overflows (machine-wide; each one is a 1 s SYN retry): $overflows"
 
     local code n total=0 line="  answers:"

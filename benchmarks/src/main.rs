@@ -223,6 +223,7 @@ async fn run(options: &Options) -> Result<bool> {
         info: run_info(&plan, &admin).await?,
         ping: None,
         uncontended: Vec::new(),
+        costs: Vec::new(),
         waiters: None,
         cells: Vec::new(),
         many_locks: Vec::new(),
@@ -239,6 +240,9 @@ async fn run(options: &Options) -> Result<bool> {
         results
             .uncontended
             .push(UncontendedRecord::new(imp, latency, ping));
+        let queued = imp == Implementation::Fairlock;
+        let costs = with_impl!(imp, lock => probes::operation_costs(&lock, &admin, queued).await)?;
+        results.costs.push((imp.label().to_owned(), costs));
     }
 
     if plan.impls.contains(&Implementation::Fairlock) {

@@ -228,3 +228,91 @@ fn rss_bytes() -> Result<u64> {
         .ok_or("no VmRSS in /proc/self/status")?;
     Ok(kib * 1024)
 }
+
+/// Redis commands one operation runs, counting the commands inside scripts
+/// and not the script call itself (`INFO commandstats` counts both in
+/// Redis 7), median over repetitions.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct OperationCosts {
+    /// Acquiring a free lock nobody waits for.
+    pub acquire: u64,
+    /// Releasing it with nobody waiting.
+    pub release: u64,
+    /// One contended cycle: a second caller joins the queue (or polls)
+    /// while the lock is held, then the holder releases and the caller is
+    /// granted. `None` where the caller polls instead of queueing.
+    pub contended_cycle: Option<u64>,
+}
+
+/// Commands that are the harness's or the script call itself.
+fn is_wrapper(command: &str) -> bool {
+    command.starts_with("eval")
+        || command.starts_with("script|")
+        || command.starts_with("config|")
+        || command == "info"
+        || command == "fcall"
+}
+
+async fn commands_since_reset(admin: &Admin) -> Result<u64> {
+    Ok(admin
+        .commandstats()
+        .await?
+        .iter()
+        .filter(|(name, _)| !is_wrapper(name))
+        .map(|(_, calls)| calls)
+        .sum())
+}
+
+fn median(mut values: Vec<u64>) -> u64 {
+    values.sort_unstable();
+    values.get(values.len() / 2).copied().unwrap_or(0)
+}
+
+/// Measures [`OperationCosts`] of one implementation; the contended cycle
+/// only for locks with a queue (`queued`).
+pub async fn operation_costs<L: LockImpl>(
+    imp: &L,
+    admin: &Admin,
+    queued: bool,
+) -> Result<OperationCosts> {
+    const REPEAT: usize = 21;
+    admin.flushall().await?;
+    let first = imp.connect(&admin.url()).await?;
+    let second = imp.connect(&admin.url()).await?;
+    // Warm the script cache and the sequence counter.
+    let held = first.acquire("cost").await?;
+    first.release(held).await?;
+    let (mut acquires, mut releases, mut cycles) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..REPEAT {
+        admin.reset_stats().await?;
+        let held = first.acquire("cost").await?;
+        acquires.push(commands_since_reset(admin).await?);
+        admin.reset_stats().await?;
+        first.release(held).await?;
+        releases.push(commands_since_reset(admin).await?);
+        if queued {
+            let held = first.acquire("cost").await?;
+            admin.reset_stats().await?;
+            let waiter = {
+                let second = second.clone();
+                tokio::spawn(async move { second.acquire("cost").await })
+            };
+            // Long enough for the enqueue, short against the 1 s
+            // heartbeat and watchdog intervals.
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            first.release(held).await?;
+            let granted = tokio::time::timeout(PHASE_TIMEOUT, waiter)
+                .await
+                .map_err(|_| "contended cycle: the waiter was never granted")???;
+            cycles.push(commands_since_reset(admin).await?);
+            second.release(granted).await?;
+        }
+    }
+    first.close().await;
+    second.close().await;
+    Ok(OperationCosts {
+        acquire: median(acquires),
+        release: median(releases),
+        contended_cycle: queued.then(|| median(cycles)),
+    })
+}

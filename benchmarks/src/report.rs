@@ -288,6 +288,8 @@ pub struct Results {
     pub ping: Option<Latency>,
     /// Uncontended latency per implementation.
     pub uncontended: Vec<UncontendedRecord>,
+    /// Redis commands per operation, per implementation.
+    pub costs: Vec<(String, crate::probes::OperationCosts)>,
     /// The 10,000-waiter probe.
     pub waiters: Option<WaitersRecord>,
     /// The matrix cells.
@@ -316,6 +318,11 @@ pub fn write_all(results: &Results, dir: &Path) -> Result<String> {
     }
     for record in &results.uncontended {
         push(serde_json::to_value(record)?);
+    }
+    for (implementation, costs) in &results.costs {
+        push(
+            serde_json::json!({"kind": "operation_costs", "implementation": implementation, "costs": costs}),
+        );
     }
     if let Some(waiters) = &results.waiters {
         push(serde_json::to_value(waiters)?);
@@ -534,6 +541,26 @@ fn markdown(results: &Results, charts: &[(String, String)]) -> String {
             u.acquire_release_mean_us,
             u.ping_p50_us,
             u.rtt_multiple
+        );
+    }
+
+    let _ = writeln!(
+        md,
+        "\n## Redis commands per operation\n\nCommands Redis executed, counting those inside scripts and not the script call itself (`INFO commandstats`), median of 21 repetitions. The contended cycle is a second caller joining the queue while the lock is held, then the release that hands it the lock.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| implementation | uncontended acquire | uncontended release | contended cycle |"
+    );
+    let _ = writeln!(md, "|---|--:|--:|--:|");
+    for (implementation, c) in &results.costs {
+        let cycle = c
+            .contended_cycle
+            .map_or("polls".to_owned(), |n| n.to_string());
+        let _ = writeln!(
+            md,
+            "| {implementation} | {} | {} | {cycle} |",
+            c.acquire, c.release
         );
     }
 

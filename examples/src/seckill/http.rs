@@ -50,6 +50,8 @@ pub struct ServiceConfig {
     /// How long a request queues for the item's lock before it is
     /// answered 429 (`WAIT_MS`, default 1,000).
     pub wait_timeout: Duration,
+    /// Deadline-aware admission on the lock path (`ADMISSION`, default on).
+    pub admission: bool,
     /// Fixed lease of each grant (`LEASE_MS`, default 5,000).
     pub lease: Duration,
 }
@@ -60,6 +62,7 @@ impl Default for ServiceConfig {
             stock: 10_000,
             items: vec!["1".to_owned()],
             wait_timeout: Duration::from_secs(1),
+            admission: true,
             lease: Duration::from_secs(5),
         }
     }
@@ -80,6 +83,7 @@ impl ServiceConfig {
                 .map(str::to_owned)
                 .collect(),
             wait_timeout: Duration::from_millis(env_or("WAIT_MS", 1_000)?),
+            admission: env_or("ADMISSION", 1)? != 0,
             lease: Duration::from_millis(env_or("LEASE_MS", 5_000)?),
         })
     }
@@ -264,9 +268,13 @@ impl Service {
         let order_id = uuid::Uuid::new_v4().simple().to_string();
         let (result, waited) = match variant {
             Variant::Lock => {
+                // Deadline-aware admission: a buyer whose place in line
+                // cannot be served within the wait budget is answered 429
+                // at once instead of after the whole budget.
                 let options = LockOptions::new()
                     .lease(self.inner.config.lease)
-                    .wait_timeout(self.inner.config.wait_timeout);
+                    .wait_timeout(self.inner.config.wait_timeout)
+                    .admission(self.inner.config.admission);
                 match buy_with_lock(&self.inner.lock, item, &order_id, buyer, options).await {
                     Ok(purchase) => (Ok(purchase.sale), Some(purchase.waited)),
                     Err(error) => (Err(error), None),

@@ -355,6 +355,13 @@ pub async fn buy_with_lock(
                 waited,
             })
         }
+        Err(LockError::WouldMissDeadline { .. }) => {
+            let waited = asked.elapsed();
+            return Err(BuyError::Busy {
+                item: item.id.clone(),
+                waited,
+            });
+        }
         Err(source) => {
             return Err(BuyError::Lock {
                 item: item.id.clone(),
