@@ -6,20 +6,20 @@
 
 use std::time::Duration;
 
-use fairlock::{ClientConfig, LockClient};
+use fairlock::{ClientConfig, LockClient, LockGuard};
 use fairlock_core::{KeyPrefix, LockKeys, LockName, ScriptCall};
+use fairlock_metrics::PrometheusHandle;
 pub use fairlock_testkit::{RedisServer, Resp};
 use fred::prelude::{Client, ClientLike, KeysInterface};
+use tokio::task::JoinHandle;
 
-/// Short timings: 100 ms heartbeats, 1 s waiter timeout and grant lease,
-/// 3 s watchdog lease.
+/// Short timings: 100 ms heartbeats, 1 s waiter timeout, 3 s watchdog lease.
 pub fn fast_config(server: &RedisServer) -> ClientConfig {
     let mut config = ClientConfig::new(server.url());
     config.connect_timeout = Duration::from_secs(3);
     config.command_timeout = Duration::from_secs(3);
     config.heartbeat_interval = Duration::from_millis(100);
     config.waiter_timeout = Duration::from_secs(1);
-    config.grant_lease = Duration::from_secs(1);
     config.watchdog_lease = Duration::from_secs(3);
     config
 }
@@ -49,7 +49,7 @@ pub async fn clients(server: &RedisServer, n: usize) -> Vec<LockClient> {
     out
 }
 
-/// The four keys of lock `name` under the default prefix.
+/// The five keys of lock `name` under the default prefix.
 pub fn keys(name: &str) -> LockKeys {
     LockKeys::new(
         &KeyPrefix::default(),
@@ -62,16 +62,17 @@ pub fn keys(name: &str) -> LockKeys {
 /// that never heartbeats.
 pub fn raw<C: ScriptCall>(server: &RedisServer, name: &str, call: &C) -> C::Output {
     let keys = keys(name);
-    let numkeys = C::KEYS.to_string();
+    let numkeys = keys.all().len().to_string();
     let args = call.args();
     let mut cmd: Vec<&str> = vec!["EVAL", C::SCRIPT.source(), &numkeys];
-    cmd.extend(keys.all()[..C::KEYS].iter().map(String::as_str));
+    cmd.extend(keys.all().iter().map(String::as_str));
     cmd.extend(args.iter().map(String::as_str));
     let reply = server.cmd(&cmd).expect("raw script call");
     C::decode(to_reply(reply)).expect("raw script reply")
 }
 
-fn to_reply(resp: Resp) -> fairlock_core::Reply {
+/// Converts the admin client's reply into a script reply.
+pub fn to_reply(resp: Resp) -> fairlock_core::Reply {
     use fairlock_core::Reply;
     match resp {
         Resp::Int(i) => Reply::Int(i),
@@ -104,6 +105,20 @@ pub async fn data_client(server: &RedisServer) -> Client {
     let config = fred::prelude::Config::from_url(&server.url()).expect("test url");
     let client = Client::new(config, None, None, None);
     client.init().await.expect("data client connects");
+    client
+}
+
+/// A bare subscriber on `channel`, standing in for the process of a waiter
+/// crafted with raw script calls: a handoff reaches only members whose
+/// process listens. Keep it alive while the waiter should count as live.
+pub async fn listener(server: &RedisServer, channel: &str) -> fred::clients::SubscriberClient {
+    use fred::prelude::PubsubInterface;
+    let config = fred::prelude::Config::from_url(&server.url()).expect("test url");
+    let client = fred::prelude::Builder::from_config(config)
+        .build_subscriber_client()
+        .expect("subscriber");
+    client.init().await.expect("subscriber connects");
+    client.subscribe(channel).await.expect("subscribe");
     client
 }
 
@@ -144,4 +159,86 @@ pub async fn wait_for_queue_len(client: &LockClient, name: &str, len: u64) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     panic!("queue of {name} never reached {len}");
+}
+
+/// The value of metric `name` in this process's exporter, summed over its
+/// series; `None` before anything recorded it.
+pub fn metric_value(metrics: &PrometheusHandle, name: &str) -> Option<f64> {
+    let text = metrics.render();
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|line| {
+            let series = line.split([' ', '{']).next();
+            series == Some(name)
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// Waits until metric `name` in this process's exporter reads `value`.
+///
+/// A waiting task records its contention once its acquire reply arrives,
+/// which can be after [`wait_for_queue_len`] has already seen the queue
+/// grow in Redis: a test that needs those records in queue order waits for
+/// the count too.
+pub async fn wait_for_metric(metrics: &PrometheusHandle, name: &str, value: f64) {
+    for _ in 0..2000 {
+        if metric_value(metrics, name) == Some(value) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!(
+        "{name} never read {value}: {:?}",
+        metric_value(metrics, name)
+    );
+}
+
+/// Installs fairlock's Prometheus exporter on a free loopback port and
+/// returns its address and a handle to render it in-process. The port is found by binding port 0 and closing it
+/// again, so another process may take it in between: retry a few times.
+pub fn install_exporter() -> (std::net::SocketAddr, PrometheusHandle) {
+    for _ in 0..5 {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free loopback port");
+        match fairlock_metrics::install_prometheus(addr) {
+            Ok(handle) => return (addr, handle),
+            Err(fairlock_metrics::MetricsError::Listen { .. }) => continue,
+            Err(error) => panic!("cannot install the exporter: {error}"),
+        }
+    }
+    panic!("no free port for the exporter after 5 tries");
+}
+
+/// Says loudly that `test` is skipped and why. Written to the process's
+/// stderr directly, not with `eprintln!`, which the test harness captures
+/// and hides for a passing test: a skip must never pass silently.
+pub fn skip(test: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+}
+
+/// How long a test waits for a grant that must come before it fails.
+pub const GRANT_GUARD: Duration = Duration::from_secs(20);
+
+/// Spawns a task that waits for lock `name` on `client`.
+pub fn spawn_lock(
+    client: &LockClient,
+    name: &'static str,
+) -> JoinHandle<fairlock::Result<LockGuard>> {
+    let client = client.clone();
+    tokio::spawn(async move { client.lock(name).await })
+}
+
+/// The guard a [`spawn_lock`] task got; fails the test, saying `what`, if
+/// it is not granted within [`GRANT_GUARD`].
+pub async fn granted(task: JoinHandle<fairlock::Result<LockGuard>>, what: &str) -> LockGuard {
+    match tokio::time::timeout(GRANT_GUARD, task).await {
+        Ok(Ok(Ok(guard))) => guard,
+        Ok(Ok(Err(error))) => panic!("{what}: {error}"),
+        Ok(Err(join)) => panic!("{what}: the task failed: {join}"),
+        Err(_) => panic!("{what}: not granted within {GRANT_GUARD:?}"),
+    }
 }

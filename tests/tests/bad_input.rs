@@ -61,14 +61,21 @@ async fn invalid_names_and_leases_are_refused_without_touching_redis() {
 async fn a_key_of_another_type_is_a_typed_error_and_stays_untouched() {
     let server = server();
     let client = client(&server).await;
-    for (role, key) in [
-        ("owner", keys("typed").owner().to_owned()),
-        ("queue", keys("typed").queue().to_owned()),
+    let owner = keys("typed").owner().to_owned();
+    let queue = keys("typed").queue().to_owned();
+    for (role, plant) in [
+        (
+            "owner: a foreign string",
+            vec!["SET", &owner, "somebody else's data"],
+        ),
+        ("owner: a hash", vec!["HSET", &owner, "id", "x"]),
+        (
+            "queue: a string",
+            vec!["SET", &queue, "somebody else's data"],
+        ),
     ] {
         server.cmd(&["FLUSHALL"]).expect("flush");
-        server
-            .cmd(&["SET", &key, "somebody else's data"])
-            .expect("set");
+        server.cmd(&plant).expect("plant");
         let before = dump(&server);
         for result in [
             client.lock("typed").await.map(|_| ()),

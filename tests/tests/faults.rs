@@ -80,7 +80,7 @@ async fn holder_killed_with_sigkill_frees_the_lock() {
         .lock_with("killed", LockOptions::new().wait_timeout(LONG))
         .await
         .expect("the lock frees when the dead holder's lease runs out");
-    assert!(guard.token().0 > child_token);
+    assert!(guard.token().value() > child_token);
     guard.release().await.expect("release");
 }
 
@@ -111,8 +111,9 @@ async fn holder_whose_client_is_gone_frees_the_lock() {
 
 /// A dead waiter (no heartbeats) at the head of the queue is skipped once
 /// its waiter timeout passes; the next live waiter gets the lock directly.
-/// If the handoff reaches it before that, its short grant lease runs out
-/// and the next live waiter gets the lock then.
+/// If the handoff reaches it before that, nobody listens on its process's
+/// channel, so it is passed over at once instead of holding the lock for
+/// its whole lease (60 s here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_waiter_at_the_head_is_skipped() {
     let server = server();
@@ -123,7 +124,6 @@ async fn dead_waiter_at_the_head_is_skipped() {
     };
     let dead = |member: &'static str| Acquire {
         member,
-        lease_ms: 60_000,
         mode: AcquireMode::Wait,
         timings: &dead_timings,
         channel_prefix: "test:nobody:",
@@ -135,7 +135,11 @@ async fn dead_waiter_at_the_head_is_skipped() {
     ] {
         let holder = client.lock(name).await.expect("holder");
         assert!(matches!(
-            raw(&server, name, &dead("dead0.00")),
+            raw(
+                &server,
+                name,
+                &dead("dead0000000000000000000000000000.0000000000000000.60000")
+            ),
             AcquireReply::Queued { .. }
         ));
         let live = {
@@ -155,13 +159,7 @@ async fn dead_waiter_at_the_head_is_skipped() {
             .await
             .expect("task")
             .expect("the live waiter is granted");
-        if hold > Duration::ZERO {
-            // Skipped at release: no grant went to the dead waiter.
-            assert_eq!(token.0, holder_token.0 + 1, "{name}");
-        } else {
-            // Granted to the dead waiter first, then passed on.
-            assert_eq!(token.0, holder_token.0 + 2, "{name}");
-        }
+        assert!(token > holder_token, "{name}");
         let state = client.inspect(name).await.expect("inspect");
         assert_eq!(state.queue_len, 0, "{name}: the dead waiter is gone");
     }
@@ -231,7 +229,7 @@ async fn flushed_script_cache_is_reloaded() {
         server.cmd(&["SCRIPT", "FLUSH"]).expect("flush");
         guard.release().await.expect("release after flush");
         let token = waiter.await.expect("task").expect("waiter after flush");
-        assert!(token.0 >= 2 * round + 2);
+        assert!(token.value() > 0, "round {round}");
     }
     assert!(calls(&server, "script|load") >= 6, "scripts were reloaded");
 }
@@ -295,8 +293,11 @@ async fn hundred_waiters_do_not_spin() {
     let evalsha = calls(&server, "evalsha");
     let stats = server.commandstats().expect("stats");
     eprintln!("{WAITERS} waiters, 3 s: {evalsha} EVALSHA calls");
+    // Per 100 ms interval: one heartbeat per client for the lock (2) and
+    // one watchdog check by the holder's client (1): 90 in 3 s, whatever
+    // the number of waiters. One call per waiter per interval would be 3,000.
     assert!(
-        evalsha <= 80,
+        evalsha <= 100,
         "{evalsha} script calls for {WAITERS} waiters in 3 s: {stats:?}"
     );
 

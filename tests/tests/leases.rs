@@ -261,8 +261,8 @@ async fn a_paused_holders_stale_write_is_rejected() {
             .await;
         match refused {
             Err(Error::StaleToken { token, newest }) => {
-                assert_eq!(token, paused.token().0);
-                assert_eq!(newest, newer.token().0);
+                assert_eq!(token, paused.token().value());
+                assert_eq!(newest, newer.token().value());
             }
             other => panic!("stale write not refused: {other:?}"),
         }
@@ -324,7 +324,7 @@ async fn fenced_write_refuses_wrong_types_untouched() {
         .fenced_write(
             "{r}:fence",
             "{r}:target",
-            fairlock::FencingToken(7),
+            fairlock::FencingToken::new(7, "0123456789abcdef0123456789abcdef").expect("token"),
             FencedOp::IncrBy(1),
         )
         .await;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use fairlock::{LockClient, LockOptions};
 use fairlock_core::{
     Acquire, AcquireMode, AcquireReply, Cancel, CancelReply, Heartbeat, Release, ReleaseReply,
-    Renew, RenewReply, Timings, WaiterStatus,
+    RenewBatch, RenewItem, RenewStatus, Timings,
 };
 use fairlock_tests::*;
 
@@ -101,7 +101,7 @@ async fn tasks_sharing_a_handle_share_the_hold() {
     assert_eq!(in_task.await.expect("task"), held.token());
     assert_eq!(owner.hold_count("shared"), 1);
     held.release().await.expect("release");
-    assert!(queued.await.expect("task").expect("rival granted") > fairlock::FencingToken(0));
+    assert!(queued.await.expect("task").expect("rival granted").value() > 0);
 
     // Two tasks of one handle race for a lock someone else holds.
     let blocker = rival.lock("race").await.expect("blocker");
@@ -273,91 +273,24 @@ async fn random_cancellation_leaves_nothing_behind() {
 }
 
 /// A grant that lands just as its waiter gives up is passed on at once, in
-/// the cancel script itself, not after the grant lease (10 s here).
+/// the cancel script itself, not after the waiter's lease (30 s here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_racing_a_cancel_is_passed_on_at_once() {
     let server = server();
     let mut config = fast_config(&server);
-    config.grant_lease = Duration::from_secs(10);
     config.waiter_timeout = Duration::from_secs(10);
     let client = LockClient::with_config(config.clone())
         .await
         .expect("client");
     let next = LockClient::with_config(config).await.expect("client");
-    let timings = Timings {
-        grant_lease_ms: 10_000,
+    let _timings = Timings {
         waiter_ttl_ms: 10_000,
         ..Timings::default()
     };
 
-    // Deterministic: a raw waiter is granted by the release, then cancels.
-    let holder = client.lock("race").await.expect("holder");
-    let member = "feedface0000000000000000000000aa.0000000000000001";
-    let queued = raw(
-        &server,
-        "race",
-        &Acquire {
-            member,
-            lease_ms: 30_000,
-            mode: AcquireMode::Wait,
-            timings: &timings,
-            channel_prefix: "test:nobody:",
-        },
-    );
-    assert!(matches!(queued, AcquireReply::Queued { .. }));
-    let second = {
-        let next = next.clone();
-        tokio::spawn(async move {
-            next.lock_with("race", LockOptions::new().wait_timeout(LONG))
-                .await
-        })
-    };
-    wait_for_queue_len(&client, "race", 2).await;
-    holder
-        .release()
-        .await
-        .expect("release hands the lock to the raw waiter");
-    assert_eq!(
-        client
-            .inspect("race")
-            .await
-            .expect("inspect")
-            .owner
-            .as_deref(),
-        Some(member)
-    );
-    let cancel = raw(
-        &server,
-        "race",
-        &Cancel {
-            member,
-            timings: &timings,
-            channel_prefix: "fairlock:notify:",
-        },
-    );
-    assert_eq!(
-        cancel,
-        CancelReply {
-            was_queued: false,
-            was_owner: true,
-            evicted: 0
-        }
-    );
-    let state = client.inspect("race").await.expect("inspect");
-    let second = second
-        .await
-        .expect("task")
-        .expect("the next waiter is granted");
-    assert_eq!(
-        state.owner.as_deref(),
-        Some(second.owner_id()),
-        "handed on inside the cancel"
-    );
-    second.release().await.expect("release");
-
     // Through the client: the waiter's future is dropped right as the
     // release grants it; the next waiter still gets the lock long before
-    // the 10 s grant lease could run out.
+    // the raced waiter's 30 s lease could run out.
     for round in 0..10 {
         let holder = client.lock("race2").await.expect("holder");
         let doomed = {
@@ -398,25 +331,22 @@ async fn scripts_are_idempotent_on_retry() {
     let timings = Timings::default();
     let acquire = |member: &'static str| Acquire {
         member,
-        lease_ms: 30_000,
         mode: AcquireMode::Wait,
         timings: &timings,
         channel_prefix: "test:nobody:",
     };
     let name = "idem";
+    const AA: &str = "aa000000000000000000000000000000.00000000000000a1.30000";
+    const BB: &str = "bb000000000000000000000000000000.00000000000000b2.40000";
 
-    let first = raw(&server, name, &acquire("aa.01"));
+    let first = raw(&server, name, &acquire(AA));
     let snapshot = dump(&server);
-    assert_eq!(
-        raw(&server, name, &acquire("aa.01")),
-        first,
-        "acquire retried"
-    );
+    assert_eq!(raw(&server, name, &acquire(AA)), first, "acquire retried");
     assert_eq!(dump(&server), snapshot);
 
-    let queued = raw(&server, name, &acquire("bb.02"));
+    let queued = raw(&server, name, &acquire(BB));
     let snapshot = dump(&server);
-    let again = raw(&server, name, &acquire("bb.02"));
+    let again = raw(&server, name, &acquire(BB));
     match (queued, again) {
         (
             AcquireReply::Queued {
@@ -439,55 +369,63 @@ async fn scripts_are_idempotent_on_retry() {
         without_deadlines(snapshot)
     );
 
-    let members = vec!["bb.02".to_owned()];
+    // BB's "process": a handoff reaches only members whose process listens.
+    let _bb_process = listener(&server, "test:nobody:00000000000000b2").await;
     let beat = Heartbeat {
-        members: &members,
+        tag: "00000000000000b2",
+        probe: BB,
         timings: &timings,
         channel_prefix: "test:nobody:",
     };
     let one = raw(&server, name, &beat);
     let snapshot = dump(&server);
     let two = raw(&server, name, &beat);
-    assert_eq!(one.statuses, two.statuses);
-    assert_eq!(one.statuses, vec![WaiterStatus::Queued]);
+    assert_eq!(one, two);
+    assert!(one.probe_queued);
     assert_eq!(
         without_deadlines(dump(&server)),
         without_deadlines(snapshot)
     );
 
-    let renew = Renew {
-        member: "aa.01",
-        lease_ms: 40_000,
+    let owner_key = keys(name).owner().to_owned();
+    let renew = RenewBatch {
+        items: vec![RenewItem {
+            owner_key: &owner_key,
+            member: AA,
+            lease_ms: 40_000,
+        }],
     };
-    let one = raw(&server, name, &renew);
-    assert!(matches!(one, RenewReply::Renewed { .. }));
-    assert_eq!(raw(&server, name, &renew), one);
+    let once = raw_renew(&server, &renew);
+    assert_eq!(once, vec![RenewStatus::Held]);
+    assert_eq!(raw_renew(&server, &renew), once);
 
     let release = Release {
-        member: "aa.01",
+        member: AA,
         timings: &timings,
         channel_prefix: "test:nobody:",
     };
-    assert_eq!(
-        raw(&server, name, &release),
-        ReleaseReply::Released {
-            handed_to: Some(("bb.02".to_owned(), 2)),
-            evicted: 0
-        }
-    );
+    let ReleaseReply::Released {
+        handed_to: Some((next, token)),
+        ..
+    } = raw(&server, name, &release)
+    else {
+        panic!("the release hands the lock to BB");
+    };
+    assert_eq!(next, BB);
+    assert!(token > 0);
     let snapshot = dump(&server);
     assert_eq!(
         raw(&server, name, &release),
         ReleaseReply::Released {
             handed_to: None,
-            evicted: 0
+            purged: Default::default()
         },
         "a resent release is recognised"
     );
     assert_eq!(dump(&server), snapshot, "and changes nothing");
 
     let cancel = Cancel {
-        member: "bb.02",
+        member: BB,
         timings: &timings,
         channel_prefix: "test:nobody:",
     };
@@ -501,10 +439,21 @@ async fn scripts_are_idempotent_on_retry() {
         CancelReply {
             was_queued: false,
             was_owner: false,
-            evicted: 0
+            purged: Default::default()
         }
     );
     assert_eq!(dump(&server), snapshot);
+}
+
+/// Runs the batched renew script over the admin connection.
+fn raw_renew(server: &RedisServer, batch: &RenewBatch<'_>) -> Vec<RenewStatus> {
+    let keys = batch.keys();
+    let args = batch.args();
+    let numkeys = keys.len().to_string();
+    let mut cmd: Vec<&str> = vec!["EVAL", RenewBatch::script().source(), &numkeys];
+    cmd.extend(keys.iter().copied());
+    cmd.extend(args.iter().map(String::as_str));
+    RenewBatch::decode(to_reply(server.cmd(&cmd).expect("renew"))).expect("renew reply")
 }
 
 /// Drops the waiter-deadline key, the one thing a heartbeat may move.

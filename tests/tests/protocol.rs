@@ -32,7 +32,7 @@ async fn mutual_exclusion_loses_no_update() {
                     let value = get_counter(&data, "counter:value").await;
                     tokio::task::yield_now().await;
                     set_counter(&data, "counter:value", value + 1).await;
-                    tokens.lock().expect("tokens").push(guard.token().0);
+                    tokens.lock().expect("tokens").push(guard.token().value());
                     guard.release().await.expect("release by the owner");
                 }
             }));
@@ -122,18 +122,20 @@ async fn try_lock_never_overtakes_a_queued_waiter() {
     // has run out, and a queued waiter that has not been granted yet.
     let acquire = |member: &'static str| Acquire {
         member,
-        lease_ms: 60_000,
         mode: AcquireMode::Wait,
         timings: &timings,
         channel_prefix: "test:nobody:",
     };
     let name = "gate2";
+    let _b2_process = listener(&server, "fairlock:notify:00000000000000b2").await;
+    const A1: &str = "a1000000000000000000000000000000.00000000000000a1.60000";
+    const B2: &str = "b2000000000000000000000000000000.00000000000000b2.60000";
     assert!(matches!(
-        raw(&server, name, &acquire("a1.01")),
+        raw(&server, name, &acquire(A1)),
         AcquireReply::Granted { .. }
     ));
     assert!(matches!(
-        raw(&server, name, &acquire("b2.02")),
+        raw(&server, name, &acquire(B2)),
         AcquireReply::Queued { .. }
     ));
     server
@@ -146,7 +148,7 @@ async fn try_lock_never_overtakes_a_queued_waiter() {
     let state = client.inspect(name).await.expect("inspect");
     assert_eq!(
         state.owner.as_deref(),
-        Some("b2.02"),
+        Some(B2),
         "the queued waiter gets the free lock"
     );
     assert_eq!(state.queue_len, 0);

@@ -310,3 +310,73 @@ async fn http_wait_timeout_is_429_and_sells_nothing() {
     serving.abort();
     service.close().await;
 }
+
+/// The load script's check at CI size: the real ApacheBench (`ab -c 500
+/// -n 2000`, installed with apt-get when root) against the service, both
+/// ways, 1,000 units each. Every request is answered, exactly the stock is
+/// sold (1,000 × 200, 1,000 × 410, no 429 with a 60 s wait budget), and
+/// Redis agrees: stock 0, 1,000 orders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ab_at_500_concurrent_sells_exactly_the_stock_both_ways() {
+    const UNITS: i64 = 1_000;
+    const REQUESTS: i64 = 2_000;
+    const CONCURRENCY: usize = 500;
+    let ab = match fairlock_testkit::ensure_debian_binaries(&["ab"], "apache2-utils") {
+        Ok(found) => found[0].clone(),
+        Err(why) => {
+            skip("ab_at_500_concurrent", &why);
+            return;
+        }
+    };
+    let server = server();
+    let (service, addr, serving) = serve_item(&server, UNITS, Duration::from_secs(60)).await;
+    let shop = Shop::connect(&server.url()).await.expect("shop");
+
+    for (variant, path) in [
+        (Variant::Lock, "/seckill/1"),
+        (Variant::Atomic, "/seckill-atomic/1"),
+    ] {
+        let url = format!("http://{addr}{path}");
+        let run = tokio::process::Command::new(&ab)
+            .args(["-l", "-r", "-s", "60", "-c"])
+            .arg(CONCURRENCY.to_string())
+            .arg("-n")
+            .arg(REQUESTS.to_string())
+            .args(["-p", "/dev/null", "-T", "application/json"])
+            .arg(&url)
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(Duration::from_secs(300), run)
+            .await
+            .expect("ab finishes within 5 minutes")
+            .expect("run ab");
+        let report = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{variant:?}: ab failed: {report}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let field = |name: &str| -> Option<i64> {
+            report
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        };
+        assert_eq!(field("Complete requests:"), Some(REQUESTS), "{report}");
+        assert_eq!(field("Failed requests:"), Some(0), "{report}");
+
+        let stats = http(addr, "GET", "/stats").await;
+        let counted = &stats.body[variant.name()];
+        assert_eq!(counted["200"], UNITS, "{variant:?}: {counted}");
+        assert_eq!(counted["410"], REQUESTS - UNITS, "{variant:?}: {counted}");
+        for code in ["429", "500", "503", "other"] {
+            assert_eq!(counted[code], 0, "{variant:?} {code}: {counted}");
+        }
+        let item = Item::new(variant, "1").expect("item");
+        let audit = shop.audit(&item).await.expect("audit");
+        assert_eq!(audit.stock, Some(0), "{variant:?}: stock in Redis");
+        assert_eq!(audit.orders.len(), UNITS as usize, "{variant:?}: orders");
+    }
+    serving.abort();
+    service.close().await;
+}

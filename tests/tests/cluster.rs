@@ -1,0 +1,207 @@
+//! fairlock on a local Redis Cluster (3 primaries, 1 replica each): locks in
+//! every primary's slots, contention across clients, FIFO, and scripts
+//! missing from a node (never loaded there, or flushed).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fairlock::{ClientConfig, LockClient};
+use fairlock_testkit::RedisCluster;
+
+/// Hang guard.
+const LONG: Duration = Duration::from_secs(30);
+
+async fn cluster_client(cluster: &RedisCluster) -> LockClient {
+    let mut config = ClientConfig::new(cluster.url());
+    config.heartbeat_interval = Duration::from_millis(100);
+    config.waiter_timeout = Duration::from_secs(1);
+    config.watchdog_lease = Duration::from_secs(3);
+    LockClient::with_config(config)
+        .await
+        .expect("client connects to the cluster")
+}
+
+/// Lock names whose keys land on each of the three primaries.
+fn names_on_every_primary(cluster: &RedisCluster) -> Vec<String> {
+    let primaries = cluster.primaries().expect("primaries");
+    let mut names = Vec::new();
+    for primary in &primaries {
+        let name = (0..)
+            .map(|i| format!("cluster:{i}"))
+            .find(|name| {
+                let keys = fairlock_core::LockKeys::new(
+                    &fairlock_core::KeyPrefix::default(),
+                    &fairlock_core::LockName::new(name.as_str()).expect("name"),
+                );
+                cluster.slot_owner(keys.slot()).ok().as_ref() == Some(primary)
+            })
+            .expect("a name on this primary");
+        names.push(name);
+    }
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_on_every_primary_exclude_and_hand_over_in_order() {
+    let cluster = RedisCluster::start().expect("cluster");
+    let clients = [
+        cluster_client(&cluster).await,
+        cluster_client(&cluster).await,
+    ];
+    for name in names_on_every_primary(&cluster) {
+        // Scripts are loaded on demand, node by node, even after a flush.
+        for node in cluster.nodes() {
+            let _ = node.cmd(&["SCRIPT", "FLUSH"]);
+        }
+        let holder = clients[0].lock(&name).await.expect("lock");
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut waiters = Vec::new();
+        for i in 0..6 {
+            let client = clients[i % 2].clone();
+            let name = name.clone();
+            let order = Arc::clone(&order);
+            waiters.push(tokio::spawn(async move {
+                let guard = client.lock(&name).await.expect("waiter");
+                let guard_id = guard.owner_id().to_owned();
+                order
+                    .lock()
+                    .expect("order")
+                    .push((guard.ticket(), guard.token().value()));
+                let lost = guard.is_lost();
+                let state = client.inspect(&name).await.expect("inspect");
+                if let Err(e) = guard.release().await {
+                    panic!("release: {e:?} lost={lost} me={} state={state:?}", guard_id);
+                }
+            }));
+            // Queue them one after the other, so tickets follow i.
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        holder.release().await.expect("release");
+        for waiter in waiters {
+            tokio::time::timeout(LONG, waiter)
+                .await
+                .expect("every waiter is granted")
+                .expect("task");
+        }
+        let order = order.lock().expect("order").clone();
+        assert_eq!(order.len(), 6, "{name}");
+        // Grants went by sharded pub/sub in the lock's slot, never by
+        // PUBLISH across the cluster bus.
+        let (mut spublish, mut publish) = (0, 0);
+        for node in cluster.nodes() {
+            let stats = node.commandstats().expect("commandstats");
+            spublish += stats.get("spublish").copied().unwrap_or(0);
+            publish += stats.get("publish").copied().unwrap_or(0);
+        }
+        assert!(spublish > 0, "{name}: no SPUBLISH");
+        assert_eq!(publish, 0, "{name}: a grant crossed the cluster bus");
+        for pair in order.windows(2) {
+            assert!(
+                pair[0].0 < pair[1].0,
+                "{name}: grants out of ticket order: {order:?}"
+            );
+            assert!(
+                pair[0].1 < pair[1].1,
+                "{name}: tokens not increasing: {order:?}"
+            );
+        }
+    }
+}
+
+/// Holds lock `name` on `clients[0]`, queues `n` waiters over both clients
+/// one after the other, runs `disturb` on the cluster, releases, and checks
+/// that every waiter is granted, in ticket order, with increasing tokens.
+async fn waiters_survive(
+    cluster: &mut RedisCluster,
+    clients: &[LockClient; 2],
+    name: &str,
+    n: usize,
+    disturb: impl FnOnce(&mut RedisCluster),
+) {
+    let holder = clients[0].lock(name).await.expect("holder");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..n {
+        let client = clients[i % 2].clone();
+        let name = name.to_owned();
+        let order = Arc::clone(&order);
+        waiters.push(tokio::spawn(async move {
+            let guard = client.lock(&name).await.expect("waiter");
+            order
+                .lock()
+                .expect("order")
+                .push((guard.ticket(), guard.token().value()));
+            guard.release().await.expect("release");
+        }));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    disturb(cluster);
+    holder
+        .release()
+        .await
+        .expect("release after the disturbance");
+    for waiter in waiters {
+        tokio::time::timeout(LONG, waiter)
+            .await
+            .expect("every waiter is granted")
+            .expect("task");
+    }
+    let order = order.lock().expect("order").clone();
+    assert_eq!(order.len(), n);
+    for pair in order.windows(2) {
+        assert!(pair[0].0 < pair[1].0, "out of ticket order: {order:?}");
+        assert!(pair[0].1 < pair[1].1, "tokens not increasing: {order:?}");
+    }
+}
+
+fn slot_of(name: &str) -> u16 {
+    fairlock_core::LockKeys::new(
+        &fairlock_core::KeyPrefix::default(),
+        &fairlock_core::LockName::new(name).expect("name"),
+    )
+    .slot()
+}
+
+/// A slot migration drops sharded subscriptions silently: the waiters'
+/// processes subscribe again on the new owner (heartbeat), and a grant that
+/// reached nobody keeps its place until its waiter confirms it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_granted_in_order_across_a_slot_migration() {
+    let mut cluster = RedisCluster::start().expect("cluster");
+    let clients = [
+        cluster_client(&cluster).await,
+        cluster_client(&cluster).await,
+    ];
+    let name = "migrating";
+    let slot = slot_of(name);
+    let from = cluster.slot_owner(slot).expect("owner");
+    let to = cluster
+        .primaries()
+        .expect("primaries")
+        .into_iter()
+        .find(|p| *p != from)
+        .expect("another primary");
+    waiters_survive(&mut cluster, &clients, name, 6, |cluster| {
+        cluster.migrate_slot(slot, &to).expect("migrate");
+    })
+    .await;
+    assert_eq!(cluster.slot_owner(slot).expect("owner"), to);
+}
+
+/// A primary fail-over mid-wait: the promoted replica has the queue (the
+/// manual fail-over waits for it to catch up); waiters follow it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_granted_in_order_across_a_primary_failover() {
+    let mut cluster = RedisCluster::start().expect("cluster");
+    let clients = [
+        cluster_client(&cluster).await,
+        cluster_client(&cluster).await,
+    ];
+    let name = "failing-over";
+    let primary = cluster.slot_owner(slot_of(name)).expect("owner");
+    waiters_survive(&mut cluster, &clients, name, 6, |cluster| {
+        cluster.failover(&primary).expect("failover");
+    })
+    .await;
+}

@@ -1,0 +1,370 @@
+//! Protocol v2: the guarantees hold off the happy path. One test per fault
+//! the review of protocol v1 found (issue "Protocol v2"); each failed on the
+//! v1 scripts and client.
+
+use std::time::Duration;
+
+use fairlock::{
+    ClientConfig, Error, EvictionCheck, FencedOp, FencingToken, LockClient, LockOptions,
+};
+use fairlock_core::{Acquire, AcquireMode, AcquireReply, Member, Timings};
+use fairlock_tests::*;
+
+/// Hang guard for waits that must end.
+const LONG: Duration = Duration::from_secs(20);
+
+fn pttl(server: &RedisServer, key: &str) -> i64 {
+    match server.cmd(&["PTTL", key]).expect("PTTL") {
+        Resp::Int(ms) => ms,
+        other => panic!("PTTL: {other:?}"),
+    }
+}
+
+/// Fault 1: a lock handed to a waiter in another process carries that
+/// waiter's own lease from the moment of the grant (v1 gave it the 5 s
+/// grant lease and confirmed later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_grants_the_waiters_own_lease() {
+    let server = server();
+    let clients = clients(&server, 2).await;
+    let holder = clients[0].lock("lease").await.expect("holder");
+    let waiter = {
+        let client = clients[1].clone();
+        tokio::spawn(async move {
+            client
+                .lock_with("lease", LockOptions::new().lease(Duration::from_secs(60)))
+                .await
+        })
+    };
+    wait_for_queue_len(&clients[0], "lease", 1).await;
+    holder.release().await.expect("release");
+    let guard = granted(waiter, "granted").await;
+    let left = pttl(&server, keys("lease").owner());
+    assert!(left > 55_000, "handed-on lease is {left} ms, asked 60 s");
+    guard.release().await.expect("release");
+}
+
+/// Fault 2: every way a lease ends without release() reaches its holder,
+/// fixed leases included: the key vanishing, and a forced release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_lease_holder_learns_of_a_vanished_key_and_a_forced_release() {
+    let server = server();
+    let client = client(&server).await;
+    let fixed = LockOptions::new().lease(Duration::from_secs(60));
+
+    let guard = client.lock_with("gone", fixed).await.expect("lock");
+    server.cmd(&["DEL", keys("gone").owner()]).expect("DEL");
+    tokio::time::timeout(LONG, guard.lost())
+        .await
+        .expect("the lost signal fires for a fixed lease whose key vanished");
+    assert!(guard.is_lost());
+
+    let admin = fairlock_tests::client(&server).await;
+    let guard = client.lock_with("forced", fixed).await.expect("lock");
+    assert!(admin.force_release("forced").await.expect("force"));
+    tokio::time::timeout(LONG, guard.lost())
+        .await
+        .expect("the lost signal fires on a forced release");
+    assert!(matches!(guard.release().await, Err(Error::NotOwner { .. })));
+}
+
+/// Fault 3: a resent force-release never frees the next holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_force_release_never_frees_the_next_holder() {
+    let server = server();
+    let clients = clients(&server, 2).await;
+    let first = clients[0].lock("admin").await.expect("first");
+    let first_id = first.owner_id().to_owned();
+    let next = spawn_lock(&clients[1], "admin");
+    wait_for_queue_len(&clients[0], "admin", 1).await;
+    assert!(clients[0]
+        .force_release_from("admin", &first_id)
+        .await
+        .expect("force"));
+    let next = granted(next, "granted").await;
+    // The resend, e.g. after a timeout: refused, nothing changes.
+    assert!(!clients[0]
+        .force_release_from("admin", &first_id)
+        .await
+        .expect("resend"));
+    let state = clients[0].inspect("admin").await.expect("inspect");
+    assert_eq!(state.owner.as_deref(), Some(next.owner_id()));
+    assert!(next.is_held().await.expect("is_held"));
+    next.release().await.expect("release");
+}
+
+/// Fault 4: tokens and tickets never repeat or go back when every key of
+/// the lock is lost, and one token never lets two holders write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_every_key_never_rewinds_tokens_and_one_token_admits_one_holder() {
+    let server = server();
+    let client = client(&server).await;
+    let mut last = 0;
+    for round in 0..4 {
+        for _ in 0..3 {
+            let guard = client.lock("rewind").await.expect("lock");
+            assert!(guard.token().value() > last, "round {round}");
+            last = guard.token().value();
+            guard.release().await.expect("release");
+        }
+        // Eviction, FLUSHDB, a restart without persistence: all alike.
+        server.cmd(&["FLUSHALL"]).expect("flush");
+    }
+    // A newcomer's ticket never sorts ahead of an older waiter's either.
+    let holder = client.lock("tickets").await.expect("holder");
+    let older = spawn_lock(&client, "tickets");
+    wait_for_queue_len(&client, "tickets", 1).await;
+    server
+        .cmd(&["DEL", keys("tickets").seq()])
+        .expect("lose the counter");
+    let newer = spawn_lock(&client, "tickets");
+    wait_for_queue_len(&client, "tickets", 2).await;
+    holder.release().await.expect("release");
+    let older = older.await.expect("task").expect("older");
+    let older_ticket = older.ticket();
+    let state = client.inspect_queue("tickets", 10).await.expect("inspect");
+    assert!(state.waiters[0].ticket > older_ticket.unwrap_or(0));
+    older.release().await.expect("release");
+    let newer = newer.await.expect("task").expect("newer");
+    assert!(newer.ticket() > older_ticket);
+    newer.release().await.expect("release");
+
+    // Same token, two holders: only the first may write.
+    let fence = "{res}:fence";
+    let a = FencingToken::new(7, "0000000000000000000000000000000a").expect("token");
+    let b = FencingToken::new(7, "0000000000000000000000000000000b").expect("token");
+    client
+        .fenced_write(fence, "{res}:v", a, FencedOp::Set("a"))
+        .await
+        .expect("first holder writes");
+    client
+        .fenced_write(fence, "{res}:v", a, FencedOp::Set("a2"))
+        .await
+        .expect("the same holder may write again");
+    let refused = client
+        .fenced_write(fence, "{res}:v", b, FencedOp::Set("b"))
+        .await;
+    assert!(
+        matches!(refused, Err(Error::StaleToken { .. })),
+        "{refused:?}"
+    );
+}
+
+/// Fault 5: a queue entry of a live process that nobody waits for (a failed
+/// cancel, or a grant after its waiter gave up) is handed back at once
+/// instead of stalling the lock for its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_nobody_waits_for_is_handed_back() {
+    let server = server();
+    let clients = clients(&server, 2).await;
+    let holder = clients[0].lock("orphan").await.expect("holder");
+    // An entry of clients[1]'s process with no task behind it, asking for
+    // a 60 s lease.
+    let probe = clients[1].lock("probe").await.expect("probe");
+    let tag = Member::tag_of(probe.owner_id()).expect("tag").to_owned();
+    probe.release().await.expect("release");
+    let orphan = Member::new("0bad0bad0bad0bad0bad0bad0bad0bad", &tag, 60_000);
+    let timings = Timings::default();
+    let queued = raw(
+        &server,
+        "orphan",
+        &Acquire {
+            member: orphan.as_str(),
+            mode: AcquireMode::Wait,
+            timings: &timings,
+            channel_prefix: "fairlock:notify:",
+        },
+    );
+    assert!(matches!(queued, AcquireReply::Queued { .. }));
+    let next = spawn_lock(&clients[0], "orphan");
+    wait_for_queue_len(&clients[0], "orphan", 2).await;
+    holder.release().await.expect("release");
+    let next = granted(
+        next,
+        "the orphaned grant was handed back, not held for 60 s",
+    )
+    .await;
+    next.release().await.expect("release");
+}
+
+/// Fault 6: thousands of dead waiters at the head never make one script
+/// call long, and the oldest live waiter behind them is still granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_dead_waiters_are_purged_in_bounded_steps() {
+    const DEAD: usize = 10_000;
+    let server = server();
+    let client = client(&server).await;
+    let holder = client.lock("crowd").await.expect("holder");
+    let keys = keys("crowd");
+    // One dead process, its deadline long past, with 10,000 entries.
+    server
+        .cmd(&["ZADD", keys.alive(), "1", "00000000000000dd"])
+        .expect("dead process");
+    for chunk in (0..DEAD).collect::<Vec<_>>().chunks(1_000) {
+        let entries: Vec<String> = chunk
+            .iter()
+            .flat_map(|i| {
+                [
+                    (i + 1).to_string(),
+                    format!("{i:032x}.00000000000000dd.30000"),
+                ]
+            })
+            .collect();
+        let mut cmd = vec!["ZADD", keys.queue()];
+        cmd.extend(entries.iter().map(String::as_str));
+        server.cmd(&cmd).expect("dead entries");
+    }
+    let live = spawn_lock(&client, "crowd");
+    wait_for_queue_len(&client, "crowd", DEAD as u64 + 1).await;
+    server.cmd(&["SLOWLOG", "RESET"]).expect("slowlog");
+    server
+        .cmd(&["CONFIG", "SET", "slowlog-log-slower-than", "0"])
+        .expect("slowlog all");
+    server.cmd(&["CONFIG", "RESETSTAT"]).expect("reset");
+    holder.release().await.expect("release");
+    let live = granted(live, "the live waiter behind the dead ones is granted").await;
+    let stats = server.commandstats().expect("stats");
+    let scripts = stats.get("evalsha").copied().unwrap_or(0);
+    let inside: u64 = stats
+        .iter()
+        .filter(|(name, _)| {
+            !matches!(
+                name.as_str(),
+                "evalsha"
+                    | "script|load"
+                    | "info"
+                    | "config|resetstat"
+                    | "slowlog|reset"
+                    | "config|set"
+            )
+        })
+        .map(|(_, n)| n)
+        .sum();
+    eprintln!("{DEAD} dead waiters: {scripts} script calls, {inside} commands inside them");
+    assert!(scripts >= 2, "the purge took several bounded calls");
+    assert!(
+        inside <= scripts * 300,
+        "{inside} commands in {scripts} calls: more than a few hundred per call"
+    );
+    assert_eq!(client.inspect("crowd").await.expect("inspect").queue_len, 0);
+    live.release().await.expect("release");
+}
+
+/// Fault 7: a waiter is never evicted while its process lives, however long
+/// it waits, and waiting re-runs no acquire (v1 re-ran it every 30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_outlives_the_old_thirty_second_refresh() {
+    let server = server();
+    let clients = clients(&server, 2).await;
+    let holder = clients[0]
+        .lock_with(
+            "patient",
+            LockOptions::new().lease(Duration::from_secs(120)),
+        )
+        .await
+        .expect("holder");
+    let waiter = spawn_lock(&clients[1], "patient");
+    wait_for_queue_len(&clients[0], "patient", 1).await;
+    let before = clients[0]
+        .inspect_queue("patient", 1)
+        .await
+        .expect("inspect");
+    tokio::time::sleep(Duration::from_secs(33)).await;
+    let after = clients[0]
+        .inspect_queue("patient", 1)
+        .await
+        .expect("inspect");
+    assert_eq!(after.waiters[0].member, before.waiters[0].member);
+    assert_eq!(
+        after.waiters[0].ticket, before.waiters[0].ticket,
+        "same place in line"
+    );
+    assert!(after.waiters[0]
+        .deadline_ms
+        .is_some_and(|d| d > after.now_ms));
+    holder.release().await.expect("release");
+    let guard = granted(waiter, "granted").await;
+    guard.release().await.expect("release");
+}
+
+/// Faults 9 and 10: renewals are batched (one call per interval for all
+/// held locks), and an idle lock leaves no key without a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_are_batched_and_every_key_expires() {
+    const LOCKS: usize = 50;
+    let server = server();
+    let client = client(&server).await;
+    let mut guards = Vec::new();
+    for i in 0..LOCKS {
+        guards.push(client.lock(&format!("batch:{i}")).await.expect("lock"));
+    }
+    server.cmd(&["CONFIG", "RESETSTAT"]).expect("reset");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let evalsha = calls(&server, "evalsha");
+    // 100 ms interval: about 20 calls in 2 s for all 50 locks; one call per
+    // lock would be 1,000.
+    assert!(
+        evalsha <= 30,
+        "{evalsha} renew calls for {LOCKS} locks in 2 s"
+    );
+    assert!(guards.iter().all(|g| !g.is_lost()));
+    for guard in guards {
+        guard.release().await.expect("release");
+    }
+
+    // A contended cycle leaves every key with a TTL.
+    let holder = client.lock("ttl").await.expect("holder");
+    let waiter = spawn_lock(&client, "ttl");
+    wait_for_queue_len(&client, "ttl", 1).await;
+    holder.release().await.expect("release");
+    waiter
+        .await
+        .expect("task")
+        .expect("waiter")
+        .release()
+        .await
+        .expect("release");
+    let owner = client.owner();
+    owner
+        .lock("ttl")
+        .await
+        .expect("owner lock")
+        .release()
+        .await
+        .expect("release");
+    assert_eq!(
+        owner.acquiring(),
+        0,
+        "the owner handle's bookkeeping is pruned"
+    );
+    let all = match server.cmd(&["KEYS", "*"]).expect("KEYS") {
+        Resp::Array(Some(keys)) => keys,
+        other => panic!("{other:?}"),
+    };
+    assert!(!all.is_empty());
+    for key in all {
+        let key = key.as_str().unwrap_or_default().to_owned();
+        assert!(pttl(&server, &key) > 0, "{key} has no TTL");
+    }
+}
+
+/// At connect, a server that can evict lock keys is reported, or refused
+/// when the configuration says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicting_server_is_reported_at_connect() {
+    let server = server();
+    let safe = client(&server).await;
+    assert_eq!(safe.eviction_warning(), None);
+    server
+        .cmd(&["CONFIG", "SET", "maxmemory-policy", "volatile-lru"])
+        .expect("policy");
+    let warned = client(&server).await;
+    let warning = warned.eviction_warning().expect("a warning").to_owned();
+    assert!(warning.contains("volatile-lru"), "{warning}");
+    let mut config: ClientConfig = fast_config(&server);
+    config.eviction_check = EvictionCheck::Fail;
+    assert!(matches!(
+        LockClient::with_config(config).await,
+        Err(Error::UnsafeServer(_))
+    ));
+}

@@ -1,0 +1,114 @@
+//! fairlock behind Sentinel (a primary, two replicas, three sentinels on
+//! 127.0.0.1), with and without replica acknowledgement (`WAIT`).
+
+use std::time::Duration;
+
+use fairlock::{ClientConfig, Error, LockClient, ReplicaAcks};
+use fairlock_testkit::SentinelGroup;
+
+async fn sentinel_client(group: &SentinelGroup, acks: Option<u32>) -> LockClient {
+    let mut config = ClientConfig::new(group.url());
+    config.heartbeat_interval = Duration::from_millis(100);
+    config.waiter_timeout = Duration::from_secs(1);
+    config.watchdog_lease = Duration::from_secs(3);
+    config.replica_acks = acks.map(|replicas| ReplicaAcks {
+        replicas,
+        timeout: Duration::from_millis(500),
+    });
+    LockClient::with_config(config)
+        .await
+        .expect("client connects through sentinel")
+}
+
+/// With acknowledgement on, a lock held across `SENTINEL FAILOVER` is still
+/// held on the new primary, and tokens go on increasing there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_lock_survives_a_failover() {
+    let group = SentinelGroup::start(2).expect("sentinel group");
+    let client = sentinel_client(&group, Some(2)).await;
+    // A lease longer than the fail-over: renewals sent to the old primary
+    // while the sentinels switch over are lost with it.
+    let guard = client
+        .lock_with(
+            "ha",
+            fairlock::LockOptions::new().lease(Duration::from_secs(60)),
+        )
+        .await
+        .expect("lock, acknowledged by 2 replicas");
+    let token = guard.token().value();
+    group.failover().expect("failover");
+    group.wait_settled().expect("settled");
+    // Read the new primary directly: the grant is there.
+    let primary = group.primary_addr().expect("primary");
+    let owner =
+        fairlock_testkit::cmd_at(&primary, &["GET", "fairlock:{ha}:owner"]).expect("GET owner");
+    let owner = owner.as_str().unwrap_or_default().to_owned();
+    assert!(
+        owner.starts_with(guard.owner_id()),
+        "the new primary has the grant: {owner:?}"
+    );
+    // The old primary is a replica now; release through a fresh client.
+    let other = sentinel_client(&group, Some(1)).await;
+    other
+        .release_by_owner_id("ha", guard.owner_id())
+        .await
+        .expect("release on the new primary");
+    drop(guard);
+    let next = tokio::time::timeout(Duration::from_secs(30), other.lock("ha"))
+        .await
+        .expect("granted on the new primary")
+        .expect("lock");
+    assert!(next.token().value() > token, "tokens never go back");
+}
+
+/// With acknowledgement on and a replica that receives nothing, an acquire
+/// fails with a distinct error and gives back the lock it took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unacknowledged_grant_is_given_back() {
+    let group = SentinelGroup::start(1).expect("sentinel group");
+    let client = sentinel_client(&group, Some(1)).await;
+    let replica = group.replica_addrs().expect("replicas")[0].clone();
+    group.pause_replication(&replica).expect("pause");
+    let refused = client.lock("lagging").await;
+    assert!(
+        matches!(
+            refused,
+            Err(Error::NotReplicated {
+                acked: 0,
+                wanted: 1
+            })
+        ),
+        "{refused:?}"
+    );
+    let state = client.inspect("lagging").await.expect("inspect");
+    assert_eq!(state.owner, None, "the grant was given back");
+    group.resume_replication(&replica).expect("resume");
+}
+
+/// Without acknowledgement, a primary that dies before its lagging replica
+/// has the grant loses it: the promoted replica shows the lock free (a
+/// second holder can take it). Tokens still never go back, since they are
+/// floored by the server clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_acknowledgement_a_failover_can_lose_a_grant_but_not_rewind_tokens() {
+    let mut group = SentinelGroup::start(1).expect("sentinel group");
+    let client = sentinel_client(&group, None).await;
+    let replica = group.replica_addrs().expect("replicas")[0].clone();
+    group.pause_replication(&replica).expect("pause");
+    let guard = client.lock("lost").await.expect("lock, unacknowledged");
+    let token = guard.token().value();
+    group.kill_primary().expect("kill the primary");
+    group.wait_settled().expect("settled");
+    let primary = group.primary_addr().expect("primary");
+    assert_eq!(primary, replica, "the lagging replica was promoted");
+    let owner =
+        fairlock_testkit::cmd_at(&primary, &["GET", "fairlock:{lost}:owner"]).expect("GET owner");
+    assert_eq!(owner.as_str(), None, "the grant was lost in the fail-over");
+    let other = sentinel_client(&group, None).await;
+    let second = tokio::time::timeout(Duration::from_secs(30), other.lock("lost"))
+        .await
+        .expect("granted")
+        .expect("a second holder");
+    assert!(second.token().value() > token, "tokens never go back");
+    drop(guard);
+}
