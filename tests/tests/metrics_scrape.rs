@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use fairlock::{Error, LockOptions};
 use fairlock_metrics::{
-    install_prometheus, MetricsError, ACQUIRE_TOTAL, CONTENDED_TOTAL, HANDOFF_TOTAL, HOLD_SECONDS,
-    LEASE_LOST_TOTAL, LEASE_RENEWALS_TOTAL, PUBSUB_RECONNECTS_TOTAL, QUEUE_DEPTH, SECONDS_BUCKETS,
+    ACQUIRE_TOTAL, CONTENDED_TOTAL, HANDOFF_TOTAL, HOLD_SECONDS, LEASE_LOST_TOTAL,
+    LEASE_RENEWALS_TOTAL, PUBSUB_RECONNECTS_TOTAL, QUEUE_DEPTH, SECONDS_BUCKETS,
     WAITERS_EVICTED_TOTAL, WAIT_SECONDS,
 };
 use fairlock_tests::*;
@@ -28,7 +28,7 @@ const WAITERS: usize = 5;
 /// hold and wait histogram counts, and the queue-depth gauge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scraped_metrics_count_the_workload_exactly() {
-    let addr = install_exporter();
+    let (addr, metrics) = install_exporter();
     let server = server();
     let a = client(&server).await;
     let b = client(&server).await;
@@ -91,6 +91,7 @@ async fn scraped_metrics_count_the_workload_exactly() {
     //    release hands the lock to the next. The last one queued had
     //    WAITERS - 1 waiters ahead.
     let holder = a.lock("queue").await.expect("holder");
+    let contended_before = metric_value(&metrics, CONTENDED_TOTAL).unwrap_or(0.0);
     let mut tasks = Vec::new();
     for i in 0..WAITERS {
         let client = if i % 2 == 0 { a.clone() } else { b.clone() };
@@ -100,6 +101,9 @@ async fn scraped_metrics_count_the_workload_exactly() {
             guard.release().await
         }));
         wait_for_queue_len(&a, "queue", i as u64 + 1).await;
+        // Each waiter records its depth before it counts as contended.
+        let counted = contended_before + i as f64 + 1.0;
+        wait_for_metric(&metrics, CONTENDED_TOTAL, counted).await;
     }
     holder.release().await.expect("release");
     for task in tasks {
@@ -151,12 +155,15 @@ async fn scraped_metrics_count_the_workload_exactly() {
     );
     scrape.check_histogram(HOLD_SECONDS, &[]);
 
-    // Lease losses: the fixed lease and the force-released one; only the
-    // latter was found by a renewal.
+    // Lease losses: the fixed lease and the force-released one, each
+    // counted once. Who noticed first varies: the watchdog's check (which
+    // covers fixed leases too), the local clock, or the revoke notice.
     assert_eq!(scrape.value(LEASE_LOST_TOTAL, &[]), Some(2.0));
-    assert_eq!(
-        scrape.value(LEASE_RENEWALS_TOTAL, &[("result", "lost")]),
-        Some(1.0)
+    assert!(
+        scrape
+            .value(LEASE_RENEWALS_TOTAL, &[("result", "lost")])
+            .unwrap_or(0.0)
+            <= 2.0
     );
     assert_eq!(
         scrape.value(LEASE_RENEWALS_TOTAL, &[("result", "error")]),
@@ -181,23 +188,6 @@ async fn scraped_metrics_count_the_workload_exactly() {
     for client in [&a, &b] {
         client.shutdown().await;
     }
-}
-
-/// Installs the exporter on a free loopback port. The port is found by
-/// binding port 0 and closing it again, so another process may take it in
-/// between: retry a few times.
-fn install_exporter() -> SocketAddr {
-    for _ in 0..5 {
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .expect("a free loopback port");
-        match install_prometheus(addr) {
-            Ok(_) => return addr,
-            Err(MetricsError::Listen { .. }) => continue,
-            Err(error) => panic!("cannot install the exporter: {error}"),
-        }
-    }
-    panic!("no free port for the exporter after 5 tries");
 }
 
 /// A minimal HTTP/1.0 GET (no chunked encoding, the server closes the

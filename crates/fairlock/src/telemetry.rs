@@ -80,8 +80,10 @@ impl LockTelemetry {
 
     /// An acquire had to queue behind `position` waiters.
     pub(crate) fn contended(&self, position: u64) {
-        metrics::counter!(names::CONTENDED_TOTAL, self.labels.iter()).increment(1);
+        // The gauge first: once the count includes this acquire, so does
+        // the gauge (the tests rely on it to queue waiters in order).
         metrics::gauge!(names::QUEUE_DEPTH, self.labels.iter()).set(position as f64);
+        metrics::counter!(names::CONTENDED_TOTAL, self.labels.iter()).increment(1);
     }
 
     /// A grant arrived by direct handoff.
