@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! fairlock-chaos [--long] [--seed N] [--fault-secs N] [--workers N] [--only KIND] [--out DIR]
+//! fairlock-chaos soak [--long] [--minutes N] [--out DIR]
 //! ```
 //!
 //! Worker processes contend on a few locks and, under each grant, do a
@@ -24,6 +25,7 @@ mod proxy;
 mod resource;
 mod rng;
 mod runner;
+mod soak;
 mod summary;
 mod worker;
 
@@ -89,6 +91,9 @@ fn main() -> ExitCode {
             }
         };
     }
+    if args.first().map(String::as_str) == Some("soak") {
+        return soak_main(&args[1..]);
+    }
     let (config, out) = match run_config(&args) {
         Ok(parsed) => parsed,
         Err(e) => {
@@ -111,6 +116,55 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("fairlock-chaos: the run failed: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `fairlock-chaos soak`: see [`soak`]. Exit status as for the chaos run.
+fn soak_main(args: &[String]) -> ExitCode {
+    let mut config = if args.iter().any(|a| a == "--long") {
+        soak::SoakConfig::long()
+    } else {
+        soak::SoakConfig::short()
+    };
+    let parsed = number(args, "--minutes").and_then(|minutes| {
+        let out = flag_value(args, "--out")?;
+        Ok((minutes, out))
+    });
+    let (minutes, out) = match parsed {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            eprintln!("fairlock-chaos soak: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(minutes) = minutes {
+        config.duration = Duration::from_secs(minutes * 60);
+    }
+    match soak::run(&config) {
+        Ok(report) => {
+            println!("{}", report.render());
+            if let Some(dir) = out {
+                let path = PathBuf::from(dir).join("soak.json");
+                let written =
+                    std::fs::create_dir_all(path.parent().unwrap_or(&path)).and_then(|()| {
+                        let json =
+                            serde_json::to_string_pretty(&report).map_err(std::io::Error::other)?;
+                        std::fs::write(&path, json)
+                    });
+                if let Err(e) = written {
+                    eprintln!("fairlock-chaos soak: cannot write {}: {e}", path.display());
+                }
+            }
+            if report.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("fairlock-chaos soak: the run failed: {e}");
             ExitCode::from(2)
         }
     }

@@ -51,3 +51,39 @@ fn short_chaos_run_keeps_every_invariant() {
     assert!(run.status.success(), "{stdout}\n{stderr}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// The soak in its CI size (100 waiters on 50 held locks, a few seconds):
+/// nobody evicted or lost while alive, every waiter granted in ticket
+/// order once the holders release, nothing left after the clean shutdown.
+/// The 10-minute run of the issue is `fairlock-chaos soak --long`.
+#[test]
+fn short_soak_drops_no_live_waiter_and_leaves_nothing() {
+    let out: PathBuf =
+        std::env::temp_dir().join(format!("fairlock-soak-ci-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let run = Command::new(env!("CARGO_BIN_EXE_fairlock-chaos"))
+        .args(["soak", "--out"])
+        .arg(&out)
+        .output()
+        .expect("run fairlock-chaos soak");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    let text = std::fs::read_to_string(out.join("soak.json"))
+        .unwrap_or_else(|e| panic!("no soak.json ({e}); stdout:\n{stdout}\nstderr:\n{stderr}"));
+    let report: serde_json::Value = serde_json::from_str(&text).unwrap();
+
+    let samples = report["samples"].as_array().unwrap();
+    assert!(samples.len() >= 2, "{stdout}");
+    for sample in samples {
+        assert_eq!(sample["evicted"], 0, "{stdout}");
+        assert_eq!(sample["leases_lost"], 0, "{stdout}");
+        // The background work ran: heartbeats and renewals reached Redis.
+        assert!(sample["script_calls"].as_u64().unwrap() > 0, "{stdout}");
+    }
+    assert_eq!(report["granted"], 100, "{stdout}");
+    assert_eq!(report["failed"], 0, "{stdout}");
+    assert_eq!(report["out_of_order"], 0, "{stdout}");
+    assert_eq!(report["keys_left"], 0, "{stdout}");
+    assert!(run.status.success(), "{stdout}\n{stderr}");
+    let _ = std::fs::remove_dir_all(&out);
+}
