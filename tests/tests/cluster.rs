@@ -1,12 +1,16 @@
 //! fairlock on a local Redis Cluster (3 primaries, 1 replica each): locks in
 //! every primary's slots, contention across clients, FIFO, and scripts
-//! missing from a node (never loaded there, or flushed).
+//! missing from a node (never loaded there, or flushed); slot migration and
+//! fail-over mid-wait; and the single-server core cases on the cluster.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fairlock::{ClientConfig, LockClient};
+use fairlock::{ClientConfig, Error, FencedOp, LockClient, LockOptions, Reply};
+use fairlock_core::{Acquire, AcquireMode, AcquireReply, Timings};
+use fairlock_examples::seckill::{swarm, SwarmConfig, Variant};
 use fairlock_testkit::RedisCluster;
+use fairlock_tests::{raw, wait_for_queue_len};
 
 /// Hang guard.
 const LONG: Duration = Duration::from_secs(30);
@@ -204,4 +208,174 @@ async fn waiters_are_granted_in_order_across_a_primary_failover() {
         cluster.failover(&primary).expect("failover");
     })
     .await;
+}
+
+/// The single-server core cases, on the cluster, each on a lock in another
+/// primary's slots: a dead holder's lease runs out, a dead waiter is
+/// skipped, killed sharded subscriptions lose no grant, a paused holder's
+/// stale fenced write is refused, and the seckill swarm sells exactly its
+/// stock both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn core_cases_hold_on_the_cluster() {
+    let cluster = RedisCluster::start().expect("cluster");
+    let clients = [
+        cluster_client(&cluster).await,
+        cluster_client(&cluster).await,
+    ];
+    let names = names_on_every_primary(&cluster);
+    let owner_of = |name: &str| {
+        let addr = cluster.slot_owner(slot_of(name)).expect("slot owner");
+        cluster.node(&addr).expect("node")
+    };
+
+    // Dead holder: its client is gone without a release; the lock frees
+    // when the lease runs out and the next token is greater.
+    let doomed = cluster_client(&cluster).await;
+    let abandoned = doomed
+        .lock_with(
+            &names[0],
+            LockOptions::new().lease(Duration::from_millis(500)),
+        )
+        .await
+        .expect("lock");
+    let abandoned_token = abandoned.token();
+    std::mem::forget(abandoned);
+    doomed.shutdown().await;
+    let next = clients[0]
+        .lock_with(&names[0], LockOptions::new().wait_timeout(LONG))
+        .await
+        .expect("granted after the abandoned lease");
+    assert!(next.token() > abandoned_token);
+    next.release().await.expect("release");
+
+    // Dead waiter: a queue entry of a process that never heartbeats, ahead
+    // of a live waiter, is skipped by the release.
+    let holder = clients[0].lock(&names[1]).await.expect("holder");
+    let dead_timings = Timings {
+        waiter_ttl_ms: 300,
+        ..Timings::default()
+    };
+    let dead = Acquire {
+        member: "dead0000000000000000000000000000.0000000000000000.60000",
+        mode: AcquireMode::Wait,
+        timings: &dead_timings,
+        channel_prefix: "test:nobody:",
+    };
+    let queued = raw(owner_of(&names[1]), &names[1], &dead);
+    assert!(matches!(queued, AcquireReply::Queued { .. }), "{queued:?}");
+    let live = {
+        let client = clients[1].clone();
+        let name = names[1].clone();
+        tokio::spawn(async move {
+            client
+                .lock_with(&name, LockOptions::new().wait_timeout(LONG))
+                .await
+                .map(|g| g.token())
+        })
+    };
+    wait_for_queue_len(&clients[0], &names[1], 2).await;
+    let holder_token = holder.token();
+    holder.release().await.expect("release");
+    let token = live
+        .await
+        .expect("task")
+        .expect("the live waiter is granted");
+    assert!(token > holder_token);
+    let state = clients[0].inspect(&names[1]).await.expect("inspect");
+    assert_eq!(state.queue_len, 0, "the dead waiter is gone");
+
+    // Lost notifications: every sharded subscriber connection is killed
+    // while waiters wait; every waiter is still granted, in ticket order.
+    let holder = clients[0].lock(&names[2]).await.expect("holder");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..8 {
+        let (client, name, order) = (clients[i % 2].clone(), names[2].clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = client
+                .lock_with(&name, LockOptions::new().wait_timeout(LONG))
+                .await
+                .expect("granted despite lost messages");
+            order.lock().expect("order").push(guard.ticket());
+            guard.release().await.expect("release");
+        }));
+    }
+    wait_for_queue_len(&clients[0], &names[2], 8).await;
+    let kill_subscribers = || {
+        for node in cluster.nodes() {
+            let _ = node.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+        }
+    };
+    kill_subscribers();
+    holder.release().await.expect("release");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    kill_subscribers();
+    for waiter in waiters {
+        tokio::time::timeout(LONG, waiter)
+            .await
+            .expect("every waiter is granted")
+            .expect("task");
+    }
+    let order = order.lock().expect("order").clone();
+    assert_eq!(order.len(), 8);
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
+
+    // Fencing: a holder paused past its fixed lease writes after a newer
+    // holder did; the cluster node refuses it.
+    let (fence, value) = ("{stock:c}:fence", "{stock:c}:value");
+    let paused = clients[0]
+        .lock_with(
+            "stock:c",
+            LockOptions::new().lease(Duration::from_millis(300)),
+        )
+        .await
+        .expect("first holder");
+    clients[0]
+        .fenced_write(fence, value, paused.token(), FencedOp::Set("first"))
+        .await
+        .expect("a fresh token writes");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let newer = clients[1].lock("stock:c").await.expect("newer holder");
+    assert!(newer.token() > paused.token());
+    clients[1]
+        .fenced_write(fence, value, newer.token(), FencedOp::Set("second"))
+        .await
+        .expect("newer write");
+    let refused = clients[0]
+        .fenced_write(fence, value, paused.token(), FencedOp::Set("stale"))
+        .await;
+    assert!(
+        matches!(refused, Err(Error::StaleToken { .. })),
+        "{refused:?}"
+    );
+    let read = clients[1]
+        .fenced_write(fence, value, newer.token(), FencedOp::Get)
+        .await
+        .expect("read");
+    assert_eq!(read, Reply::Str("second".to_owned()));
+    newer.release().await.expect("release");
+
+    // The seckill swarm, both ways, through a cluster URL.
+    let config = SwarmConfig {
+        stock: 50,
+        attempts: 120,
+        clients: 2,
+        workers: 12,
+        wait_timeout: Duration::from_secs(60),
+        ..SwarmConfig::default()
+    };
+    for variant in Variant::ALL {
+        let report = swarm::run(&cluster.url(), &config, variant)
+            .await
+            .expect("swarm run");
+        let failed: Vec<String> = report
+            .checks()
+            .into_iter()
+            .filter(|c| !c.ok)
+            .map(|c| format!("{}: {}", c.name, c.detail))
+            .collect();
+        assert!(failed.is_empty(), "{variant:?} on the cluster: {failed:#?}");
+        assert_eq!(report.sold, 50, "{variant:?}");
+        assert_eq!(report.final_stock, Some(0), "{variant:?}");
+    }
 }

@@ -308,13 +308,12 @@ impl Shop {
             .evalsha::<i64, _, _, _>(sha1, keys.clone(), args.clone())
             .await
         {
-            // After a restart or SCRIPT FLUSH: load it and try once more.
+            // After a restart or SCRIPT FLUSH, or on a cluster node that
+            // never saw the script: EVAL sends the source to the node that
+            // owns the item's slot, which caches it for the next EVALSHA
+            // (SCRIPT LOAD could go to another node).
             Err(e) if e.details().starts_with("NOSCRIPT") => {
-                self.data
-                    .script_load::<String, _>(ATOMIC_BUY)
-                    .await
-                    .map_err(redis_error("loading atomic_buy.lua"))?;
-                self.data.evalsha::<i64, _, _, _>(sha1, keys, args).await
+                self.data.eval::<i64, _, _, _>(ATOMIC_BUY, keys, args).await
             }
             other => other,
         }
