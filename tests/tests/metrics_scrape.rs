@@ -54,11 +54,15 @@ async fn scraped_metrics_count_the_workload_exactly() {
         matches!(timed_out, Err(Error::WaitTimeout { .. })),
         "{timed_out:?}"
     );
+    let contended_before_cancel = metric_value(&metrics, CONTENDED_TOTAL).unwrap_or(0.0);
     let waiter = {
         let b = b.clone();
         tokio::spawn(async move { b.lock("held").await.map(drop) })
     };
     wait_for_queue_len(&a, "held", 1).await;
+    // Abort only once the waiter has read its queued reply and counted
+    // itself contended: an abort before that drops the reply unread.
+    wait_for_metric(&metrics, CONTENDED_TOTAL, contended_before_cancel + 1.0).await;
     waiter.abort(); // drops the acquire future: cancelled
     assert!(waiter.await.is_err_and(|e| e.is_cancelled()));
     // Whether or not its cancel script ran yet, the lock ends up free.

@@ -107,11 +107,15 @@ async fn prometheus_answers_match_the_swarm_and_every_dashboard_query_has_data()
             "{result:?}"
         );
     }
+    let contended_before_cancel = metric_value(&metrics, CONTENDED_TOTAL).unwrap_or(0.0);
     let waiter = {
         let b = b.clone();
         tokio::spawn(async move { b.lock("held").await.map(drop) })
     };
     wait_for_queue_len(a, "held", 1).await;
+    // Abort only once the waiter has read its queued reply and counted
+    // itself contended: an abort before that drops the reply unread.
+    wait_for_metric(&metrics, CONTENDED_TOTAL, contended_before_cancel + 1.0).await;
     waiter.abort();
     assert!(waiter.await.is_err_and(|e| e.is_cancelled()));
     holder.release().await.expect("release");
