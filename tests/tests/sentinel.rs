@@ -1,6 +1,7 @@
 //! fairlock behind Sentinel (a primary, two replicas, three sentinels on
 //! 127.0.0.1), with and without replica acknowledgement (`WAIT`).
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fairlock::{ClientConfig, Error, LockClient, ReplicaAcks};
@@ -111,4 +112,79 @@ async fn without_acknowledgement_a_failover_can_lose_a_grant_but_not_rewind_toke
         .expect("a second holder");
     assert!(second.token().value() > token, "tokens never go back");
     drop(guard);
+}
+
+/// Waiters queued before a `SENTINEL FAILOVER` follow the new primary:
+/// their clients reconnect (commands and the pub/sub subscription) and
+/// heartbeat there, the queue came across with the acknowledged writes,
+/// and once the holder releases on the new primary every waiter is
+/// granted, in ticket order, with tokens above the holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_re_register_with_the_new_primary_and_are_granted() {
+    const WAITERS: usize = 4;
+    let group = SentinelGroup::start(2).expect("sentinel group");
+    let clients = [
+        sentinel_client(&group, Some(1)).await,
+        sentinel_client(&group, Some(1)).await,
+    ];
+    let holder = clients[0]
+        .lock_with(
+            "queued-ha",
+            fairlock::LockOptions::new().lease(Duration::from_secs(60)),
+        )
+        .await
+        .expect("holder");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..WAITERS {
+        let (client, order) = (clients[i % 2].clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = client.lock("queued-ha").await.expect("granted");
+            order
+                .lock()
+                .expect("order")
+                .push((guard.ticket(), guard.token().value()));
+            guard.release().await.expect("release");
+        }));
+        // One at a time, so tickets follow i.
+        let want = i as u64 + 1;
+        while clients[0]
+            .inspect("queued-ha")
+            .await
+            .expect("inspect")
+            .queue_len
+            < want
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    group.failover().expect("failover");
+    group.wait_settled().expect("settled");
+    let primary = group.primary_addr().expect("primary");
+    let queued = fairlock_testkit::cmd_at(&primary, &["ZCARD", "fairlock:{queued-ha}:queue"])
+        .expect("ZCARD");
+    assert_eq!(
+        queued.as_int(),
+        Some(WAITERS as i64),
+        "the new primary has the queue"
+    );
+
+    let holder_token = holder.token().value();
+    tokio::time::timeout(Duration::from_secs(30), holder.release())
+        .await
+        .expect("release does not hang")
+        .expect("the holder releases on the new primary");
+    for waiter in waiters {
+        tokio::time::timeout(Duration::from_secs(30), waiter)
+            .await
+            .expect("every waiter is granted after the fail-over")
+            .expect("task");
+    }
+    let order = order.lock().expect("order").clone();
+    assert_eq!(order.len(), WAITERS);
+    assert!(order[0].1 > holder_token, "{order:?}");
+    for pair in order.windows(2) {
+        assert!(pair[0].0 < pair[1].0, "out of ticket order: {order:?}");
+        assert!(pair[0].1 < pair[1].1, "tokens not increasing: {order:?}");
+    }
 }
