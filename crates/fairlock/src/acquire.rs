@@ -58,7 +58,13 @@ pub(crate) async fn acquire_keys(
     mode: Mode,
 ) -> Result<Option<Arc<HeldLock>>> {
     options.validate()?;
-    let span = tracing::debug_span!("fairlock.acquire", lock = name, mode = ?mode);
+    let span = crate::telemetry::acquire_span(
+        name,
+        match mode {
+            Mode::Wait => "wait",
+            Mode::Try => "try",
+        },
+    );
     acquire_validated(state, name, keys, options, mode)
         .instrument(span)
         .await
@@ -114,11 +120,13 @@ async fn acquire_validated(
             Ok(reply) => reply,
             Err(error) => {
                 telemetry.acquire_ended("error", started);
+                crate::telemetry::span_failed(&error);
                 return Err(error);
             }
         };
         match reply {
             AcquireReply::Granted { token } => {
+                telemetry.granted(token);
                 let held = pending.granted(name, grant(token, ticket, sent_at));
                 return Box::pin(replicated_or_given_back(state, held)).await;
             }
@@ -143,7 +151,7 @@ async fn acquire_validated(
                         telemetry.acquire_ended("refused", started);
                         return Err(error);
                     }
-                    telemetry.contended(position);
+                    telemetry.contended(position, queued_with);
                     tracing::debug!(
                         ticket = queued_with,
                         position,
@@ -178,6 +186,7 @@ async fn acquire_validated(
                 continue;
             }
             telemetry.handoff();
+            telemetry.granted(token);
             if let Some((position, at)) = joined {
                 state
                     .grant_rates

@@ -16,9 +16,11 @@ use fred::prelude::{
 };
 use fred::types::{ClusterHash, CustomCommand};
 use tokio::sync::broadcast;
+use tracing::Instrument;
 
 use crate::config::ClientConfig;
 use crate::error::{Error, Result};
+use crate::telemetry;
 
 /// The command connection and the subscriber connection of one client.
 pub(crate) struct RedisConnection {
@@ -197,6 +199,23 @@ impl RedisConnection {
     /// Runs any script with EVALSHA; on NOSCRIPT (after `SCRIPT FLUSH` or a
     /// restart) loads it and retries once, transparently.
     pub(crate) async fn eval(
+        &self,
+        script: ScriptSource<'_>,
+        keys: &[&str],
+        args: Vec<String>,
+    ) -> Result<Reply> {
+        let span = telemetry::script_span(script.name);
+        let result = self
+            .eval_once_loaded(script, keys, args)
+            .instrument(span.clone())
+            .await;
+        if let Err(error) = &result {
+            span.in_scope(|| telemetry::span_failed(error));
+        }
+        result
+    }
+
+    async fn eval_once_loaded(
         &self,
         script: ScriptSource<'_>,
         keys: &[&str],

@@ -1,4 +1,5 @@
-//! Every metric the client records, in one place.
+//! Every metric the client records, and the fields of its acquire span, in
+//! one place.
 //!
 //! Recording goes through the `metrics` facade: without an installed
 //! recorder each call is a cheap no-op. Metric names live in
@@ -11,6 +12,89 @@ use std::time::Instant;
 
 use fairlock_metrics as names;
 use metrics::Label;
+use tracing::field::Empty;
+use tracing::Span;
+
+use crate::error::Error;
+
+/// The span of one acquire call (level DEBUG), named and filled after the
+/// OpenTelemetry conventions, so that a `tracing-opentelemetry` pipeline
+/// shows the wait inside the caller's request trace:
+/// - `otel.kind` is `internal` (the Redis calls inside are `client` spans,
+///   see [`script_span`]);
+/// - `otel.status_code` is `ERROR` and `error.type` names the failure when
+///   the acquire fails (a busy `try_lock` is not a failure);
+/// - `fairlock.*` attributes carry the lock: its name, the mode, the
+///   ticket and queue position if it queued, the fencing token of the
+///   grant, and the outcome (as in `fairlock_acquire_total`).
+pub(crate) fn acquire_span(name: &str, mode: &'static str) -> Span {
+    tracing::debug_span!(
+        "fairlock.acquire",
+        otel.name = "fairlock.acquire",
+        otel.kind = "internal",
+        otel.status_code = Empty,
+        error.type = Empty,
+        fairlock.lock.name = name,
+        fairlock.acquire.mode = mode,
+        fairlock.ticket = Empty,
+        fairlock.queue.position = Empty,
+        fairlock.token = Empty,
+        fairlock.outcome = Empty,
+    )
+}
+
+/// The span of one script call (level TRACE): an OpenTelemetry database
+/// client span, `EVALSHA <script>`, with `db.system.name` `redis` and the
+/// script as `db.stored_procedure.name`.
+pub(crate) fn script_span(script: &str) -> Span {
+    tracing::trace_span!(
+        "redis.script",
+        otel.name = %format_args!("EVALSHA {script}"),
+        otel.kind = "client",
+        otel.status_code = Empty,
+        error.type = Empty,
+        db.system.name = "redis",
+        db.operation.name = "EVALSHA",
+        db.stored_procedure.name = script,
+    )
+}
+
+/// Marks the current span failed with `error` (OpenTelemetry status and
+/// `error.type`).
+pub(crate) fn span_failed(error: &Error) {
+    let span = Span::current();
+    span.record("otel.status_code", "ERROR");
+    span.record("error.type", error_type(error));
+}
+
+/// A short, stable name for the kind of `error`, for `error.type`.
+pub(crate) fn error_type(error: &Error) -> &'static str {
+    match error {
+        Error::InvalidName { .. } => "invalid_name",
+        Error::InvalidOptions { .. } => "invalid_options",
+        Error::WaitTimeout { .. } => "wait_timeout",
+        Error::WouldMissDeadline { .. } => "would_miss_deadline",
+        Error::NotOwner { .. } => "not_owner",
+        Error::LeaseLost { .. } => "lease_lost",
+        Error::WrongType { .. } => "wrong_type",
+        Error::Unreachable { .. } => "unreachable",
+        Error::Timeout { .. } => "timeout",
+        Error::ScriptMissing { .. } => "script_missing",
+        Error::StaleToken { .. } => "stale_token",
+        Error::UnsafeServer { .. } => "unsafe_server",
+        Error::NotReplicated { .. } => "not_replicated",
+        Error::ReadOnly { .. } => "read_only",
+        Error::OutOfMemory { .. } => "out_of_memory",
+        Error::Busy { .. } => "busy_script",
+        Error::NoPermission { .. } => "no_permission",
+        Error::ScriptFailed { .. } => "script_failed",
+        Error::Protocol { .. } => "protocol",
+        Error::Redis { .. } => "redis",
+        Error::Closed => "closed",
+        #[allow(unreachable_patterns)]
+        _ => "other",
+    }
+}
 
 /// Whether and how metrics carry the lock name as a `lock` label.
 #[derive(Clone, Default)]
@@ -65,7 +149,14 @@ impl LockTelemetry {
     }
 
     /// An acquire ended: `acquired`, `busy`, `timeout`, `cancelled` or `error`.
+    /// The outcome is also recorded on the current (acquire) span.
     pub(crate) fn acquire_ended(&self, outcome: &'static str, started: Instant) {
+        let span = Span::current();
+        span.record("fairlock.outcome", outcome);
+        if !matches!(outcome, "acquired" | "busy") {
+            span.record("otel.status_code", "ERROR");
+            span.record("error.type", outcome);
+        }
         let seconds = started.elapsed().as_secs_f64();
         if self.labels.is_empty() {
             // The common case: static labels, no allocation.
@@ -78,12 +169,21 @@ impl LockTelemetry {
         metrics::histogram!(names::WAIT_SECONDS, labels.iter()).record(seconds);
     }
 
-    /// An acquire had to queue behind `position` waiters.
-    pub(crate) fn contended(&self, position: u64) {
+    /// An acquire had to queue behind `position` waiters, with `ticket`.
+    pub(crate) fn contended(&self, position: u64, ticket: u64) {
+        let span = Span::current();
+        span.record("fairlock.ticket", ticket);
+        span.record("fairlock.queue.position", position);
         // The gauge first: once the count includes this acquire, so does
         // the gauge (the tests rely on it to queue waiters in order).
         metrics::gauge!(names::QUEUE_DEPTH, self.labels.iter()).set(position as f64);
         metrics::counter!(names::CONTENDED_TOTAL, self.labels.iter()).increment(1);
+    }
+
+    /// The acquire was granted with fencing token `token` (recorded on
+    /// the current span).
+    pub(crate) fn granted(&self, token: u64) {
+        Span::current().record("fairlock.token", token);
     }
 
     /// A grant arrived by direct handoff.
