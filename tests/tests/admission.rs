@@ -78,3 +78,78 @@ async fn a_caller_that_would_miss_its_deadline_is_refused_at_once() {
         task.await.expect("task").expect("granted and released");
     }
 }
+
+/// A burst that queues before the lock has any pace estimate is not left
+/// to wait out its budget: the first grant gives an estimate, and every
+/// admission waiter re-checks with the position it joined at. Those that
+/// cannot make it are refused then; those that can are granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_queued_before_any_estimate_is_refused_at_the_first_grant() {
+    const HOLD: Duration = Duration::from_secs(1);
+    let server = server();
+    let client = client(&server).await;
+    let name = "burst";
+    let holder = client.lock(name).await.expect("holder");
+    // The pace-setter, at position 0: no admission, no timeout.
+    let first = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let guard = client.lock(name).await?;
+            tokio::time::sleep(HOLD).await;
+            guard.release().await
+        })
+    };
+    wait_for_queue_len(&client, name, 1).await;
+    // Six callers with admission and a 2.5 s budget, at positions 1..=6.
+    // No estimate exists yet, so all of them are admitted at first.
+    let mut callers = Vec::new();
+    for position in 1..=6u64 {
+        let caller = client.clone();
+        callers.push(tokio::spawn(async move {
+            let options = LockOptions::new()
+                .wait_timeout(Duration::from_millis(2_500))
+                .admission(true);
+            match caller.lock_with(name, options).await {
+                Ok(guard) => {
+                    tokio::time::sleep(HOLD).await;
+                    guard.release().await.map(|()| None)
+                }
+                Err(error) => Ok(Some(error)),
+            }
+        }));
+        wait_for_queue_len(&client, name, position + 1).await;
+    }
+    tokio::time::sleep(HOLD).await;
+    holder.release().await.expect("release");
+    first
+        .await
+        .expect("task")
+        .expect("the pace-setter is granted");
+
+    // About 1 s a grant: position 1 makes it, 3 and later cannot and are
+    // refused when the first estimate arrives; 2 is at the edge (refused
+    // later or timed out; the estimate said it would make it).
+    let mut ends = Vec::new();
+    for caller in callers {
+        ends.push(caller.await.expect("task").expect("release"));
+    }
+    assert!(ends[0].is_none(), "position 1 is granted: {:?}", ends[0]);
+    for (i, end) in ends.iter().enumerate().skip(2) {
+        assert!(
+            matches!(
+                end,
+                Some(Error::WouldMissDeadline { position, .. }) if *position == i as u64 + 1
+            ),
+            "position {} is refused on the first estimate: {end:?}",
+            i + 1
+        );
+    }
+    assert!(
+        matches!(
+            ends[1],
+            Some(Error::WaitTimeout { .. } | Error::WouldMissDeadline { .. })
+        ),
+        "{:?}",
+        ends[1]
+    );
+}

@@ -14,6 +14,8 @@
 //! client travel one pipelined connection in order, so the cancel always
 //! runs after any acquire call it races.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -92,6 +94,9 @@ async fn acquire_validated(
     let mut ticket = None;
     // Callers ahead when this waiter joined, and when: a grant rate sample.
     let mut joined: Option<(u64, Instant)> = None;
+    // With admission on: wakes when a new grant-rate estimate says this
+    // waiter cannot make its deadline after all.
+    let mut recheck: Option<Recheck<'_>> = None;
     // Subscribed before the first call that could make a grant for us.
     // The rare, larger futures below are boxed: every waiting task carries
     // its acquire future for its whole wait, so it stays small.
@@ -144,12 +149,21 @@ async fn acquire_validated(
                 state.after_purge(&keys, purged);
                 if ticket.replace(queued_with).is_none() {
                     joined = Some((position, sent_at));
+                    let join = Join {
+                        position,
+                        at: sent_at,
+                    };
                     if let Some(error) =
-                        admission_refused(state, &keys, name, options, position, started)
+                        admission_refused(state, &keys, name, options, join, started)
                     {
                         Box::pin(pending.cancel_now()).await;
                         telemetry.acquire_ended("refused", started);
                         return Err(error);
+                    }
+                    if options.admission && options.wait_timeout.is_some() {
+                        recheck = Some(Box::pin(admission_recheck(
+                            state, &keys, name, options, join, started,
+                        )));
                     }
                     telemetry.contended(position, queued_with);
                     tracing::debug!(
@@ -171,6 +185,11 @@ async fn acquire_validated(
                     name: name.to_owned(),
                     waited: started.elapsed(),
                 });
+            }
+            error = refused_later(&mut recheck) => {
+                Box::pin(pending.cancel_now()).await;
+                telemetry.acquire_ended("refused", started);
+                return Err(error);
             }
         };
         if let WaiterEvent::Granted { token, confirm } = event {
@@ -205,28 +224,71 @@ async fn acquire_validated(
     }
 }
 
+/// Where a waiter joined the queue: the callers ahead, and when.
+#[derive(Clone, Copy)]
+struct Join {
+    position: u64,
+    at: Instant,
+}
+
 /// Deadline-aware admission (see [`LockOptions::admission`]): the error to
-/// fail with if `position` callers ahead cannot be served in what is left
-/// of the wait timeout.
+/// fail with if the callers ahead when this waiter joined cannot all be
+/// served, at the lock's current pace, before its wait timeout runs out.
 fn admission_refused(
     state: &ClientState,
     keys: &LockKeys,
     name: &str,
     options: LockOptions,
-    position: u64,
+    join: Join,
     started: Instant,
 ) -> Option<Error> {
     let timeout = options.wait_timeout.filter(|_| options.admission)?;
     let per_grant = state.grant_rates.per_grant(keys.owner())?;
-    let expected = per_grant.saturating_mul(u32::try_from(position).unwrap_or(u32::MAX));
-    let budget = timeout.saturating_sub(started.elapsed());
+    let expected = per_grant.saturating_mul(u32::try_from(join.position).unwrap_or(u32::MAX));
+    let budget = timeout.saturating_sub(join.at.saturating_duration_since(started));
     (expected > budget).then(|| Error::WouldMissDeadline {
         name: name.to_owned(),
-        position,
+        position: join.position,
         per_grant,
         expected,
         budget,
     })
+}
+
+/// The admission re-check of one waiter, boxed: only callers that asked
+/// for admission carry it.
+type Recheck<'a> = Pin<Box<dyn Future<Output = Error> + Send + 'a>>;
+
+/// Waits for the grant-rate estimates to change and checks admission again
+/// each time, with the position the waiter joined at: resolves to the
+/// refusal once it would miss its deadline, never otherwise. A burst that
+/// queued before the lock had any estimate is told within one grant of
+/// the first estimate, not when its timeouts run out.
+async fn admission_recheck(
+    state: &ClientState,
+    keys: &LockKeys,
+    name: &str,
+    options: LockOptions,
+    join: Join,
+    started: Instant,
+) -> Error {
+    let mut heard = state.grant_rates.announcements();
+    loop {
+        if let Some(error) = admission_refused(state, keys, name, options, join, started) {
+            return error;
+        }
+        if heard.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
+}
+
+/// The re-check's refusal, if this waiter has a re-check.
+async fn refused_later(recheck: &mut Option<Recheck<'_>>) -> Error {
+    match recheck {
+        Some(recheck) => recheck.await,
+        None => std::future::pending().await,
+    }
 }
 
 /// With replica acknowledgement on, keeps the grant only once enough

@@ -86,8 +86,12 @@ impl LockOptions {
     /// within its wait timeout, at the grant rate this client has seen on
     /// the lock, it leaves the queue at once and fails with
     /// [`Error::WouldMissDeadline`] instead of holding a place in line until
-    /// the timeout. Until the client has seen a grant rate, every caller is
-    /// admitted.
+    /// the timeout. Callers that joined before the client had seen a grant
+    /// rate (the head of a burst) are checked again, with the position they
+    /// joined at, whenever the estimate is new or moves by more than a
+    /// quarter: those that cannot make it leave then, within one grant of
+    /// the first estimate. The estimate is a guess: a caller refused on it
+    /// might have been served had the holders ahead been quicker.
     pub fn admission(mut self, on: bool) -> Self {
         self.admission = on;
         self
