@@ -90,12 +90,23 @@ async fn beat_lock(state: &Arc<ClientState>, lock: LockWaiters) {
     match state.run(&lock.keys, &call).await {
         Ok(reply) => {
             state.after_purge(&lock.keys, reply.purged);
+            let probe_holds = reply
+                .holder
+                .as_ref()
+                .is_some_and(|(holder, _)| *holder == lock.probe);
             if let Some((holder, token)) = reply.holder {
                 if state.is_ours(&holder) {
                     route_grant(state, Arc::clone(&lock.keys), &holder, token, true);
                 }
             }
-            if !reply.probe_queued {
+            // The probe left the queue. Usually it was granted while this
+            // call was on its way (it holds the lock, or held it and has
+            // left the registry): nothing is wrong. Only a probe that still
+            // waits here without a place means the queue lost entries, and
+            // then every waiter of the lock checks its place. Rechecking on
+            // every grant instead cost one script per waiter per heartbeat
+            // while a long queue drained.
+            if !reply.probe_queued && !probe_holds && state.waiters.is_waiting(&lock.probe) {
                 state.waiters.recheck_lock(lock.keys.owner());
             }
         }

@@ -144,6 +144,12 @@ impl WaiterRegistry {
         }
     }
 
+    /// Whether `member`'s task still waits here (registered, not yet
+    /// granted, cancelled or given up).
+    pub(crate) fn is_waiting(&self, member: &str) -> bool {
+        self.state().waiters.contains_key(member)
+    }
+
     /// Routes an event to `member`'s task; `false` if nobody waits for it.
     /// The registry's lock is not held while the task is woken.
     pub(crate) fn deliver(&self, member: &str, event: WaiterEvent) -> bool {
