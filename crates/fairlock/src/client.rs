@@ -17,7 +17,7 @@ use crate::guard::{FencingToken, LockGuard};
 use crate::handle::{run_while_held, Held, Lock};
 use crate::heartbeat::spawn_heartbeat;
 use crate::owner::LockOwner;
-use crate::redis::RedisConnection;
+use crate::redis::{Lane, RedisConnection};
 use crate::state::ClientState;
 use crate::task::BackgroundTask;
 use crate::watchdog::spawn_watchdog;
@@ -400,7 +400,11 @@ impl LockClient {
         args: Vec<String>,
     ) -> Result<Reply> {
         self.state().check_open()?;
-        let reply = self.state().redis.eval(script, keys, args).await?;
+        let reply = self
+            .state()
+            .redis
+            .eval(Lane::Holders, script, keys, args)
+            .await?;
         match decode_fenced("fenced write", reply)? {
             FencedReply::Applied(reply) => Ok(reply),
             FencedReply::Stale { newest } => Err(Error::StaleToken {

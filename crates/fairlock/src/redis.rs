@@ -2,9 +2,17 @@
 //!
 //! Everything else in the client speaks in fairlock-core's terms (script
 //! calls, [`Reply`]) so the Redis client can be swapped by rewriting this
-//! file alone. Two connections per process: one for commands (pipelined,
-//! so commands from one process reach Redis in the order they were issued)
-//! and one subscriber that carries the process's single pub/sub channel.
+//! file alone. Three connections per process: two command lanes and one
+//! subscriber that carries the process's single pub/sub channel.
+//!
+//! The two command lanes keep a holder's work out of the waiters' line.
+//! Each lane is pipelined: a command waits for every command sent before
+//! it on that lane. With all commands on one lane, a holder's release (and
+//! the fenced calls of its critical section) queued behind thousands of
+//! waiters' enqueue, heartbeat and cancel scripts when a burst arrived, so
+//! the lock changed hands once per backlog instead of once per round trip.
+//! [`Lane::Holders`] carries what holders send (release, renewal, fenced
+//! calls); [`Lane::Waiters`] everything else.
 
 use std::time::Duration;
 
@@ -22,7 +30,16 @@ use crate::config::ClientConfig;
 use crate::error::{Error, Result};
 use crate::telemetry;
 
-/// The command connection and the subscriber connection of one client.
+/// Which command connection a call goes on (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    /// Enqueue, cancel, heartbeat, inspection and administration.
+    Waiters,
+    /// Release, renewal and fenced calls: what a holder is waited on for.
+    Holders,
+}
+
+/// The command connections and the subscriber connection of one client.
 pub(crate) struct RedisConnection {
     /// Whether the server is a Redis Cluster: then a script may only touch
     /// keys of one slot, and batched calls are made per slot.
@@ -30,6 +47,7 @@ pub(crate) struct RedisConnection {
     /// Whether the connections speak RESP3 (chosen in the URL).
     resp3: bool,
     commands: Client,
+    holders: Client,
     subscriber: SubscriberClient,
     command_timeout: Duration,
 }
@@ -63,6 +81,7 @@ impl RedisConnection {
             // Keep reconnecting forever (0 = no attempt limit), backing off to 2 s.
             .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2));
         let commands = builder.build().map_err(|e| redis_error(&e))?;
+        let holders = builder.build().map_err(|e| redis_error(&e))?;
         let subscriber = builder
             .build_subscriber_client()
             .map_err(|e| redis_error(&e))?;
@@ -73,6 +92,7 @@ impl RedisConnection {
         };
         let started = async {
             commands.init().await?;
+            holders.init().await?;
             subscriber.init().await?;
             Ok::<(), FredError>(())
         };
@@ -87,6 +107,7 @@ impl RedisConnection {
         if let Some(reason) = failure {
             let grace = Duration::from_millis(100);
             let _ = tokio::time::timeout(grace, commands.quit()).await;
+            let _ = tokio::time::timeout(grace, holders.quit()).await;
             let _ = tokio::time::timeout(grace, subscriber.quit()).await;
             return Err(unreachable(reason));
         }
@@ -96,15 +117,33 @@ impl RedisConnection {
             resp3,
             clustered: commands.is_clustered(),
             commands,
+            holders,
             subscriber,
             command_timeout: config.command_timeout,
         })
     }
 
-    /// Runs one lock script call with EVALSHA and decodes its reply.
-    pub(crate) async fn run<C: ScriptCall>(&self, keys: &LockKeys, call: &C) -> Result<C::Output> {
+    /// The connection of `lane`.
+    fn lane(&self, lane: Lane) -> &Client {
+        match lane {
+            Lane::Waiters => &self.commands,
+            Lane::Holders => &self.holders,
+        }
+    }
+
+    /// Runs one lock script call with EVALSHA on `lane` and decodes its
+    /// reply.
+    pub(crate) async fn run<C: ScriptCall>(
+        &self,
+        lane: Lane,
+        keys: &LockKeys,
+        call: &C,
+    ) -> Result<C::Output> {
         let keys: Vec<&str> = keys.all().iter().map(String::as_str).collect();
-        let reply = match self.eval(C::SCRIPT.as_source(), &keys, call.args()).await {
+        let reply = match self
+            .eval(lane, C::SCRIPT.as_source(), &keys, call.args())
+            .await
+        {
             Ok(reply) => reply,
             Err(Error::WrongType(detail)) => return Err(self.name_wrong_keys(&keys, detail).await),
             Err(error) => return Err(error),
@@ -149,6 +188,7 @@ impl RedisConnection {
     pub(crate) async fn renew(&self, batch: &RenewBatch<'_>) -> Result<Vec<RenewStatus>> {
         let reply = self
             .eval(
+                Lane::Holders,
                 RenewBatch::script().as_source(),
                 &batch.keys(),
                 batch.args(),
@@ -157,11 +197,25 @@ impl RedisConnection {
         Ok(RenewBatch::decode(reply)?)
     }
 
-    /// `WAIT replicas timeout` on the command connection: how many replicas
-    /// acknowledged every write this connection sent before.
+    /// `WAIT replicas timeout` on both command lanes: how many replicas
+    /// acknowledged every write either lane sent before (the fewer of the
+    /// two answers; WAIT only covers its own connection's writes).
     pub(crate) async fn wait_replicas(&self, replicas: u32, timeout: Duration) -> Result<u32> {
+        let (waiters, holders) = tokio::join!(
+            self.wait_replicas_on(&self.commands, replicas, timeout),
+            self.wait_replicas_on(&self.holders, replicas, timeout),
+        );
+        Ok(waiters?.min(holders?))
+    }
+
+    async fn wait_replicas_on(
+        &self,
+        connection: &Client,
+        replicas: u32,
+        timeout: Duration,
+    ) -> Result<u32> {
         let command = CustomCommand::new_static("WAIT", ClusterHash::Random, true);
-        let call = self.commands.custom::<Value, _>(
+        let call = connection.custom::<Value, _>(
             command,
             vec![replicas.to_string(), timeout.as_millis().to_string()],
         );
@@ -200,13 +254,14 @@ impl RedisConnection {
     /// restart) loads it and retries once, transparently.
     pub(crate) async fn eval(
         &self,
+        lane: Lane,
         script: ScriptSource<'_>,
         keys: &[&str],
         args: Vec<String>,
     ) -> Result<Reply> {
         let span = telemetry::script_span(script.name);
         let result = self
-            .eval_once_loaded(script, keys, args)
+            .eval_once_loaded(self.lane(lane), script, keys, args)
             .instrument(span.clone())
             .await;
         if let Err(error) = &result {
@@ -217,28 +272,31 @@ impl RedisConnection {
 
     async fn eval_once_loaded(
         &self,
+        connection: &Client,
         script: ScriptSource<'_>,
         keys: &[&str],
         args: Vec<String>,
     ) -> Result<Reply> {
         let keys: Vec<Key> = keys.iter().map(|k| Key::from(*k)).collect();
-        match self.evalsha(script.sha1, &keys, &args, script.name).await {
+        match self
+            .evalsha(connection, script.sha1, &keys, &args, script.name)
+            .await
+        {
             Err(EvalError::NoScript) if self.clustered => {
                 // On a cluster, SCRIPT LOAD would reach one node, not the
                 // one that owns the keys: EVAL is routed by key and caches
                 // the script on that node for the next EVALSHA.
-                let call =
-                    self.commands
-                        .eval::<Value, _, _, _>(script.source.to_owned(), keys, args);
+                let call = connection.eval::<Value, _, _, _>(script.source.to_owned(), keys, args);
                 let value = self.bounded(script.name, call).await?;
                 Ok(to_reply(value))
             }
             Err(EvalError::NoScript) => {
-                let load = self
-                    .commands
-                    .script_load::<String, _>(script.source.to_owned());
+                let load = connection.script_load::<String, _>(script.source.to_owned());
                 self.bounded("SCRIPT LOAD", load).await?;
-                match self.evalsha(script.sha1, &keys, &args, script.name).await {
+                match self
+                    .evalsha(connection, script.sha1, &keys, &args, script.name)
+                    .await
+                {
                     Ok(reply) => Ok(reply),
                     Err(EvalError::Other(error)) => Err(error),
                     Err(EvalError::NoScript) => Err(Error::ScriptMissing(script.name.to_owned())),
@@ -251,14 +309,13 @@ impl RedisConnection {
 
     async fn evalsha(
         &self,
+        connection: &Client,
         sha: &str,
         keys: &[Key],
         args: &[String],
         name: &str,
     ) -> std::result::Result<Reply, EvalError> {
-        let call = self
-            .commands
-            .evalsha::<Value, _, _, _>(sha, keys.to_vec(), args.to_vec());
+        let call = connection.evalsha::<Value, _, _, _>(sha, keys.to_vec(), args.to_vec());
         match tokio::time::timeout(self.command_timeout + SLACK, call).await {
             Ok(Ok(value)) => Ok(to_reply(value)),
             Ok(Err(e)) if e.details().starts_with("NOSCRIPT") => Err(EvalError::NoScript),
@@ -333,10 +390,11 @@ impl RedisConnection {
         }
     }
 
-    /// Closes both connections.
+    /// Closes every connection.
     pub(crate) async fn quit(&self) {
         let _ = tokio::time::timeout(self.command_timeout, self.subscriber.quit()).await;
         let _ = tokio::time::timeout(self.command_timeout, self.commands.quit()).await;
+        let _ = tokio::time::timeout(self.command_timeout, self.holders.quit()).await;
     }
 }
 

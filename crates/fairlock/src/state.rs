@@ -26,7 +26,7 @@ use crate::admission::GrantRates;
 use crate::config::ClientConfig;
 use crate::error::{Error, Result};
 use crate::held::{HeldLock, HeldLocks};
-use crate::redis::RedisConnection;
+use crate::redis::{Lane, RedisConnection};
 use crate::telemetry::waiters_evicted;
 use crate::waiters::{WaiterEvent, WaiterRegistry};
 
@@ -170,12 +170,23 @@ impl ClientState {
         Ok(Arc::new(LockKeys::new(&self.config.prefix, &name)))
     }
 
-    /// Runs a lock script call, refusing once the client is shut down.
+    /// Runs a lock script call on the waiters' lane, refusing once the
+    /// client is shut down.
     pub(crate) async fn run<C: ScriptCall>(&self, keys: &LockKeys, call: &C) -> Result<C::Output> {
+        self.run_on(Lane::Waiters, keys, call).await
+    }
+
+    /// Runs a lock script call on `lane` (see [`Lane`]).
+    pub(crate) async fn run_on<C: ScriptCall>(
+        &self,
+        lane: Lane,
+        keys: &LockKeys,
+        call: &C,
+    ) -> Result<C::Output> {
         self.check_open()?;
         // Boxed: the Redis call's future is large, and every waiting task
         // would otherwise carry it inline for its whole wait.
-        Box::pin(self.redis.run(keys, call)).await
+        Box::pin(self.redis.run(lane, keys, call)).await
     }
 
     /// Renews or checks several grants of one slot in one call.
@@ -226,7 +237,8 @@ impl ClientState {
         member: &str,
     ) -> Result<()> {
         let reply = self
-            .run(
+            .run_on(
+                Lane::Holders,
                 keys,
                 &Release {
                     member,
