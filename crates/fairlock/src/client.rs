@@ -56,8 +56,10 @@ pub struct ClientStats {
 
 /// A fairlock client: connect once per process and clone it into tasks.
 ///
-/// It holds two Redis connections (commands, and the single pub/sub
-/// subscription of the process) and three background tasks: the grant
+/// It holds three Redis connections (two command lanes, one for waiters'
+/// and one for holders' calls so a release never queues behind a burst of
+/// enqueues, and the single pub/sub subscription of the process) and three
+/// background tasks: the grant
 /// router, the waiter heartbeat and the lease watchdog. They stop when the
 /// last clone of the client is dropped, or at [`LockClient::shutdown`].
 #[derive(Clone)]
