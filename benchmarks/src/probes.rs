@@ -97,6 +97,10 @@ pub struct WaiterCost {
     pub queued: u64,
     /// Client RSS growth per waiter, bytes.
     pub client_bytes_per_waiter: f64,
+    /// Client live heap growth per waiter (glibc `mallinfo2`: bytes in
+    /// allocated chunks), bytes. RSS also keeps freed memory the allocator
+    /// has not returned, such as the peak of the enqueue burst.
+    pub client_heap_per_waiter: f64,
     /// Redis `used_memory` growth per waiter, bytes.
     pub redis_bytes_per_waiter: f64,
     /// Redis connections the process held.
@@ -131,6 +135,7 @@ pub async fn fairlock_waiters(
         let holder = client.lock(name).await?;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let rss_before = rss_bytes()?;
+        let heap_before = heap_bytes();
         let redis_before = admin.used_memory().await?;
 
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -168,6 +173,7 @@ pub async fn fairlock_waiters(
         let enqueue_s = started.elapsed().as_secs_f64();
         tokio::time::sleep(Duration::from_millis(300)).await;
         let rss_after = rss_bytes()?;
+        let heap_after = heap_bytes();
         let redis_after = admin.used_memory().await?;
         let ours: Vec<_> = admin
             .clients()
@@ -201,6 +207,7 @@ pub async fn fairlock_waiters(
             waiters,
             queued,
             client_bytes_per_waiter: (rss_after as f64 - rss_before as f64) / n,
+            client_heap_per_waiter: (heap_after - heap_before) / n,
             redis_bytes_per_waiter: (redis_after - redis_before) / n,
             connections: ours.len(),
             subscriber_connections: ours.iter().filter(|c| subscribed(c)).count(),
@@ -216,6 +223,14 @@ pub async fn fairlock_waiters(
 /// Resolves once the stop signal is set (or its sender is gone).
 async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Bytes in this process's allocated heap chunks, all arenas (glibc
+/// `mallinfo2`: `uordblks` plus mmapped blocks).
+fn heap_bytes() -> f64 {
+    // SAFETY: mallinfo2 only reads the allocator's statistics.
+    let info = unsafe { libc::mallinfo2() };
+    info.uordblks as f64 + info.hblkhd as f64
 }
 
 /// This process's resident set size, from /proc/self/status.
