@@ -77,7 +77,7 @@ pub fn to_reply(resp: Resp) -> fairlock_core::Reply {
     match resp {
         Resp::Int(i) => Reply::Int(i),
         Resp::Simple(s) => Reply::Str(s),
-        Resp::Bulk(Some(b)) => Reply::Str(String::from_utf8_lossy(&b).into_owned()),
+        Resp::Bulk(Some(b)) => Reply::from_bulk(b),
         Resp::Bulk(None) | Resp::Array(None) => Reply::Nil,
         Resp::Array(Some(items)) => Reply::Array(items.into_iter().map(to_reply).collect()),
         Resp::Error(e) => panic!("raw script failed: {e}"),

@@ -647,7 +647,10 @@ async fn queued_member_with_an_unusable_lease_is_passed_over() {
         let _listener = listener(&server, "fairlock:notify:00000000000000ee").await;
         let result = bounded("lock", client.try_lock("lease0")).await;
         assert!(
-            !matches!(result, Err(Error::ScriptFailed { .. } | Error::Redis(_))),
+            !matches!(
+                result,
+                Err(Error::ScriptFailed { .. } | Error::Redis { .. })
+            ),
             "lease {lease}: {result:?}"
         );
     }
@@ -707,7 +710,7 @@ async fn redis_dying_mid_wait() {
     assert!(
         matches!(
             bounded_wait,
-            Err(Error::WaitTimeout { .. } | Error::Timeout { .. } | Error::Redis(_))
+            Err(Error::WaitTimeout { .. } | Error::Timeout { .. } | Error::Redis { .. })
         ),
         "{bounded_wait:?}"
     );
@@ -839,7 +842,7 @@ async fn out_of_memory_is_a_typed_error_and_release_still_works() {
             "{r}:fence",
             "{r}:value",
             holder.token(),
-            fairlock::FencedOp::Set("1"),
+            fairlock::FencedOp::set("1"),
         ),
     )
     .await;

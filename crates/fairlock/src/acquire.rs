@@ -20,7 +20,8 @@ use std::time::Instant;
 use tracing::Instrument;
 
 use fairlock_core::{
-    Acquire, AcquireMode, AcquireReply, LockKeys, RenewBatch, RenewItem, RenewStatus,
+    Acquire, AcquireMode, AcquireReply, LockKeys, LockName, ProtocolError, RenewBatch, RenewItem,
+    RenewStatus,
 };
 
 use crate::config::{millis, Lease, LockOptions};
@@ -41,24 +42,24 @@ pub(crate) enum Mode {
 /// busy.
 pub(crate) async fn acquire(
     state: &Arc<ClientState>,
-    name: &str,
+    name: &LockName,
     options: LockOptions,
     mode: Mode,
 ) -> Result<Option<Arc<HeldLock>>> {
-    let keys = state.keys(name)?;
+    let keys = state.keys(name);
     acquire_keys(state, name, keys, options, mode).await
 }
 
 /// [`acquire`] with the keys computed already (a [`crate::Lock`] handle).
 pub(crate) async fn acquire_keys(
     state: &Arc<ClientState>,
-    name: &str,
+    name: &LockName,
     keys: Arc<LockKeys>,
     options: LockOptions,
     mode: Mode,
 ) -> Result<Option<Arc<HeldLock>>> {
     options.validate()?;
-    let span = tracing::debug_span!("fairlock.acquire", lock = name, mode = ?mode);
+    let span = tracing::debug_span!("fairlock.acquire", lock = name.as_str(), mode = ?mode);
     acquire_validated(state, name, keys, options, mode)
         .instrument(span)
         .await
@@ -66,12 +67,12 @@ pub(crate) async fn acquire_keys(
 
 async fn acquire_validated(
     state: &Arc<ClientState>,
-    name: &str,
+    name: &LockName,
     keys: Arc<LockKeys>,
     options: LockOptions,
     mode: Mode,
 ) -> Result<Option<Arc<HeldLock>>> {
-    let telemetry = state.config.metrics_lock_label.labels(name);
+    let telemetry = state.config.metrics_lock_label.labels(name.as_str());
     let started = Instant::now();
     let lease_len = match options.lease {
         Lease::Fixed(lease) => lease,
@@ -160,7 +161,7 @@ async fn acquire_validated(
                 Box::pin(pending.cancel_now()).await;
                 telemetry.acquire_ended("timeout", started);
                 return Err(Error::WaitTimeout {
-                    name: name.to_owned(),
+                    name: name.to_string(),
                     waited: started.elapsed(),
                 });
             }
@@ -196,13 +197,25 @@ async fn acquire_validated(
     }
 }
 
+/// The grant of an acquire in [`Mode::Wait`], which ends in a grant or an
+/// error: `acquire.lua` never answers "busy" to a waiting caller, so a
+/// `None` here means the script in Redis broke its header's promise.
+pub(crate) fn waited_grant<T>(outcome: Option<T>) -> Result<T> {
+    outcome.ok_or_else(|| {
+        Error::Protocol(ProtocolError {
+            script: "acquire",
+            detail: "answered busy to a caller that waits in the queue".to_owned(),
+        })
+    })
+}
+
 /// Deadline-aware admission (see [`LockOptions::admission`]): the error to
 /// fail with if `position` callers ahead cannot be served in what is left
 /// of the wait timeout.
 fn admission_refused(
     state: &ClientState,
     keys: &LockKeys,
-    name: &str,
+    name: &LockName,
     options: LockOptions,
     position: u64,
     started: Instant,
@@ -212,7 +225,7 @@ fn admission_refused(
     let expected = per_grant.saturating_mul(u32::try_from(position).unwrap_or(u32::MAX));
     let budget = timeout.saturating_sub(started.elapsed());
     (expected > budget).then(|| Error::WouldMissDeadline {
-        name: name.to_owned(),
+        name: name.to_string(),
         position,
         per_grant,
         expected,
@@ -315,10 +328,10 @@ impl<'a> PendingAcquire<'a> {
     /// The caller owns the lock: record the grant (before leaving the
     /// waiter registry, so a duplicate grant message is never taken for an
     /// orphan) and hand it to the watchdog.
-    fn granted(&mut self, name: &str, grant: Grant) -> Arc<HeldLock> {
+    fn granted(&mut self, name: &LockName, grant: Grant) -> Arc<HeldLock> {
         let (token, ticket) = (grant.token, grant.ticket);
         let held = Arc::new(HeldLock::new(
-            name.to_owned(),
+            name.clone(),
             Arc::clone(self.keys),
             self.member.to_owned(),
             grant,

@@ -164,10 +164,9 @@ impl ClientState {
         Ok(())
     }
 
-    /// The keys of lock `name`, validating the name.
-    pub(crate) fn keys(&self, name: &str) -> Result<Arc<LockKeys>> {
-        let name = LockName::new(name)?;
-        Ok(Arc::new(LockKeys::new(&self.config.prefix, &name)))
+    /// The keys of lock `name`.
+    pub(crate) fn keys(&self, name: &LockName) -> Arc<LockKeys> {
+        Arc::new(LockKeys::new(&self.config.prefix, name))
     }
 
     /// Runs a lock script call, refusing once the client is shut down.
@@ -209,7 +208,7 @@ impl ClientState {
         }
         self.held.forget(&held.member);
         let result = self
-            .release_member(&held.name, &held.keys, &held.member)
+            .release_member(held.name.as_str(), &held.keys, &held.member)
             .await;
         held.telemetry.held_for(held.granted_at);
         tracing::debug!(lock = %held.name, token = held.token, ok = result.is_ok(), "fairlock lock released");
