@@ -15,13 +15,14 @@ use tokio::task::JoinHandle;
 
 /// Short timings: 100 ms heartbeats, 1 s waiter timeout, 3 s watchdog lease.
 pub fn fast_config(server: &RedisServer) -> ClientConfig {
-    let mut config = ClientConfig::new(server.url());
-    config.connect_timeout = Duration::from_secs(3);
-    config.command_timeout = Duration::from_secs(3);
-    config.heartbeat_interval = Duration::from_millis(100);
-    config.waiter_timeout = Duration::from_secs(1);
-    config.watchdog_lease = Duration::from_secs(3);
-    config
+    ClientConfig::builder(server.url())
+        .connect_timeout(Duration::from_secs(3))
+        .command_timeout(Duration::from_secs(3))
+        .heartbeat_interval(Duration::from_millis(100))
+        .waiter_timeout(Duration::from_secs(1))
+        .watchdog_lease(Duration::from_secs(3))
+        .build()
+        .expect("the fast test timings are valid")
 }
 
 /// Starts a redis-server for one test; it is killed when dropped.

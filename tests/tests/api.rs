@@ -163,3 +163,92 @@ async fn binary_lock_names_are_locks_of_their_own() {
         Err(Error::InvalidName(fairlock::NameError::Empty))
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_config_builder_checks_every_value_before_any_connection() {
+    use fairlock::{ClientConfig, EvictionCheck, LockClient};
+    // Nothing listens on port 1: a refused value never got that far.
+    let builder = || ClientConfig::builder("redis://127.0.0.1:1");
+    let refused = [
+        (
+            "zero connect timeout",
+            builder().connect_timeout(Duration::ZERO).build(),
+        ),
+        (
+            "zero command timeout",
+            builder().command_timeout(Duration::ZERO).build(),
+        ),
+        (
+            "zero heartbeat",
+            builder().heartbeat_interval(Duration::ZERO).build(),
+        ),
+        (
+            "zero watchdog lease",
+            builder().watchdog_lease(Duration::ZERO).build(),
+        ),
+        (
+            "waiter TTL shorter than the heartbeat",
+            builder()
+                .heartbeat_interval(Duration::from_secs(2))
+                .waiter_timeout(Duration::from_secs(1))
+                .build(),
+        ),
+        (
+            "waiter TTL equal to the heartbeat",
+            builder()
+                .heartbeat_interval(Duration::from_secs(1))
+                .waiter_timeout(Duration::from_secs(1))
+                .build(),
+        ),
+        (
+            "a lease of days (a unit mistake)",
+            builder()
+                .watchdog_lease(Duration::from_secs(90_000))
+                .build(),
+        ),
+        (
+            "zero replicas",
+            builder()
+                .replica_acks(0, Duration::from_millis(100))
+                .build(),
+        ),
+        (
+            "zero replica timeout",
+            builder().replica_acks(1, Duration::ZERO).build(),
+        ),
+    ];
+    for (what, result) in refused {
+        match result {
+            Err(Error::InvalidOptions(message)) => {
+                assert!(!message.is_empty(), "{what}");
+            }
+            other => panic!("{what}: expected InvalidOptions, got {other:?}"),
+        }
+    }
+    assert!(matches!(
+        builder().prefix("a{b").build(),
+        Err(Error::InvalidName(fairlock::NameError::PrefixHasBraces(_)))
+    ));
+
+    // A valid configuration connects, and its values are the ones used.
+    let server = server();
+    let config = ClientConfig::builder(server.url())
+        .prefix("built:")
+        .heartbeat_interval(Duration::from_millis(100))
+        .waiter_timeout(Duration::from_secs(1))
+        .watchdog_lease(Duration::from_secs(3))
+        .eviction_check(EvictionCheck::Off)
+        .build()
+        .expect("valid configuration");
+    assert_eq!(config.waiter_timeout, Duration::from_secs(1));
+    let client = LockClient::with_config(config).await.expect("connect");
+    let guard = client.lock("built").await.expect("lock");
+    assert_eq!(
+        server
+            .cmd(&["EXISTS", "built:{built}:owner"])
+            .expect("EXISTS"),
+        Resp::Int(1),
+        "the built prefix names the keys"
+    );
+    guard.release().await.expect("release");
+}

@@ -47,7 +47,9 @@ mod waiters;
 mod watchdog;
 
 pub use client::{ClientStats, LockClient};
-pub use config::{ClientConfig, EvictionCheck, Lease, LockOptions, ReplicaAcks, MAX_DURATION};
+pub use config::{
+    ClientConfig, ClientConfigBuilder, EvictionCheck, Lease, LockOptions, ReplicaAcks, MAX_DURATION,
+};
 pub use error::{Error, RedisError, RedisErrorKind, Result};
 pub use fairlock_core::{
     FencedOp, FencedScript, KeyPrefix, LockName, LockState, NameError, ProtocolError, QueuedWaiter,
