@@ -252,3 +252,87 @@ async fn the_config_builder_checks_every_value_before_any_connection() {
     );
     guard.release().await.expect("release");
 }
+
+/// Polls until lock `name` has `waiters` queue entries; panics if that
+/// does not happen within 10 s (a liveness bound, not a timing assertion).
+async fn until_queued(client: &fairlock::LockClient, name: &str, waiters: u64) {
+    for _ in 0..1_000 {
+        if client.inspect(name).await.expect("inspect").queue_len == waiters {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("lock {name} never had {waiters} waiters");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_lock_with_waits_up_to_its_wait_timeout_in_the_queue() {
+    let server = server();
+    let clients = clients(&server, 3).await;
+    let (holder, trier, waiter) = (&clients[0], &clients[1], &clients[2]);
+    let name = "api:try-wait";
+    let held = holder.lock(name).await.expect("lock");
+
+    // Without a wait timeout, or with a zero one, try never queues.
+    assert!(trier.try_lock(name).await.expect("try").is_none());
+    let zero = LockOptions::new().wait_timeout(Duration::ZERO);
+    assert!(trier
+        .try_lock_with(name, zero)
+        .await
+        .expect("try")
+        .is_none());
+    assert_eq!(trier.inspect(name).await.expect("inspect").queue_len, 0);
+
+    // With one, it waits in the queue, and gives up with Ok(None) (not an
+    // error), leaving the queue.
+    let short = LockOptions::new().wait_timeout(Duration::from_millis(300));
+    assert!(trier
+        .try_lock_with(name, short)
+        .await
+        .expect("try")
+        .is_none());
+    assert_eq!(trier.stats().waiters, 0);
+    assert_eq!(trier.inspect(name).await.expect("inspect").queue_len, 0);
+
+    // It waits fairly: behind a waiter already queued, and it gets the
+    // lock once that waiter is done.
+    let first = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { waiter.lock(name).await.expect("first waiter") })
+    };
+    until_queued(trier, name, 1).await;
+    let second = {
+        let trier = trier.clone();
+        let long = LockOptions::new().wait_timeout(Duration::from_secs(30));
+        tokio::spawn(async move { trier.try_lock_with(name, long).await })
+    };
+    until_queued(trier, name, 2).await;
+    held.release().await.expect("release");
+    // If the try overtook the earlier waiter, that waiter would wait for
+    // the try's unreleased guard: bounded, so the test fails, not hangs.
+    let first = tokio::time::timeout(Duration::from_secs(10), first)
+        .await
+        .expect("FIFO: the earlier waiter is granted first")
+        .expect("join");
+    let first_token = first.token();
+    first.release().await.expect("release");
+    let second = second
+        .await
+        .expect("join")
+        .expect("try_lock_with")
+        .expect("granted within its wait timeout");
+    assert!(
+        second.token() > first_token,
+        "granted after the earlier waiter"
+    );
+
+    // A Lock handle's try_lock honours the handle's wait timeout too.
+    let handle = waiter
+        .handle(name)
+        .expect("handle")
+        .with_options(LockOptions::new().wait_timeout(Duration::from_millis(200)));
+    assert!(handle.try_lock().await.expect("try").is_none());
+    second.release().await.expect("release");
+    let again = handle.try_lock().await.expect("try").expect("free now");
+    again.release().await.expect("release");
+}

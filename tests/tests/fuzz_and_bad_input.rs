@@ -243,7 +243,7 @@ async fn options_at_their_extremes() {
         }
     }
     assert_eq!(dump(&server), before, "refused options changed Redis");
-    // try_lock never waits, but an absurd wait timeout is refused there too.
+    // try_lock_with waits up to its wait timeout; an absurd one is refused there too.
     for wait in refused_waits {
         let options = LockOptions::new().wait_timeout(wait);
         let try_lock = bounded("try", client.try_lock_with("free", options)).await;

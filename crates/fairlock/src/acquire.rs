@@ -51,6 +51,10 @@ pub(crate) async fn acquire(
 }
 
 /// [`acquire`] with the keys computed already (a [`crate::Lock`] handle).
+///
+/// A try with a non-zero wait timeout waits for the lock up to that long,
+/// in the queue like any waiter (so it never overtakes one), and ends in
+/// `None` instead of [`Error::WaitTimeout`] when the time runs out.
 pub(crate) async fn acquire_keys(
     state: &Arc<ClientState>,
     name: &LockName,
@@ -59,10 +63,16 @@ pub(crate) async fn acquire_keys(
     mode: Mode,
 ) -> Result<Option<Arc<HeldLock>>> {
     options.validate()?;
+    let try_waits = mode == Mode::Try && options.wait_timeout.is_some_and(|t| !t.is_zero());
+    let mode = if try_waits { Mode::Wait } else { mode };
     let span = tracing::debug_span!("fairlock.acquire", lock = name.as_str(), mode = ?mode);
-    acquire_validated(state, name, keys, options, mode)
+    let outcome = acquire_validated(state, name, keys, options, mode)
         .instrument(span)
-        .await
+        .await;
+    match outcome {
+        Err(Error::WaitTimeout { .. }) if try_waits => Ok(None),
+        outcome => outcome,
+    }
 }
 
 async fn acquire_validated(

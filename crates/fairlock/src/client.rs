@@ -216,8 +216,24 @@ impl LockClient {
         self.try_lock_with(name, LockOptions::default()).await
     }
 
-    /// [`LockClient::try_lock`] with a lease from `options` (the wait
-    /// timeout is ignored: try never waits).
+    /// [`LockClient::try_lock`] with a lease and wait timeout from
+    /// `options`. Without a wait timeout (or with a zero one) it does not
+    /// wait: `Ok(None)` unless the lock is free with nobody queued. With
+    /// one, it waits in the queue like [`LockClient::lock_with`] (fairly:
+    /// behind the waiters already there) and returns `Ok(None)` instead of
+    /// [`Error::WaitTimeout`] if the time runs out, having left the queue.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: fairlock::LockClient) -> fairlock::Result<()> {
+    /// use std::time::Duration;
+    /// let options = fairlock::LockOptions::new().wait_timeout(Duration::from_millis(200));
+    /// match client.try_lock_with("report", options).await? {
+    ///     Some(guard) => guard.release().await?,
+    ///     None => println!("busy for 200 ms; skipping this run"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn try_lock_with(
         &self,
         name: impl AsRef<[u8]>,

@@ -136,7 +136,9 @@ impl Lock {
         Ok(LockGuard::new(Arc::clone(self.state()), held))
     }
 
-    /// Takes the lock only if it is free and nobody waits.
+    /// Takes the lock only if it is free and nobody waits or, if the
+    /// handle's options have a wait timeout, waits up to that long (see
+    /// [`LockClient::try_lock_with`]).
     pub async fn try_lock(&self) -> Result<Option<LockGuard>> {
         Ok(acquire_keys(
             self.state(),
