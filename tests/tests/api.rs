@@ -145,6 +145,9 @@ async fn binary_lock_names_are_locks_of_their_own() {
     }
     let state = client.inspect(ff).await.expect("inspect by bytes");
     assert_eq!(state.owner.as_deref(), Some(guard.owner_id()));
+    // A checked LockName is a name wherever one is taken.
+    let by_name = client.inspect(guard.lock_name()).await.expect("inspect");
+    assert_eq!(by_name.token, guard.token().value());
 
     // Re-entry is keyed by the exact bytes too.
     let owner = client.owner();

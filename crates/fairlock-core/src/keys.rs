@@ -151,6 +151,14 @@ impl LockName {
     }
 }
 
+/// A checked name is bytes too, so it can be passed wherever a name is
+/// taken as `impl AsRef<[u8]>`.
+impl AsRef<[u8]> for LockName {
+    fn as_ref(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
 impl PartialEq for LockName {
     fn eq(&self, other: &Self) -> bool {
         self.as_bytes() == other.as_bytes()

@@ -42,12 +42,13 @@ pub(crate) enum Mode {
 /// busy.
 pub(crate) async fn acquire(
     state: &Arc<ClientState>,
-    name: &LockName,
+    name: impl AsRef<[u8]>,
     options: LockOptions,
     mode: Mode,
 ) -> Result<Option<Arc<HeldLock>>> {
-    let keys = state.keys(name);
-    acquire_keys(state, name, keys, options, mode).await
+    let name = LockName::new(name)?;
+    let keys = state.keys_of(&name);
+    acquire_keys(state, &name, keys, options, mode).await
 }
 
 /// [`acquire`] with the keys computed already (a [`crate::Lock`] handle).

@@ -205,8 +205,7 @@ impl LockClient {
         name: impl AsRef<[u8]>,
         options: LockOptions,
     ) -> Result<LockGuard> {
-        let name = LockName::new(name)?;
-        let held = waited_grant(acquire(self.state(), &name, options, Mode::Wait).await?)?;
+        let held = waited_grant(acquire(self.state(), name, options, Mode::Wait).await?)?;
         Ok(LockGuard::new(Arc::clone(self.state()), held))
     }
 
@@ -239,8 +238,7 @@ impl LockClient {
         name: impl AsRef<[u8]>,
         options: LockOptions,
     ) -> Result<Option<LockGuard>> {
-        let name = LockName::new(name)?;
-        Ok(acquire(self.state(), &name, options, Mode::Try)
+        Ok(acquire(self.state(), name, options, Mode::Try)
             .await?
             .map(|held| LockGuard::new(Arc::clone(self.state()), held)))
     }
@@ -251,7 +249,7 @@ impl LockClient {
     /// holder has the lock.
     pub async fn release_by_owner_id(&self, name: impl AsRef<[u8]>, owner_id: &str) -> Result<()> {
         let name = LockName::new(name)?;
-        let keys = self.state().keys(&name);
+        let keys = self.state().keys_of(&name);
         self.state()
             .release_member(name.as_str(), &keys, owner_id)
             .await
@@ -268,7 +266,7 @@ impl LockClient {
     ) -> Result<()> {
         let name = LockName::new(name)?;
         LockOptions::new().lease(lease).validate()?;
-        let keys = self.state().keys(&name);
+        let keys = self.state().keys_of(&name);
         let batch = RenewBatch {
             items: vec![RenewItem {
                 owner_key: keys.owner(),
@@ -296,7 +294,7 @@ impl LockClient {
     /// holder, so a retry never frees the next one.
     pub async fn force_release(&self, name: impl AsRef<[u8]>) -> Result<bool> {
         let name = LockName::new(name)?;
-        let keys = self.state().keys(&name);
+        let keys = self.state().keys_of(&name);
         let seen = self.state().run(&keys, &Inspect { waiters: 0 }).await?;
         // The grant seen, member and token: a resend never frees a later
         // grant, not even one to the same member.
@@ -314,7 +312,7 @@ impl LockClient {
     /// if another holder has it by now or it is free. An empty `holder`
     /// only hands a free lock with waiters on.
     pub async fn force_release_from(&self, name: impl AsRef<[u8]>, holder: &str) -> Result<bool> {
-        let keys = self.state().keys(&LockName::new(name)?);
+        let keys = self.state().keys(name)?;
         let state = self.state();
         let reply = state
             .run(
@@ -333,7 +331,7 @@ impl LockClient {
     /// A read-only snapshot of lock `name`: holder, token, lease, queue
     /// length and the first `waiters` waiters with their liveness.
     pub async fn inspect_queue(&self, name: impl AsRef<[u8]>, waiters: u64) -> Result<LockState> {
-        let keys = self.state().keys(&LockName::new(name)?);
+        let keys = self.state().keys(name)?;
         self.state().run(&keys, &Inspect { waiters }).await
     }
 

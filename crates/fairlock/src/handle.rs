@@ -87,7 +87,7 @@ impl Held {
 
 impl Lock {
     pub(crate) fn new(client: LockClient, name: LockName) -> Self {
-        let keys = client.state().keys(&name);
+        let keys = client.state().keys_of(&name);
         Self {
             client,
             name,

@@ -164,8 +164,13 @@ impl ClientState {
         Ok(())
     }
 
-    /// The keys of lock `name`.
-    pub(crate) fn keys(&self, name: &LockName) -> Arc<LockKeys> {
+    /// The keys of lock `name`, validating the name.
+    pub(crate) fn keys(&self, name: impl AsRef<[u8]>) -> Result<Arc<LockKeys>> {
+        Ok(self.keys_of(&LockName::new(name)?))
+    }
+
+    /// The keys of lock `name`, checked already.
+    pub(crate) fn keys_of(&self, name: &LockName) -> Arc<LockKeys> {
         Arc::new(LockKeys::new(&self.config.prefix, name))
     }
 
