@@ -15,13 +15,14 @@ use tokio::task::JoinHandle;
 
 /// Short timings: 100 ms heartbeats, 1 s waiter timeout, 3 s watchdog lease.
 pub fn fast_config(server: &RedisServer) -> ClientConfig {
-    let mut config = ClientConfig::new(server.url());
-    config.connect_timeout = Duration::from_secs(3);
-    config.command_timeout = Duration::from_secs(3);
-    config.heartbeat_interval = Duration::from_millis(100);
-    config.waiter_timeout = Duration::from_secs(1);
-    config.watchdog_lease = Duration::from_secs(3);
-    config
+    ClientConfig::builder(server.url())
+        .connect_timeout(Duration::from_secs(3))
+        .command_timeout(Duration::from_secs(3))
+        .heartbeat_interval(Duration::from_millis(100))
+        .waiter_timeout(Duration::from_secs(1))
+        .watchdog_lease(Duration::from_secs(3))
+        .build()
+        .expect("the fast test timings are valid")
 }
 
 /// Starts a redis-server for one test; it is killed when dropped.
@@ -77,7 +78,7 @@ pub fn to_reply(resp: Resp) -> fairlock_core::Reply {
     match resp {
         Resp::Int(i) => Reply::Int(i),
         Resp::Simple(s) => Reply::Str(s),
-        Resp::Bulk(Some(b)) => Reply::Str(String::from_utf8_lossy(&b).into_owned()),
+        Resp::Bulk(Some(b)) => Reply::from_bulk(b),
         Resp::Bulk(None) | Resp::Array(None) => Reply::Nil,
         Resp::Array(Some(items)) => Reply::Array(items.into_iter().map(to_reply).collect()),
         Resp::Error(e) => panic!("raw script failed: {e}"),

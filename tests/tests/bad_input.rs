@@ -159,7 +159,7 @@ async fn calls_to_a_dead_server_fail_instead_of_hanging() {
         matches!(
             result,
             Ok(Err(Error::Timeout { .. }
-                | Error::Redis(_)
+                | Error::Redis { .. }
                 | Error::Unreachable { .. }))
         ),
         "{:?}",

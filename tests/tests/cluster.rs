@@ -331,18 +331,18 @@ async fn core_cases_hold_on_the_cluster() {
         .await
         .expect("first holder");
     clients[0]
-        .fenced_write(fence, value, paused.token(), FencedOp::Set("first"))
+        .fenced_write(fence, value, paused.token(), FencedOp::set("first"))
         .await
         .expect("a fresh token writes");
     tokio::time::sleep(Duration::from_millis(600)).await;
     let newer = clients[1].lock("stock:c").await.expect("newer holder");
     assert!(newer.token() > paused.token());
     clients[1]
-        .fenced_write(fence, value, newer.token(), FencedOp::Set("second"))
+        .fenced_write(fence, value, newer.token(), FencedOp::set("second"))
         .await
         .expect("newer write");
     let refused = clients[0]
-        .fenced_write(fence, value, paused.token(), FencedOp::Set("stale"))
+        .fenced_write(fence, value, paused.token(), FencedOp::set("stale"))
         .await;
     assert!(
         matches!(refused, Err(Error::StaleToken { .. })),

@@ -243,7 +243,7 @@ async fn options_at_their_extremes() {
         }
     }
     assert_eq!(dump(&server), before, "refused options changed Redis");
-    // try_lock never waits, but an absurd wait timeout is refused there too.
+    // try_lock_with waits up to its wait timeout; an absurd one is refused there too.
     for wait in refused_waits {
         let options = LockOptions::new().wait_timeout(wait);
         let try_lock = bounded("try", client.try_lock_with("free", options)).await;
@@ -647,7 +647,10 @@ async fn queued_member_with_an_unusable_lease_is_passed_over() {
         let _listener = listener(&server, "fairlock:notify:00000000000000ee").await;
         let result = bounded("lock", client.try_lock("lease0")).await;
         assert!(
-            !matches!(result, Err(Error::ScriptFailed { .. } | Error::Redis(_))),
+            !matches!(
+                result,
+                Err(Error::ScriptFailed { .. } | Error::Redis { .. })
+            ),
             "lease {lease}: {result:?}"
         );
     }
@@ -707,7 +710,7 @@ async fn redis_dying_mid_wait() {
     assert!(
         matches!(
             bounded_wait,
-            Err(Error::WaitTimeout { .. } | Error::Timeout { .. } | Error::Redis(_))
+            Err(Error::WaitTimeout { .. } | Error::Timeout { .. } | Error::Redis { .. })
         ),
         "{bounded_wait:?}"
     );
@@ -839,7 +842,7 @@ async fn out_of_memory_is_a_typed_error_and_release_still_works() {
             "{r}:fence",
             "{r}:value",
             holder.token(),
-            fairlock::FencedOp::Set("1"),
+            fairlock::FencedOp::set("1"),
         ),
     )
     .await;

@@ -225,7 +225,7 @@ async fn a_paused_holders_stale_write_is_rejected() {
         .await
         .expect("first holder");
     paused_client
-        .fenced_write(fence, value, paused.token(), FencedOp::Set("first"))
+        .fenced_write(fence, value, paused.token(), FencedOp::set("first"))
         .await
         .expect("a fresh token writes");
     tokio::time::sleep(Duration::from_millis(600)).await; // the "GC pause"
@@ -236,7 +236,7 @@ async fn a_paused_holders_stale_write_is_rejected() {
         .expect("the lease ran out, a newer holder gets it");
     assert!(newer.token() > paused.token());
     client
-        .fenced_write(fence, value, newer.token(), FencedOp::Set("second"))
+        .fenced_write(fence, value, newer.token(), FencedOp::set("second"))
         .await
         .expect("newer write");
     client
@@ -246,10 +246,10 @@ async fn a_paused_holders_stale_write_is_rejected() {
 
     for op in [
         FencedOp::Get,
-        FencedOp::HGet("f"),
-        FencedOp::Set("stale"),
+        FencedOp::hget("f"),
+        FencedOp::set("stale"),
         FencedOp::IncrBy(100),
-        FencedOp::HSet("f", "stale"),
+        FencedOp::hset("f", "stale"),
     ] {
         let target = match op {
             FencedOp::Set(_) | FencedOp::Get => value,

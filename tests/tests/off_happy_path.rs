@@ -134,15 +134,15 @@ async fn losing_every_key_never_rewinds_tokens_and_one_token_admits_one_holder()
     let a = FencingToken::new(7, "0000000000000000000000000000000a").expect("token");
     let b = FencingToken::new(7, "0000000000000000000000000000000b").expect("token");
     client
-        .fenced_write(fence, "{res}:v", a, FencedOp::Set("a"))
+        .fenced_write(fence, "{res}:v", a, FencedOp::set("a"))
         .await
         .expect("first holder writes");
     client
-        .fenced_write(fence, "{res}:v", a, FencedOp::Set("a2"))
+        .fenced_write(fence, "{res}:v", a, FencedOp::set("a2"))
         .await
         .expect("the same holder may write again");
     let refused = client
-        .fenced_write(fence, "{res}:v", b, FencedOp::Set("b"))
+        .fenced_write(fence, "{res}:v", b, FencedOp::set("b"))
         .await;
     assert!(
         matches!(refused, Err(Error::StaleToken { .. })),

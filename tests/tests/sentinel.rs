@@ -12,10 +12,8 @@ async fn sentinel_client(group: &SentinelGroup, acks: Option<u32>) -> LockClient
     config.heartbeat_interval = Duration::from_millis(100);
     config.waiter_timeout = Duration::from_secs(1);
     config.watchdog_lease = Duration::from_secs(3);
-    config.replica_acks = acks.map(|replicas| ReplicaAcks {
-        replicas,
-        timeout: Duration::from_millis(500),
-    });
+    config.replica_acks =
+        acks.map(|replicas| ReplicaAcks::new(replicas, Duration::from_millis(500)));
     LockClient::with_config(config)
         .await
         .expect("client connects through sentinel")

@@ -12,7 +12,9 @@
 //! changes (e.g. it starts taking the holder's identity as well as the
 //! token), only [`FencedCounter::read`] and [`FencedCounter::write`] change.
 
-use fairlock::{ClientConfig, Error, FencedOp, FencedScript, LockClient, LockGuard, Reply};
+use fairlock::{
+    ClientConfig, Error, FencedOp, FencedScript, LockClient, LockGuard, ProtocolError, Reply,
+};
 
 use crate::events::AppliedWrite;
 
@@ -64,16 +66,17 @@ impl FencedCounter {
             .client
             .fenced_write(&keys.fence, &keys.counter, guard.token(), FencedOp::Get)
             .await?;
+        let not_a_count = |read: &dyn std::fmt::Debug| {
+            Error::Protocol(ProtocolError {
+                script: "fenced write",
+                detail: format!("counter {} holds {read:?}, not a number", keys.counter),
+            })
+        };
         match reply {
             Reply::Nil => Ok(0),
-            Reply::Str(s) => s
-                .parse()
-                .map_err(|_| Error::Redis(format!("counter {} holds {s:?}", keys.counter))),
+            Reply::Str(s) => s.parse().map_err(|_| not_a_count(&s)),
             Reply::Int(n) => Ok(n),
-            other => Err(Error::Redis(format!(
-                "counter {} read as {other:?}",
-                keys.counter
-            ))),
+            other => Err(not_a_count(&other)),
         }
     }
 
@@ -88,7 +91,8 @@ impl FencedCounter {
             written: read + 1,
             at_us: crate::events::now_us(),
         };
-        let entry = serde_json::to_string(&entry).map_err(|e| Error::Redis(e.to_string()))?;
+        // A struct of numbers and a string always serializes.
+        let entry = serde_json::to_string(&entry).unwrap_or_default();
         let written = (read + 1).to_string();
         self.client
             .fenced_eval(

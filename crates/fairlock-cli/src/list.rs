@@ -196,35 +196,16 @@ fn parse_scan(reply: Value) -> Result<(String, Vec<String>), Failure> {
 }
 
 /// The lock name of an owner or queue key under `prefix`, unescaped
-/// (`%7D` → `}`, `%25` → `%`); `None` for any other key.
+/// (`%7D` → `}`, `%25` → `%`, `%XX` → a byte that is not UTF-8; see
+/// [`fairlock::LockName::from_tag`]), as text for people (lossy for a name
+/// that is not UTF-8); `None` for any other key.
 fn lock_name_of(prefix: &str, key: &str) -> Option<String> {
     let rest = key.strip_prefix(prefix)?.strip_prefix('{')?;
     let (tag, kind) = rest.split_once('}')?;
     if kind != ":owner" && kind != ":queue" {
         return None;
     }
-    Some(unescape_tag(tag))
-}
-
-fn unescape_tag(tag: &str) -> String {
-    let mut name = String::with_capacity(tag.len());
-    let mut rest = tag;
-    while let Some(at) = rest.find('%') {
-        name.push_str(&rest[..at]);
-        let after = &rest[at..];
-        if let Some(tail) = after.strip_prefix("%25") {
-            name.push('%');
-            rest = tail;
-        } else if let Some(tail) = after.strip_prefix("%7D") {
-            name.push('}');
-            rest = tail;
-        } else {
-            name.push('%');
-            rest = &after[1..];
-        }
-    }
-    name.push_str(rest);
-    name
+    Some(fairlock::LockName::from_tag(tag)?.as_str().to_owned())
 }
 
 /// `text` with Redis glob metacharacters escaped, so a prefix matches itself.
@@ -255,7 +236,14 @@ mod tests {
         );
         assert_eq!(lock_name_of("fairlock:", "fairlock:{x}:seq"), None);
         assert_eq!(lock_name_of("fairlock:", "other:{x}:owner"), None);
-        assert_eq!(unescape_tag("100%25%7D"), "100%}");
+        assert_eq!(
+            lock_name_of("fairlock:", "fairlock:{100%25%7D}:owner").as_deref(),
+            Some("100%}")
+        );
+        assert_eq!(
+            lock_name_of("fairlock:", "fairlock:{a%FF}:owner").as_deref(),
+            Some("a\u{fffd}")
+        );
     }
 
     #[test]

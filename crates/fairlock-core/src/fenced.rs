@@ -16,12 +16,22 @@ use crate::script::{ScriptSource, FENCED_WRITE};
 /// Fence the reads that decide a write, too: a fenced read records the
 /// token, so a holder whose lease ran out cannot write after a newer holder
 /// has read.
+///
+/// Values and fields are bytes, so binary values pass unchanged; the
+/// constructors take anything that is bytes (`&str`, `String`, `&[u8]`,
+/// `Vec<u8>`, byte literals):
+///
+/// ```
+/// use fairlock_core::FencedOp;
+/// assert_eq!(FencedOp::set("order-7"), FencedOp::Set(b"order-7"));
+/// assert_eq!(FencedOp::hset("f", b"\xff\x00"), FencedOp::HSet(b"f", &[0xff, 0]));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FencedOp<'a> {
     /// `SET target value`.
-    Set(&'a str),
+    Set(&'a [u8]),
     /// `HSET target field value`.
-    HSet(&'a str, &'a str),
+    HSet(&'a [u8], &'a [u8]),
     /// `INCRBY target delta`. Not idempotent: if the connection drops
     /// and the Redis client resends it, it is applied twice. Prefer `Set`
     /// of a value computed under the lock when exactly-once matters.
@@ -29,7 +39,28 @@ pub enum FencedOp<'a> {
     /// `GET target`.
     Get,
     /// `HGET target field`.
-    HGet(&'a str),
+    HGet(&'a [u8]),
+}
+
+impl<'a> FencedOp<'a> {
+    /// `SET target value`.
+    pub fn set<V: AsRef<[u8]> + ?Sized>(value: &'a V) -> Self {
+        Self::Set(value.as_ref())
+    }
+
+    /// `HSET target field value`.
+    pub fn hset<F, V>(field: &'a F, value: &'a V) -> Self
+    where
+        F: AsRef<[u8]> + ?Sized,
+        V: AsRef<[u8]> + ?Sized,
+    {
+        Self::HSet(field.as_ref(), value.as_ref())
+    }
+
+    /// `HGET target field`.
+    pub fn hget<F: AsRef<[u8]> + ?Sized>(field: &'a F) -> Self {
+        Self::HGet(field.as_ref())
+    }
 }
 
 /// `fenced_write.lua`: KEYS are the resource's fence key and the target.
@@ -61,17 +92,23 @@ impl FencedWrite<'_> {
         FENCED_WRITE.as_source()
     }
 
-    /// ARGV, in the order of the script's header.
-    pub fn args(&self) -> Vec<String> {
-        let mut args = vec![self.token.to_string(), self.holder.to_owned()];
+    /// ARGV, in the order of the script's header, as bytes: values are
+    /// passed to Redis unchanged.
+    pub fn args(&self) -> Vec<Vec<u8>> {
+        let mut args = vec![
+            self.token.to_string().into_bytes(),
+            self.holder.as_bytes().to_vec(),
+        ];
         match self.op {
-            FencedOp::Set(value) => args.extend(["set".to_owned(), value.to_owned()]),
+            FencedOp::Set(value) => args.extend([b"set".to_vec(), value.to_vec()]),
             FencedOp::HSet(field, value) => {
-                args.extend(["hset".to_owned(), field.to_owned(), value.to_owned()])
+                args.extend([b"hset".to_vec(), field.to_vec(), value.to_vec()])
             }
-            FencedOp::IncrBy(delta) => args.extend(["incrby".to_owned(), delta.to_string()]),
-            FencedOp::Get => args.push("get".to_owned()),
-            FencedOp::HGet(field) => args.extend(["hget".to_owned(), field.to_owned()]),
+            FencedOp::IncrBy(delta) => {
+                args.extend([b"incrby".to_vec(), delta.to_string().into_bytes()])
+            }
+            FencedOp::Get => args.push(b"get".to_vec()),
+            FencedOp::HGet(field) => args.extend([b"hget".to_vec(), field.to_vec()]),
         }
         args
     }
@@ -144,9 +181,12 @@ mod tests {
         let write = FencedWrite {
             token: 9,
             holder: "h",
-            op: FencedOp::HSet("f", "v"),
+            op: FencedOp::hset("f", b"v\xff"),
         };
-        assert_eq!(write.args(), ["9", "h", "hset", "f", "v"]);
+        assert_eq!(
+            write.args(),
+            [&b"9"[..], b"h", b"hset", b"f", b"v\xff"].map(<[u8]>::to_vec)
+        );
         assert_eq!(
             decode_fenced("t", Reply::Array(vec![Reply::Int(0), Reply::Int(12)])),
             Ok(FencedReply::Stale { newest: 12 })

@@ -33,7 +33,7 @@ pub enum NameError {
         max: usize,
     },
     /// The key prefix was longer than [`MAX_PREFIX_BYTES`].
-    #[error("key prefix is {len} bytes long; the limit is {max} bytes")]
+    #[error("key prefix is {len} bytes long; the limit is {max} bytes: choose a shorter prefix")]
     PrefixTooLong {
         /// Length of the refused prefix in bytes.
         len: usize,
@@ -45,35 +45,158 @@ pub enum NameError {
     PrefixHasBraces(String),
 }
 
-/// A validated lock name: 1 to [`MAX_NAME_BYTES`] bytes of UTF-8.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LockName(String);
+/// A validated lock name: 1 to [`MAX_NAME_BYTES`] bytes, any bytes
+/// (invalid UTF-8 included).
+///
+/// Names compare, hash and order by their bytes. Text names are the common
+/// case, so the name also keeps a text form for messages and metrics:
+/// [`LockName::as_str`] is the name itself when it is UTF-8, and a lossy
+/// rendering (invalid bytes as U+FFFD) otherwise; [`LockName::as_bytes`]
+/// is always exact.
+///
+/// ```
+/// use fairlock_core::LockName;
+/// let text = LockName::new("orders:42")?;
+/// assert_eq!(text.as_str(), "orders:42");
+/// let binary = LockName::new(b"job\xff\x00")?;
+/// assert_eq!(binary.as_bytes(), b"job\xff\x00");
+/// assert_eq!(binary.to_str(), None);
+/// assert_eq!(binary.as_str(), "job\u{fffd}\u{0}");
+/// # Ok::<(), fairlock_core::NameError>(())
+/// ```
+#[derive(Clone)]
+pub struct LockName {
+    /// The name if it is UTF-8, else its lossy rendering.
+    text: String,
+    /// The exact bytes, only when the name is not UTF-8.
+    binary: Option<Box<[u8]>>,
+}
 
 impl LockName {
-    /// Validates `name`.
-    pub fn new(name: impl Into<String>) -> Result<Self, NameError> {
-        let name = name.into();
-        if name.is_empty() {
+    /// Validates `name`: any bytes (`&str`, `String`, `&[u8]`, `Vec<u8>`,
+    /// byte literals), 1 to [`MAX_NAME_BYTES`] of them.
+    pub fn new(name: impl AsRef<[u8]>) -> Result<Self, NameError> {
+        let bytes = name.as_ref();
+        if bytes.is_empty() {
             return Err(NameError::Empty);
         }
-        if name.len() > MAX_NAME_BYTES {
+        if bytes.len() > MAX_NAME_BYTES {
             return Err(NameError::TooLong {
-                len: name.len(),
+                len: bytes.len(),
                 max: MAX_NAME_BYTES,
             });
         }
-        Ok(Self(name))
+        Ok(match std::str::from_utf8(bytes) {
+            Ok(text) => Self {
+                text: text.to_owned(),
+                binary: None,
+            },
+            Err(_) => Self {
+                text: String::from_utf8_lossy(bytes).into_owned(),
+                binary: Some(bytes.into()),
+            },
+        })
     }
 
-    /// The name as given.
+    /// The name's exact bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.binary.as_deref().unwrap_or(self.text.as_bytes())
+    }
+
+    /// The name as text, `None` if it is not UTF-8.
+    pub fn to_str(&self) -> Option<&str> {
+        self.binary.is_none().then_some(self.text.as_str())
+    }
+
+    /// The name as text for people: the name itself when it is UTF-8,
+    /// otherwise a lossy rendering (two binary names may render alike; use
+    /// [`LockName::as_bytes`] to tell them apart).
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.text
+    }
+
+    /// The name whose keys carry hash tag `tag` (as in
+    /// `<prefix>{<tag>}:owner`); `None` if `tag` is not one fairlock
+    /// makes. The inverse of the escaping in [`LockKeys::new`].
+    ///
+    /// ```
+    /// use fairlock_core::{KeyPrefix, LockKeys, LockName};
+    /// let name = LockName::new(b"a}%\xff")?;
+    /// let keys = LockKeys::new(&KeyPrefix::default(), &name);
+    /// assert_eq!(keys.owner(), "fairlock:{a%7D%25%FF}:owner");
+    /// assert_eq!(LockName::from_tag("a%7D%25%FF"), Some(name));
+    /// # Ok::<(), fairlock_core::NameError>(())
+    /// ```
+    pub fn from_tag(tag: &str) -> Option<Self> {
+        let mut bytes = Vec::with_capacity(tag.len());
+        let mut rest = tag.as_bytes();
+        while let Some((&first, tail)) = rest.split_first() {
+            if first == b'}' {
+                return None;
+            }
+            if first != b'%' {
+                bytes.push(first);
+                rest = tail;
+                continue;
+            }
+            let hex = tail.get(..2)?;
+            let byte = u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
+            bytes.push(byte);
+            rest = &tail[2..];
+        }
+        let name = Self::new(bytes).ok()?;
+        // Only the one spelling fairlock writes maps back (e.g. `%41` for
+        // `A` is not one), so a tag names one lock or none.
+        (escape_tag(name.as_bytes()) == tag).then_some(name)
+    }
+}
+
+/// A checked name is bytes too, so it can be passed wherever a name is
+/// taken as `impl AsRef<[u8]>`.
+impl AsRef<[u8]> for LockName {
+    fn as_ref(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+impl PartialEq for LockName {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for LockName {}
+
+impl std::hash::Hash for LockName {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_bytes().hash(state);
+    }
+}
+
+impl PartialOrd for LockName {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for LockName {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_bytes().cmp(other.as_bytes())
+    }
+}
+
+impl fmt::Debug for LockName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.binary {
+            None => f.debug_tuple("LockName").field(&self.text).finish(),
+            Some(bytes) => write!(f, "LockName(b\"{}\")", bytes.escape_ascii()),
+        }
     }
 }
 
 impl fmt::Display for LockName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.text)
     }
 }
 
@@ -134,10 +257,12 @@ impl Default for KeyPrefix {
 /// | `<prefix>{<name>}:seq` | string | the last token or ticket issued; expires when idle |
 /// | `<prefix>{<name>}:freed` | string | the member of the last release; expires when idle |
 ///
-/// The name inside the braces is escaped (`%` → `%25`, `}` → `%7D`), so
-/// every name, whatever its bytes, yields a non-empty hash tag of its own:
-/// all keys of a lock hash to one cluster slot, and two names never share
-/// a key.
+/// The name inside the braces is escaped (`%` → `%25`, `}` → `%7D`, and
+/// each byte that is not part of valid UTF-8 → `%XX`), so every name,
+/// whatever its bytes, yields a non-empty UTF-8 hash tag of its own (see
+/// [`LockName::from_tag`] for the way back): all keys of a lock hash to one
+/// cluster slot, and two names never share a key. Text names without `%`
+/// or `}` appear in their keys as they are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockKeys {
     keys: [String; 5],
@@ -147,7 +272,7 @@ pub struct LockKeys {
 impl LockKeys {
     /// The keys of lock `name` under `prefix`.
     pub fn new(prefix: &KeyPrefix, name: &LockName) -> Self {
-        let tag = escape_tag(name.as_str());
+        let tag = escape_tag(name.as_bytes());
         let base = format!("{}{{{}}}", prefix.as_str(), tag);
         Self {
             keys: [
@@ -216,15 +341,22 @@ impl LockKeys {
     }
 }
 
-/// The name as it stands inside the hash tag: `%` and `}` escaped, so the
-/// tag ends where fairlock ends it and stays non-empty.
-fn escape_tag(name: &str) -> String {
+/// The name as it stands inside the hash tag: `%`, `}` and every byte of
+/// invalid UTF-8 percent-escaped, so the tag ends where fairlock ends it,
+/// stays non-empty, and decodes to exactly one name (a `%` in a tag always
+/// starts an escape).
+fn escape_tag(name: &[u8]) -> String {
     let mut tag = String::with_capacity(name.len());
-    for c in name.chars() {
-        match c {
-            '%' => tag.push_str("%25"),
-            '}' => tag.push_str("%7D"),
-            c => tag.push(c),
+    for chunk in name.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '%' => tag.push_str("%25"),
+                '}' => tag.push_str("%7D"),
+                c => tag.push(c),
+            }
+        }
+        for byte in chunk.invalid() {
+            tag.push_str(&format!("%{byte:02X}"));
         }
     }
     tag

@@ -5,8 +5,12 @@
 pub enum Reply {
     /// An integer.
     Int(i64),
-    /// A bulk or simple string.
+    /// A bulk or simple string that is valid UTF-8.
     Str(String),
+    /// A bulk string that is not valid UTF-8 (a binary value), byte for
+    /// byte. Text always arrives as [`Reply::Str`]; use
+    /// [`Reply::as_bytes`] to read a value that may be either.
+    Bytes(Vec<u8>),
     /// An array of replies.
     Array(Vec<Reply>),
     /// A null reply.
@@ -19,7 +23,7 @@ pub enum Reply {
 /// expects (for example another fairlock version loaded them under the
 /// same SHA, which cannot happen, or a proxy rewrote the reply).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unexpected reply from script {script}: {detail}")]
+#[error("unexpected reply from script {script}: {detail}; the scripts in Redis do not match this fairlock version, or a proxy rewrote the reply: run one fairlock version against this Redis and connect to it directly")]
 pub struct ProtocolError {
     /// The script whose reply was malformed.
     pub script: &'static str,
@@ -28,6 +32,32 @@ pub struct ProtocolError {
 }
 
 impl Reply {
+    /// A string reply, text or binary, as its exact bytes; `None` for
+    /// integers, arrays and nil.
+    ///
+    /// ```
+    /// use fairlock_core::Reply;
+    /// assert_eq!(Reply::Str("ok".into()).as_bytes(), Some(&b"ok"[..]));
+    /// assert_eq!(Reply::Bytes(vec![0xff, 0]).as_bytes(), Some(&[0xff, 0][..]));
+    /// assert_eq!(Reply::Int(1).as_bytes(), None);
+    /// ```
+    pub fn as_bytes(&self) -> Option<&[u8]> {
+        match self {
+            Reply::Str(text) => Some(text.as_bytes()),
+            Reply::Bytes(bytes) => Some(bytes),
+            Reply::Int(_) | Reply::Array(_) | Reply::Nil => None,
+        }
+    }
+
+    /// A bulk string as received: [`Reply::Str`] if it is UTF-8, else
+    /// [`Reply::Bytes`], so no byte is ever replaced.
+    pub fn from_bulk(bytes: Vec<u8>) -> Self {
+        match String::from_utf8(bytes) {
+            Ok(text) => Reply::Str(text),
+            Err(binary) => Reply::Bytes(binary.into_bytes()),
+        }
+    }
+
     pub(crate) fn into_array(self, script: &'static str) -> Result<Vec<Reply>, ProtocolError> {
         match self {
             Reply::Array(items) => Ok(items),

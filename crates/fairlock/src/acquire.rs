@@ -22,7 +22,8 @@ use std::time::Instant;
 use tracing::Instrument;
 
 use fairlock_core::{
-    Acquire, AcquireMode, AcquireReply, LockKeys, RenewBatch, RenewItem, RenewStatus,
+    Acquire, AcquireMode, AcquireReply, LockKeys, LockName, ProtocolError, RenewBatch, RenewItem,
+    RenewStatus,
 };
 
 use crate::config::{millis, Lease, LockOptions};
@@ -43,43 +44,54 @@ pub(crate) enum Mode {
 /// busy.
 pub(crate) async fn acquire(
     state: &Arc<ClientState>,
-    name: &str,
+    name: impl AsRef<[u8]>,
     options: LockOptions,
     mode: Mode,
 ) -> Result<Option<Arc<HeldLock>>> {
-    let keys = state.keys(name)?;
-    acquire_keys(state, name, keys, options, mode).await
+    let name = LockName::new(name)?;
+    let keys = state.keys_of(&name);
+    acquire_keys(state, &name, keys, options, mode).await
 }
 
 /// [`acquire`] with the keys computed already (a [`crate::Lock`] handle).
+///
+/// A try with a non-zero wait timeout waits for the lock up to that long,
+/// in the queue like any waiter (so it never overtakes one), and ends in
+/// `None` instead of [`Error::WaitTimeout`] when the time runs out.
 pub(crate) async fn acquire_keys(
     state: &Arc<ClientState>,
-    name: &str,
+    name: &LockName,
     keys: Arc<LockKeys>,
     options: LockOptions,
     mode: Mode,
 ) -> Result<Option<Arc<HeldLock>>> {
     options.validate()?;
+    let try_waits = mode == Mode::Try && options.wait_timeout.is_some_and(|t| !t.is_zero());
+    let mode = if try_waits { Mode::Wait } else { mode };
     let span = crate::telemetry::acquire_span(
-        name,
+        name.as_str(),
         match mode {
             Mode::Wait => "wait",
             Mode::Try => "try",
         },
     );
-    acquire_validated(state, name, keys, options, mode)
+    let outcome = acquire_validated(state, name, keys, options, mode)
         .instrument(span)
-        .await
+        .await;
+    match outcome {
+        Err(Error::WaitTimeout { .. }) if try_waits => Ok(None),
+        outcome => outcome,
+    }
 }
 
 async fn acquire_validated(
     state: &Arc<ClientState>,
-    name: &str,
+    name: &LockName,
     keys: Arc<LockKeys>,
     options: LockOptions,
     mode: Mode,
 ) -> Result<Option<Arc<HeldLock>>> {
-    let telemetry = state.config.metrics_lock_label.labels(name);
+    let telemetry = state.config.metrics_lock_label.labels(name.as_str());
     let started = Instant::now();
     let lease_len = match options.lease {
         Lease::Fixed(lease) => lease,
@@ -182,7 +194,7 @@ async fn acquire_validated(
                 Box::pin(pending.cancel_now()).await;
                 telemetry.acquire_ended("timeout", started);
                 return Err(Error::WaitTimeout {
-                    name: name.to_owned(),
+                    name: name.to_string(),
                     waited: started.elapsed(),
                 });
             }
@@ -224,6 +236,18 @@ async fn acquire_validated(
     }
 }
 
+/// The grant of an acquire in [`Mode::Wait`], which ends in a grant or an
+/// error: `acquire.lua` never answers "busy" to a waiting caller, so a
+/// `None` here means the script in Redis broke its header's promise.
+pub(crate) fn waited_grant<T>(outcome: Option<T>) -> Result<T> {
+    outcome.ok_or_else(|| {
+        Error::Protocol(ProtocolError {
+            script: "acquire",
+            detail: "answered busy to a caller that waits in the queue".to_owned(),
+        })
+    })
+}
+
 /// Where a waiter joined the queue: the callers ahead, and when.
 #[derive(Clone, Copy)]
 struct Join {
@@ -237,7 +261,7 @@ struct Join {
 fn admission_refused(
     state: &ClientState,
     keys: &LockKeys,
-    name: &str,
+    name: &LockName,
     options: LockOptions,
     join: Join,
     started: Instant,
@@ -247,7 +271,7 @@ fn admission_refused(
     let expected = per_grant.saturating_mul(u32::try_from(join.position).unwrap_or(u32::MAX));
     let budget = timeout.saturating_sub(join.at.saturating_duration_since(started));
     (expected > budget).then(|| Error::WouldMissDeadline {
-        name: name.to_owned(),
+        name: name.to_string(),
         position: join.position,
         per_grant,
         expected,
@@ -267,7 +291,7 @@ type Recheck<'a> = Pin<Box<dyn Future<Output = Error> + Send + 'a>>;
 async fn admission_recheck(
     state: &ClientState,
     keys: &LockKeys,
-    name: &str,
+    name: &LockName,
     options: LockOptions,
     join: Join,
     started: Instant,
@@ -386,10 +410,10 @@ impl<'a> PendingAcquire<'a> {
     /// The caller owns the lock: record the grant (before leaving the
     /// waiter registry, so a duplicate grant message is never taken for an
     /// orphan) and hand it to the watchdog.
-    fn granted(&mut self, name: &str, grant: Grant) -> Arc<HeldLock> {
+    fn granted(&mut self, name: &LockName, grant: Grant) -> Arc<HeldLock> {
         let (token, ticket) = (grant.token, grant.ticket);
         let held = Arc::new(HeldLock::new(
-            name.to_owned(),
+            name.clone(),
             Arc::clone(self.keys),
             self.member.to_owned(),
             grant,

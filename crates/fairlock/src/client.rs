@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex};
 
 use fairlock_core::{
     decode_fenced, FencedOp, FencedReply, FencedScript, FencedWrite, ForceRelease, Inspect,
-    LockState, RenewBatch, RenewItem, RenewStatus, Reply, ScriptSource,
+    LockName, LockState, RenewBatch, RenewItem, RenewStatus, Reply, ScriptSource,
 };
 
-use crate::acquire::{acquire, Mode};
+use crate::acquire::{acquire, waited_grant, Mode};
 use crate::config::{millis, ClientConfig, EvictionCheck, LockOptions};
 use crate::error::{Error, Result};
 use crate::grants::spawn_router;
@@ -117,8 +117,12 @@ impl LockClient {
 
     /// A reusable handle for lock `name`: the name is checked and its keys
     /// computed once; clone it freely. `lock(name)` stays the shortcut.
-    pub fn handle(&self, name: &str) -> Result<Lock> {
-        Lock::new(self.clone(), name)
+    ///
+    /// Lock names are bytes everywhere in the API (`&str`, `String`,
+    /// `&[u8]`, `Vec<u8>`, byte literals; invalid UTF-8 is fine), 1 to
+    /// [`crate::MAX_NAME_BYTES`] of them; see [`LockName`].
+    pub fn handle(&self, name: impl AsRef<[u8]>) -> Result<Lock> {
+        Ok(Lock::new(self.clone(), LockName::new(name)?))
     }
 
     /// Runs `body` while holding lock `name`, and releases it on every way
@@ -138,7 +142,12 @@ impl LockClient {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn with_lock<F, Fut, T>(&self, name: &str, options: LockOptions, body: F) -> Result<T>
+    pub async fn with_lock<F, Fut, T>(
+        &self,
+        name: impl AsRef<[u8]>,
+        options: LockOptions,
+        body: F,
+    ) -> Result<T>
     where
         F: FnOnce(Held) -> Fut,
         Fut: std::future::Future<Output = T>,
@@ -153,20 +162,24 @@ impl LockClient {
     /// interrupted: it should check [`LockGuard::is_lost`]-style state
     /// itself through the [`Held`] token's writes; if the lease was lost by
     /// the time it returns, the call fails with [`Error::LeaseLost`].
-    pub fn with_lock_blocking<F, T>(&self, name: &str, options: LockOptions, body: F) -> Result<T>
+    pub fn with_lock_blocking<F, T>(
+        &self,
+        name: impl AsRef<[u8]>,
+        options: LockOptions,
+        body: F,
+    ) -> Result<T>
     where
         F: FnOnce(Held) -> T,
     {
         let runtime = self.state().runtime().clone();
         let guard = runtime.block_on(self.lock_with(name, options))?;
         let held = Held::from_guard(&guard);
+        let guard_name = held.name().to_owned();
         let value = body(held);
         let lost = guard.is_lost();
         match runtime.block_on(guard.release()) {
             Ok(()) if !lost => Ok(value),
-            Ok(()) | Err(Error::NotOwner { .. }) => Err(Error::LeaseLost {
-                name: name.to_owned(),
-            }),
+            Ok(()) | Err(Error::NotOwner { .. }) => Err(Error::LeaseLost { name: guard_name }),
             Err(error) => Err(error),
         }
     }
@@ -182,33 +195,49 @@ impl LockClient {
     ///
     /// Waiters are granted in arrival order. Not reentrant: a task that
     /// already holds `name` through another guard waits for itself.
-    pub async fn lock(&self, name: &str) -> Result<LockGuard> {
+    pub async fn lock(&self, name: impl AsRef<[u8]>) -> Result<LockGuard> {
         self.lock_with(name, LockOptions::default()).await
     }
 
     /// Waits until the lock is granted, with a lease and wait timeout from
     /// `options`. A wait that runs out fails with [`Error::WaitTimeout`]
     /// and leaves the queue.
-    pub async fn lock_with(&self, name: &str, options: LockOptions) -> Result<LockGuard> {
-        match acquire(self.state(), name, options, Mode::Wait).await? {
-            Some(held) => Ok(LockGuard::new(Arc::clone(self.state()), held)),
-            None => Err(Error::Redis(
-                "acquire in wait mode ended without a grant".into(),
-            )),
-        }
+    pub async fn lock_with(
+        &self,
+        name: impl AsRef<[u8]>,
+        options: LockOptions,
+    ) -> Result<LockGuard> {
+        let held = waited_grant(acquire(self.state(), name, options, Mode::Wait).await?)?;
+        Ok(LockGuard::new(Arc::clone(self.state()), held))
     }
 
     /// Takes the lock only if it is free and nobody is queued for it
     /// (a newcomer never overtakes a waiter); `Ok(None)` otherwise.
-    pub async fn try_lock(&self, name: &str) -> Result<Option<LockGuard>> {
+    pub async fn try_lock(&self, name: impl AsRef<[u8]>) -> Result<Option<LockGuard>> {
         self.try_lock_with(name, LockOptions::default()).await
     }
 
-    /// [`LockClient::try_lock`] with a lease from `options` (the wait
-    /// timeout is ignored: try never waits).
+    /// [`LockClient::try_lock`] with a lease and wait timeout from
+    /// `options`. Without a wait timeout (or with a zero one) it does not
+    /// wait: `Ok(None)` unless the lock is free with nobody queued. With
+    /// one, it waits in the queue like [`LockClient::lock_with`] (fairly:
+    /// behind the waiters already there) and returns `Ok(None)` instead of
+    /// [`Error::WaitTimeout`] if the time runs out, having left the queue.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: fairlock::LockClient) -> fairlock::Result<()> {
+    /// use std::time::Duration;
+    /// let options = fairlock::LockOptions::new().wait_timeout(Duration::from_millis(200));
+    /// match client.try_lock_with("report", options).await? {
+    ///     Some(guard) => guard.release().await?,
+    ///     None => println!("busy for 200 ms; skipping this run"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn try_lock_with(
         &self,
-        name: &str,
+        name: impl AsRef<[u8]>,
         options: LockOptions,
     ) -> Result<Option<LockGuard>> {
         Ok(acquire(self.state(), name, options, Mode::Try)
@@ -220,9 +249,12 @@ impl LockClient {
     /// [`LockGuard::owner_id`], e.g. passed from another process).
     /// Refused with [`Error::NotOwner`], changing nothing, unless that
     /// holder has the lock.
-    pub async fn release_by_owner_id(&self, name: &str, owner_id: &str) -> Result<()> {
-        let keys = self.state().keys(name)?;
-        self.state().release_member(name, &keys, owner_id).await
+    pub async fn release_by_owner_id(&self, name: impl AsRef<[u8]>, owner_id: &str) -> Result<()> {
+        let name = LockName::new(name)?;
+        let keys = self.state().keys_of(&name);
+        self.state()
+            .release_member(name.as_str(), &keys, owner_id)
+            .await
     }
 
     /// Sets the lease of lock `name` held by `owner_id` to `lease` from
@@ -230,12 +262,13 @@ impl LockClient {
     /// holder has the lock.
     pub async fn extend_by_owner_id(
         &self,
-        name: &str,
+        name: impl AsRef<[u8]>,
         owner_id: &str,
         lease: std::time::Duration,
     ) -> Result<()> {
+        let name = LockName::new(name)?;
         LockOptions::new().lease(lease).validate()?;
-        let keys = self.state().keys(name)?;
+        let keys = self.state().keys_of(&name);
         let batch = RenewBatch {
             items: vec![RenewItem {
                 owner_key: keys.owner(),
@@ -250,7 +283,7 @@ impl LockClient {
                 keys.owner()
             ))),
             _ => Err(Error::NotOwner {
-                name: name.to_owned(),
+                name: name.to_string(),
             }),
         }
     }
@@ -261,8 +294,9 @@ impl LockClient {
     ///
     /// Safe to resend: it reads the holder first and frees only that
     /// holder, so a retry never frees the next one.
-    pub async fn force_release(&self, name: &str) -> Result<bool> {
-        let keys = self.state().keys(name)?;
+    pub async fn force_release(&self, name: impl AsRef<[u8]>) -> Result<bool> {
+        let name = LockName::new(name)?;
+        let keys = self.state().keys_of(&name);
         let seen = self.state().run(&keys, &Inspect { waiters: 0 }).await?;
         // The grant seen, member and token: a resend never frees a later
         // grant, not even one to the same member.
@@ -270,7 +304,7 @@ impl LockClient {
             .owner
             .map(|owner| format!("{owner} {}", seen.token))
             .unwrap_or_default();
-        self.force_release_from(name, &holder).await
+        self.force_release_from(name.as_bytes(), &holder).await
     }
 
     /// ADMIN: frees lock `name` only if `holder` still holds it: a holder's
@@ -279,7 +313,7 @@ impl LockClient {
     /// one grant; `Ok(false)` and no change
     /// if another holder has it by now or it is free. An empty `holder`
     /// only hands a free lock with waiters on.
-    pub async fn force_release_from(&self, name: &str, holder: &str) -> Result<bool> {
+    pub async fn force_release_from(&self, name: impl AsRef<[u8]>, holder: &str) -> Result<bool> {
         let keys = self.state().keys(name)?;
         let state = self.state();
         let reply = state
@@ -298,13 +332,13 @@ impl LockClient {
 
     /// A read-only snapshot of lock `name`: holder, token, lease, queue
     /// length and the first `waiters` waiters with their liveness.
-    pub async fn inspect_queue(&self, name: &str, waiters: u64) -> Result<LockState> {
+    pub async fn inspect_queue(&self, name: impl AsRef<[u8]>, waiters: u64) -> Result<LockState> {
         let keys = self.state().keys(name)?;
         self.state().run(&keys, &Inspect { waiters }).await
     }
 
     /// A read-only snapshot of lock `name`: holder, token, lease, queue length.
-    pub async fn inspect(&self, name: &str) -> Result<LockState> {
+    pub async fn inspect(&self, name: impl AsRef<[u8]>) -> Result<LockState> {
         self.inspect_queue(name, 0).await
     }
 
@@ -342,7 +376,8 @@ impl LockClient {
     /// too ([`FencedOp::Get`]); for several writes that must land together,
     /// use [`LockClient::fenced_eval`] with one script.
     /// [`FencedOp::IncrBy`] is not idempotent if the connection drops and
-    /// the command is resent.
+    /// the command is resent. Values are bytes and pass unchanged both
+    /// ways: a value read back that is not UTF-8 comes as [`Reply::Bytes`].
     ///
     /// ```no_run
     /// # async fn demo(client: fairlock::LockClient, guard: fairlock::LockGuard) -> fairlock::Result<()> {
@@ -378,18 +413,23 @@ impl LockClient {
     /// Runs a user script (see [`FencedScript`]) only if `token` passes the
     /// same check as [`LockClient::fenced_write`]; otherwise fails with
     /// [`Error::StaleToken`], changing nothing.
-    pub async fn fenced_eval(
+    /// The arguments are bytes (`&str`, `String`, `&[u8]`, `Vec<u8>`),
+    /// passed to Redis unchanged; an empty list is written `&[] as &[&str]`.
+    pub async fn fenced_eval<A: AsRef<[u8]>>(
         &self,
         script: &FencedScript,
         fence_key: &str,
         keys: &[&str],
         token: FencingToken,
-        args: &[&str],
+        args: &[A],
     ) -> Result<Reply> {
         let mut all_keys = vec![fence_key];
         all_keys.extend_from_slice(keys);
-        let mut all_args = vec![token.value().to_string(), token.holder()];
-        all_args.extend(args.iter().map(|a| (*a).to_owned()));
+        let mut all_args = vec![
+            token.value().to_string().into_bytes(),
+            token.holder().into_bytes(),
+        ];
+        all_args.extend(args.iter().map(|a| a.as_ref().to_vec()));
         self.fenced(script.as_source(), &all_keys, token, all_args)
             .await
     }
@@ -399,7 +439,7 @@ impl LockClient {
         script: ScriptSource<'_>,
         keys: &[&str],
         token: FencingToken,
-        args: Vec<String>,
+        args: Vec<Vec<u8>>,
     ) -> Result<Reply> {
         self.state().check_open()?;
         let reply = self

@@ -1,5 +1,11 @@
 //! Client configuration and per-call lock options, validated before any
 //! Redis call so that bad input never reaches Redis.
+//!
+//! [`ClientConfig::builder`] checks every value when the configuration is
+//! built; a configuration changed field by field is checked again when a
+//! client connects with it. The structs are `#[non_exhaustive]`: fields can
+//! be added without breaking code that builds them through the builder or
+//! [`ClientConfig::new`] and field assignment.
 
 use std::time::Duration;
 
@@ -25,12 +31,27 @@ pub enum Lease {
 
 /// How many replicas must acknowledge a lock write, and how long to wait
 /// for them (see [`ClientConfig::replica_acks`]).
+///
+/// ```
+/// use std::time::Duration;
+/// let acks = fairlock::ReplicaAcks::new(1, Duration::from_millis(100));
+/// assert_eq!(acks.replicas, 1);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ReplicaAcks {
     /// Replicas that must acknowledge.
     pub replicas: u32,
     /// How long `WAIT` may block.
     pub timeout: Duration,
+}
+
+impl ReplicaAcks {
+    /// `replicas` must acknowledge within `timeout` (checked when the
+    /// configuration is built or a client connects).
+    pub fn new(replicas: u32, timeout: Duration) -> Self {
+        Self { replicas, timeout }
+    }
 }
 
 /// What a client does at connect when the server may evict lock keys.
@@ -116,8 +137,31 @@ impl LockOptions {
 
 /// How a [`crate::LockClient`] connects and the protocol timings it uses.
 ///
-/// All processes sharing locks should use the same timings.
+/// All processes sharing locks should use the same timings. Build one with
+/// [`ClientConfig::builder`], which checks the values, or start from
+/// [`ClientConfig::new`] and assign fields (checked at connect).
+///
+/// ```
+/// use std::time::Duration;
+/// use fairlock::ClientConfig;
+///
+/// let config = ClientConfig::builder("redis://127.0.0.1:6379")
+///     .prefix("app:")
+///     .heartbeat_interval(Duration::from_millis(500))
+///     .waiter_timeout(Duration::from_secs(3))
+///     .build()?;
+/// assert_eq!(config.prefix.as_str(), "app:");
+///
+/// // A waiter timeout that a heartbeat cannot beat is refused up front.
+/// assert!(ClientConfig::builder("redis://127.0.0.1:6379")
+///     .heartbeat_interval(Duration::from_secs(5))
+///     .waiter_timeout(Duration::from_secs(2))
+///     .build()
+///     .is_err());
+/// # Ok::<(), fairlock::Error>(())
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ClientConfig {
     /// `redis://[user:password@]host:port[/db]` (or `rediss://` with the `tls` feature).
     pub url: String,
@@ -132,7 +176,10 @@ pub struct ClientConfig {
     pub heartbeat_interval: Duration,
     /// A waiter without a heartbeat for this long is dead and skipped.
     pub waiter_timeout: Duration,
-    /// Lease of watchdog-kept locks; renewed every third of it.
+    /// Lease of watchdog-kept locks. The watchdog ticks every heartbeat
+    /// interval, or every third of the lease if that is shorter, and renews
+    /// a lease once a third of it is used, so the renewal interval is
+    /// derived from the lease and can never outgrow it.
     pub watchdog_lease: Duration,
     /// Opt-in replica acknowledgement: after every write that matters (a
     /// grant, a handoff taken, a release, a renewal) the client runs
@@ -167,6 +214,15 @@ impl ClientConfig {
             replica_acks: None,
             watchdog_lease: Duration::from_secs(30),
             metrics_lock_label: MetricsLockLabel::Off,
+        }
+    }
+
+    /// A builder starting from the defaults of [`ClientConfig::new`];
+    /// [`ClientConfigBuilder::build`] checks every value.
+    pub fn builder(url: impl Into<String>) -> ClientConfigBuilder {
+        ClientConfigBuilder {
+            config: Self::new(url),
+            prefix: None,
         }
     }
 
@@ -227,6 +283,103 @@ impl ClientConfig {
             // clock); this only bounds how long an idle lock leaves keys.
             idle_ms: 600_000,
         }
+    }
+}
+
+/// Builds a [`ClientConfig`], checking every value at [`build`]: zero or
+/// absurd durations, a waiter timeout the heartbeat cannot keep alive, a
+/// key prefix with braces, replica acknowledgement of zero replicas.
+///
+/// [`build`]: ClientConfigBuilder::build
+///
+/// ```
+/// use std::time::Duration;
+/// use fairlock::{ClientConfig, EvictionCheck};
+///
+/// let config = ClientConfig::builder("redis://127.0.0.1:6379")
+///     .command_timeout(Duration::from_secs(2))
+///     .watchdog_lease(Duration::from_secs(10))
+///     .eviction_check(EvictionCheck::Fail)
+///     .build()?;
+/// assert_eq!(config.watchdog_lease, Duration::from_secs(10));
+/// # Ok::<(), fairlock::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "call .build() to get the configuration"]
+pub struct ClientConfigBuilder {
+    config: ClientConfig,
+    /// Checked at `build`, so the builder chain never fails halfway.
+    prefix: Option<String>,
+}
+
+impl ClientConfigBuilder {
+    /// Namespace of every key and channel (see [`ClientConfig::prefix`]);
+    /// at most [`fairlock_core::MAX_PREFIX_BYTES`] bytes, no braces.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = Some(prefix.into());
+        self
+    }
+
+    /// See [`ClientConfig::connect_timeout`].
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.config.connect_timeout = timeout;
+        self
+    }
+
+    /// See [`ClientConfig::command_timeout`].
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.config.command_timeout = timeout;
+        self
+    }
+
+    /// See [`ClientConfig::heartbeat_interval`]; must be shorter than the
+    /// waiter timeout.
+    pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
+        self.config.heartbeat_interval = interval;
+        self
+    }
+
+    /// See [`ClientConfig::waiter_timeout`]; must be longer than the
+    /// heartbeat interval.
+    pub fn waiter_timeout(mut self, timeout: Duration) -> Self {
+        self.config.waiter_timeout = timeout;
+        self
+    }
+
+    /// See [`ClientConfig::watchdog_lease`].
+    pub fn watchdog_lease(mut self, lease: Duration) -> Self {
+        self.config.watchdog_lease = lease;
+        self
+    }
+
+    /// See [`ClientConfig::replica_acks`]: at least one replica, within
+    /// `timeout`.
+    pub fn replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.config.replica_acks = Some(ReplicaAcks::new(replicas, timeout));
+        self
+    }
+
+    /// See [`ClientConfig::eviction_check`].
+    pub fn eviction_check(mut self, check: EvictionCheck) -> Self {
+        self.config.eviction_check = check;
+        self
+    }
+
+    /// See [`ClientConfig::metrics_lock_label`].
+    pub fn metrics_lock_label(mut self, label: MetricsLockLabel) -> Self {
+        self.config.metrics_lock_label = label;
+        self
+    }
+
+    /// The configuration, or [`Error::InvalidOptions`] /
+    /// [`Error::InvalidName`] naming the first bad value.
+    pub fn build(self) -> Result<ClientConfig> {
+        let mut config = self.config;
+        if let Some(prefix) = self.prefix {
+            config.prefix = KeyPrefix::new(prefix)?;
+        }
+        config.validate()?;
+        Ok(config)
     }
 }
 

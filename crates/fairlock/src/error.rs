@@ -4,6 +4,11 @@ use std::time::Duration;
 
 use fairlock_core::{NameError, ProtocolError};
 
+/// The error type of the Redis client fairlock uses (fred), kept as the
+/// [`std::error::Error::source`] of [`Error::Redis`] and
+/// [`Error::Unreachable`].
+pub use fred::error::{Error as RedisError, ErrorKind as RedisErrorKind};
+
 /// Everything that can go wrong with a lock operation.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
@@ -63,12 +68,16 @@ pub enum Error {
     WrongType(String),
 
     /// Redis could not be reached within the configured timeout.
-    #[error("Redis at {url} is unreachable: {reason}")]
+    #[error("Redis at {url} is unreachable: {reason}; check that Redis runs at that address and accepts this host (and the URL's TLS scheme, user and password), or raise the connect timeout")]
     Unreachable {
         /// The URL, with any password removed.
         url: String,
         /// What failed.
         reason: String,
+        /// The Redis client's error, if the failure came from it (`None`
+        /// when the connect timeout ran out first).
+        #[source]
+        source: Option<RedisError>,
     },
 
     /// A Redis call did not answer within the command timeout.
@@ -150,12 +159,19 @@ pub enum Error {
     #[error(transparent)]
     Protocol(#[from] ProtocolError),
 
-    /// Any other error reported by Redis or the connection.
-    #[error("Redis error: {0}")]
-    Redis(String),
+    /// Any other error reported by Redis or the connection; the Redis
+    /// client's error is kept as the [`std::error::Error::source`].
+    #[error("Redis failed {operation}: {source}; check the Redis server's log and the network, then retry")]
+    Redis {
+        /// What was being done.
+        operation: String,
+        /// The Redis client's error (its kind and Redis's message).
+        #[source]
+        source: RedisError,
+    },
 
     /// The client was shut down.
-    #[error("the fairlock client was shut down")]
+    #[error("the fairlock client was shut down; connect a new client to lock again")]
     Closed,
 }
 

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fairlock_core::{Member, RenewBatch, RenewItem, RenewStatus};
+use fairlock_core::{LockName, Member, RenewBatch, RenewItem, RenewStatus};
 
 use crate::config::{millis, LockOptions};
 use crate::error::{Error, Result};
@@ -99,8 +99,14 @@ impl LockGuard {
         self
     }
 
-    /// The lock's name.
+    /// The lock's name as text (for a name that is not UTF-8, a lossy
+    /// rendering; see [`LockGuard::lock_name`]).
     pub fn name(&self) -> &str {
+        self.held.name.as_str()
+    }
+
+    /// The lock's name, exact bytes included.
+    pub fn lock_name(&self) -> &LockName {
         &self.held.name
     }
 
@@ -182,7 +188,7 @@ impl LockGuard {
             _ => {
                 self.held.mark_lost("extend found the lock no longer held");
                 Err(Error::NotOwner {
-                    name: self.held.name.clone(),
+                    name: self.held.name.to_string(),
                 })
             }
         }

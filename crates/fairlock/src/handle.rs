@@ -10,9 +10,9 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use fairlock_core::{LockKeys, LockState};
+use fairlock_core::{LockKeys, LockName, LockState};
 
-use crate::acquire::{acquire_keys, Mode};
+use crate::acquire::{acquire_keys, waited_grant, Mode};
 use crate::client::LockClient;
 use crate::config::LockOptions;
 use crate::error::{Error, Result};
@@ -41,7 +41,7 @@ use crate::state::ClientState;
 #[derive(Clone)]
 pub struct Lock {
     client: LockClient,
-    name: Arc<str>,
+    name: LockName,
     keys: Arc<LockKeys>,
     options: LockOptions,
 }
@@ -50,7 +50,7 @@ pub struct Lock {
 /// body can move it into tasks.
 #[derive(Debug, Clone)]
 pub struct Held {
-    name: Arc<str>,
+    name: LockName,
     token: FencingToken,
     owner_id: String,
 }
@@ -58,14 +58,19 @@ pub struct Held {
 impl Held {
     pub(crate) fn from_guard(guard: &LockGuard) -> Self {
         Self {
-            name: Arc::from(guard.name()),
+            name: guard.lock_name().clone(),
             token: guard.token(),
             owner_id: guard.owner_id().to_owned(),
         }
     }
 
-    /// The lock's name.
+    /// The lock's name as text (lossy for a name that is not UTF-8).
     pub fn name(&self) -> &str {
+        self.name.as_str()
+    }
+
+    /// The lock's name, exact bytes included.
+    pub fn lock_name(&self) -> &LockName {
         &self.name
     }
 
@@ -81,14 +86,14 @@ impl Held {
 }
 
 impl Lock {
-    pub(crate) fn new(client: LockClient, name: &str) -> Result<Self> {
-        let keys = client.state().keys(name)?;
-        Ok(Self {
+    pub(crate) fn new(client: LockClient, name: LockName) -> Self {
+        let keys = client.state().keys_of(&name);
+        Self {
             client,
-            name: Arc::from(name),
+            name,
             keys,
             options: LockOptions::default(),
-        })
+        }
     }
 
     /// The same handle with other default options.
@@ -97,8 +102,13 @@ impl Lock {
         self
     }
 
-    /// The lock's name.
+    /// The lock's name as text (lossy for a name that is not UTF-8).
     pub fn name(&self) -> &str {
+        self.name.as_str()
+    }
+
+    /// The lock's name, exact bytes included.
+    pub fn lock_name(&self) -> &LockName {
         &self.name
     }
 
@@ -113,23 +123,22 @@ impl Lock {
 
     /// Waits for the lock with `options`.
     pub async fn lock_with(&self, options: LockOptions) -> Result<LockGuard> {
-        match acquire_keys(
-            self.state(),
-            &self.name,
-            Arc::clone(&self.keys),
-            options,
-            Mode::Wait,
-        )
-        .await?
-        {
-            Some(held) => Ok(LockGuard::new(Arc::clone(self.state()), held)),
-            None => Err(Error::Redis(
-                "acquire in wait mode ended without a grant".into(),
-            )),
-        }
+        let held = waited_grant(
+            acquire_keys(
+                self.state(),
+                &self.name,
+                Arc::clone(&self.keys),
+                options,
+                Mode::Wait,
+            )
+            .await?,
+        )?;
+        Ok(LockGuard::new(Arc::clone(self.state()), held))
     }
 
-    /// Takes the lock only if it is free and nobody waits.
+    /// Takes the lock only if it is free and nobody waits or, if the
+    /// handle's options have a wait timeout, waits up to that long (see
+    /// [`LockClient::try_lock_with`]).
     pub async fn try_lock(&self) -> Result<Option<LockGuard>> {
         Ok(acquire_keys(
             self.state(),
@@ -144,7 +153,7 @@ impl Lock {
 
     /// A read-only snapshot of the lock.
     pub async fn inspect(&self) -> Result<LockState> {
-        self.client.inspect(&self.name).await
+        self.client.inspect(self.name.as_bytes()).await
     }
 
     /// Runs `body` while holding the lock (waiting with the handle's
@@ -167,7 +176,7 @@ where
     Fut: Future<Output = T>,
 {
     let held = Held::from_guard(&guard);
-    let name = held.name.to_string();
+    let name = held.name().to_owned();
     let outcome = tokio::select! {
         // Dropping the body's future here cancels it.
         _ = guard.lost() => None,

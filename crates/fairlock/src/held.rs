@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use fairlock_core::LockKeys;
+use fairlock_core::{LockKeys, LockName};
 use tokio::sync::watch;
 
 use crate::config::Lease;
@@ -19,7 +19,7 @@ use crate::telemetry::LockTelemetry;
 
 /// One grant.
 pub(crate) struct HeldLock {
-    pub(crate) name: String,
+    pub(crate) name: LockName,
     pub(crate) keys: Arc<LockKeys>,
     /// The holder's identity in Redis (see `fairlock_core::Member`).
     pub(crate) member: String,
@@ -52,7 +52,7 @@ pub(crate) struct Grant {
 
 impl HeldLock {
     pub(crate) fn new(
-        name: String,
+        name: LockName,
         keys: Arc<LockKeys>,
         member: String,
         grant: Grant,
@@ -206,20 +206,20 @@ impl HeldLocks {
 #[derive(Default)]
 pub(crate) struct OwnerShared {
     /// Lock name → the grant and how many guards hold it.
-    holds: Mutex<HashMap<String, (Arc<HeldLock>, usize)>>,
+    holds: Mutex<HashMap<LockName, (Arc<HeldLock>, usize)>>,
     /// Lock name → serializes acquisitions of that lock through this
     /// handle, so two tasks sharing it never both queue for the same lock.
     /// Pruned when the last acquisition of a name ends.
-    acquiring: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    acquiring: Mutex<HashMap<LockName, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl OwnerShared {
-    pub(crate) fn holds(&self) -> MutexGuard<'_, HashMap<String, (Arc<HeldLock>, usize)>> {
+    pub(crate) fn holds(&self) -> MutexGuard<'_, HashMap<LockName, (Arc<HeldLock>, usize)>> {
         self.holds.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Takes another hold on a grant this owner has, if it is still good.
-    pub(crate) fn reenter(&self, name: &str) -> Option<Arc<HeldLock>> {
+    pub(crate) fn reenter(&self, name: &LockName) -> Option<Arc<HeldLock>> {
         let mut holds = self.holds();
         let (held, count) = holds.get_mut(name)?;
         if held.is_released() || held.is_lost() {
@@ -250,13 +250,13 @@ impl OwnerShared {
     }
 
     /// The gate serializing acquisitions of `name` through this handle.
-    pub(crate) fn gate(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+    pub(crate) fn gate(&self, name: &LockName) -> Arc<tokio::sync::Mutex<()>> {
         let mut gates = self.acquiring.lock().unwrap_or_else(|p| p.into_inner());
-        Arc::clone(gates.entry(name.to_owned()).or_default())
+        Arc::clone(gates.entry(name.clone()).or_default())
     }
 
     /// Forgets the gate of `name` once nobody uses it.
-    pub(crate) fn prune_gate(&self, name: &str, gate: Arc<tokio::sync::Mutex<()>>) {
+    pub(crate) fn prune_gate(&self, name: &LockName, gate: Arc<tokio::sync::Mutex<()>>) {
         let mut gates = self.acquiring.lock().unwrap_or_else(|p| p.into_inner());
         // Ours and the map's: nobody else is acquiring this name.
         if Arc::strong_count(&gate) == 2 {

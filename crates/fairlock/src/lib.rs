@@ -47,10 +47,13 @@ mod waiters;
 mod watchdog;
 
 pub use client::{ClientStats, LockClient};
-pub use config::{ClientConfig, EvictionCheck, Lease, LockOptions, ReplicaAcks, MAX_DURATION};
-pub use error::{Error, Result};
+pub use config::{
+    ClientConfig, ClientConfigBuilder, EvictionCheck, Lease, LockOptions, ReplicaAcks, MAX_DURATION,
+};
+pub use error::{Error, RedisError, RedisErrorKind, Result};
 pub use fairlock_core::{
-    FencedOp, FencedScript, KeyPrefix, LockState, QueuedWaiter, Reply, MAX_NAME_BYTES,
+    FencedOp, FencedScript, KeyPrefix, LockName, LockState, NameError, ProtocolError, QueuedWaiter,
+    Reply, MAX_NAME_BYTES,
 };
 pub use guard::{FencingToken, LockGuard};
 pub use handle::{Held, Lock};

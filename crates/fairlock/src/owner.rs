@@ -12,9 +12,9 @@ use std::sync::Arc;
 
 use fairlock_core::LockName;
 
-use crate::acquire::{acquire, Mode};
+use crate::acquire::{acquire, waited_grant, Mode};
 use crate::config::LockOptions;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::guard::LockGuard;
 use crate::held::OwnerShared;
 use crate::state::ClientState;
@@ -47,31 +47,37 @@ impl LockOwner {
     }
 
     /// Like [`crate::LockClient::lock`], but re-enters a lock this owner holds.
-    pub async fn lock(&self, name: &str) -> Result<LockGuard> {
+    pub async fn lock(&self, name: impl AsRef<[u8]>) -> Result<LockGuard> {
         self.lock_with(name, LockOptions::default()).await
     }
 
     /// Like [`crate::LockClient::lock_with`], but re-enters a lock this
     /// owner holds (the options then do not apply: the first hold's lease
     /// rules).
-    pub async fn lock_with(&self, name: &str, options: LockOptions) -> Result<LockGuard> {
-        match self.take(name, options, Mode::Wait).await? {
-            Some(guard) => Ok(guard),
-            None => Err(Error::Redis(
-                "acquire in wait mode ended without a grant".into(),
-            )),
-        }
+    pub async fn lock_with(
+        &self,
+        name: impl AsRef<[u8]>,
+        options: LockOptions,
+    ) -> Result<LockGuard> {
+        waited_grant(self.take(name, options, Mode::Wait).await?)
     }
 
     /// Like [`crate::LockClient::try_lock`], but re-enters a lock this
     /// owner holds.
-    pub async fn try_lock(&self, name: &str) -> Result<Option<LockGuard>> {
+    pub async fn try_lock(&self, name: impl AsRef<[u8]>) -> Result<Option<LockGuard>> {
         self.take(name, LockOptions::default(), Mode::Try).await
     }
 
-    /// How many holds this owner has on lock `name` (0 if none).
-    pub fn hold_count(&self, name: &str) -> usize {
-        self.shared.holds().get(name).map_or(0, |(_, count)| *count)
+    /// How many holds this owner has on lock `name` (0 if none, or if
+    /// `name` is not a valid lock name).
+    pub fn hold_count(&self, name: impl AsRef<[u8]>) -> usize {
+        let Ok(name) = LockName::new(name) else {
+            return 0;
+        };
+        self.shared
+            .holds()
+            .get(&name)
+            .map_or(0, |(_, count)| *count)
     }
 
     /// How many lock names this owner is acquiring right now (its
@@ -82,23 +88,23 @@ impl LockOwner {
 
     async fn take(
         &self,
-        name: &str,
+        name: impl AsRef<[u8]>,
         options: LockOptions,
         mode: Mode,
     ) -> Result<Option<LockGuard>> {
         let name = LockName::new(name)?;
-        let gate = self.shared.gate(name.as_str());
+        let gate = self.shared.gate(&name);
         let result = {
             let _one_at_a_time = gate.lock().await;
-            self.take_gated(name.as_str(), options, mode).await
+            self.take_gated(&name, options, mode).await
         };
-        self.shared.prune_gate(name.as_str(), gate);
+        self.shared.prune_gate(&name, gate);
         result
     }
 
     async fn take_gated(
         &self,
-        name: &str,
+        name: &LockName,
         options: LockOptions,
         mode: Mode,
     ) -> Result<Option<LockGuard>> {
@@ -112,7 +118,7 @@ impl LockOwner {
         };
         self.shared
             .holds()
-            .insert(name.to_owned(), (Arc::clone(&held), 1));
+            .insert(name.clone(), (Arc::clone(&held), 1));
         Ok(Some(
             LockGuard::new(Arc::clone(&self.state), held).with_owner(Arc::clone(&self.shared)),
         ))

@@ -16,7 +16,9 @@
 
 use std::time::Duration;
 
-use fairlock_core::{LockKeys, RenewBatch, RenewStatus, Reply, ScriptCall, ScriptSource};
+use fairlock_core::{
+    LockKeys, ProtocolError, RenewBatch, RenewStatus, Reply, ScriptCall, ScriptSource,
+};
 use fred::clients::SubscriberClient;
 use fred::prelude::{
     Builder, Client, ClientLike, Config, Error as FredError, ErrorKind, EventInterface, Key,
@@ -80,16 +82,16 @@ impl RedisConnection {
             })
             // Keep reconnecting forever (0 = no attempt limit), backing off to 2 s.
             .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2));
-        let commands = builder.build().map_err(|e| redis_error(&e))?;
-        let holders = builder.build().map_err(|e| redis_error(&e))?;
+        let commands = builder
+            .build()
+            .map_err(|e| redis_error("building the command connection", e))?;
+        let holders = builder
+            .build()
+            .map_err(|e| redis_error("building the holders' command connection", e))?;
         let subscriber = builder
             .build_subscriber_client()
-            .map_err(|e| redis_error(&e))?;
+            .map_err(|e| redis_error("building the subscriber connection", e))?;
 
-        let unreachable = |reason: String| Error::Unreachable {
-            url: url.clone(),
-            reason,
-        };
         let started = async {
             commands.init().await?;
             holders.init().await?;
@@ -98,18 +100,25 @@ impl RedisConnection {
         };
         let failure = match tokio::time::timeout(config.connect_timeout, started).await {
             Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(e.details().to_owned()),
-            Err(_) => Some(format!(
-                "no connection within the connect timeout of {:?}",
-                config.connect_timeout
+            Ok(Err(e)) => Some((e.details().to_owned(), Some(e))),
+            Err(_) => Some((
+                format!(
+                    "no connection within the connect timeout of {:?}",
+                    config.connect_timeout
+                ),
+                None,
             )),
         };
-        if let Some(reason) = failure {
+        if let Some((reason, source)) = failure {
             let grace = Duration::from_millis(100);
             let _ = tokio::time::timeout(grace, commands.quit()).await;
             let _ = tokio::time::timeout(grace, holders.quit()).await;
             let _ = tokio::time::timeout(grace, subscriber.quit()).await;
-            return Err(unreachable(reason));
+            return Err(Error::Unreachable {
+                url,
+                reason,
+                source,
+            });
         }
         // Resubscribe by itself after every reconnect of the subscriber.
         let _resubscriber = subscriber.manage_subscriptions();
@@ -140,10 +149,8 @@ impl RedisConnection {
         call: &C,
     ) -> Result<C::Output> {
         let keys: Vec<&str> = keys.all().iter().map(String::as_str).collect();
-        let reply = match self
-            .eval(lane, C::SCRIPT.as_source(), &keys, call.args())
-            .await
-        {
+        let args = call.args().into_iter().map(String::into_bytes).collect();
+        let reply = match self.eval(lane, C::SCRIPT.as_source(), &keys, args).await {
             Ok(reply) => reply,
             Err(Error::WrongType(detail)) => return Err(self.name_wrong_keys(&keys, detail).await),
             Err(error) => return Err(error),
@@ -191,7 +198,7 @@ impl RedisConnection {
                 Lane::Holders,
                 RenewBatch::script().as_source(),
                 &batch.keys(),
-                batch.args(),
+                batch.args().into_iter().map(String::into_bytes).collect(),
             )
             .await?;
         Ok(RenewBatch::decode(reply)?)
@@ -223,7 +230,10 @@ impl RedisConnection {
         match wait.await {
             Ok(Ok(value)) => match to_reply(value) {
                 Reply::Int(n) => Ok(u32::try_from(n).unwrap_or(0)),
-                other => Err(Error::Redis(format!("WAIT answered {other:?}"))),
+                other => Err(Error::Protocol(ProtocolError {
+                    script: "WAIT",
+                    detail: format!("expected the number of replicas, got {other:?}"),
+                })),
             },
             Ok(Err(e)) => Err(classify(&e, "WAIT", self.command_timeout)),
             Err(_) => Err(Error::Timeout {
@@ -251,13 +261,14 @@ impl RedisConnection {
     }
 
     /// Runs any script with EVALSHA; on NOSCRIPT (after `SCRIPT FLUSH` or a
-    /// restart) loads it and retries once, transparently.
+    /// restart) loads it and retries once, transparently. Arguments are
+    /// bytes, passed to Redis unchanged.
     pub(crate) async fn eval(
         &self,
         lane: Lane,
         script: ScriptSource<'_>,
         keys: &[&str],
-        args: Vec<String>,
+        args: Vec<Vec<u8>>,
     ) -> Result<Reply> {
         let span = telemetry::script_span(script.name);
         let result = self
@@ -275,9 +286,13 @@ impl RedisConnection {
         connection: &Client,
         script: ScriptSource<'_>,
         keys: &[&str],
-        args: Vec<String>,
+        args: Vec<Vec<u8>>,
     ) -> Result<Reply> {
         let keys: Vec<Key> = keys.iter().map(|k| Key::from(*k)).collect();
+        let args: Vec<Value> = args
+            .into_iter()
+            .map(|arg| Value::Bytes(arg.into()))
+            .collect();
         match self
             .evalsha(connection, script.sha1, &keys, &args, script.name)
             .await
@@ -312,7 +327,7 @@ impl RedisConnection {
         connection: &Client,
         sha: &str,
         keys: &[Key],
-        args: &[String],
+        args: &[Value],
         name: &str,
     ) -> std::result::Result<Reply, EvalError> {
         let call = connection.evalsha::<Value, _, _, _>(sha, keys.to_vec(), args.to_vec());
@@ -460,24 +475,21 @@ impl Reconnects {
     }
 }
 
+/// fred's reply in fairlock-core's terms. Binary-safe: a bulk string that
+/// is not UTF-8 becomes [`Reply::Bytes`], byte for byte.
 fn to_reply(value: Value) -> Reply {
     match value {
         Value::Integer(i) => Reply::Int(i),
         Value::Boolean(b) => Reply::Int(i64::from(b)),
         Value::Double(d) => Reply::Str(d.to_string()),
         Value::String(s) => Reply::Str(s.to_string()),
-        Value::Bytes(b) => Reply::Str(String::from_utf8_lossy(&b).into_owned()),
+        Value::Bytes(b) => Reply::from_bulk(b.to_vec()),
         Value::Null => Reply::Nil,
         Value::Array(items) => Reply::Array(items.into_iter().map(to_reply).collect()),
         Value::Map(map) => Reply::Array(
             map.inner()
                 .into_iter()
-                .flat_map(|(k, v)| {
-                    [
-                        Reply::Str(k.as_str().map(|s| s.to_owned()).unwrap_or_default()),
-                        to_reply(v),
-                    ]
-                })
+                .flat_map(|(k, v)| [Reply::from_bulk(k.as_bytes().to_vec()), to_reply(v)])
                 .collect(),
         ),
         Value::Queued => Reply::Nil,
@@ -515,12 +527,15 @@ fn classify(error: &FredError, operation: &str, timeout: Duration) -> Error {
             timeout,
         },
         ErrorKind::Canceled => Error::Closed,
-        _ => Error::Redis(format!("{operation}: {details}")),
+        _ => redis_error(operation, error.clone()),
     }
 }
 
-fn redis_error(error: &FredError) -> Error {
-    Error::Redis(error.details().to_owned())
+fn redis_error(operation: &str, source: FredError) -> Error {
+    Error::Redis {
+        operation: operation.to_owned(),
+        source,
+    }
 }
 
 /// The URL without its password, for error messages.

@@ -165,9 +165,13 @@ impl ClientState {
     }
 
     /// The keys of lock `name`, validating the name.
-    pub(crate) fn keys(&self, name: &str) -> Result<Arc<LockKeys>> {
-        let name = LockName::new(name)?;
-        Ok(Arc::new(LockKeys::new(&self.config.prefix, &name)))
+    pub(crate) fn keys(&self, name: impl AsRef<[u8]>) -> Result<Arc<LockKeys>> {
+        Ok(self.keys_of(&LockName::new(name)?))
+    }
+
+    /// The keys of lock `name`, checked already.
+    pub(crate) fn keys_of(&self, name: &LockName) -> Arc<LockKeys> {
+        Arc::new(LockKeys::new(&self.config.prefix, name))
     }
 
     /// Runs a lock script call on the waiters' lane, refusing once the
@@ -220,7 +224,7 @@ impl ClientState {
         }
         self.held.forget(&held.member);
         let result = self
-            .release_member(&held.name, &held.keys, &held.member)
+            .release_member(held.name.as_str(), &held.keys, &held.member)
             .await;
         held.telemetry.held_for(held.granted_at);
         tracing::debug!(lock = %held.name, token = held.token, ok = result.is_ok(), "fairlock lock released");

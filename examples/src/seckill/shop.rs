@@ -186,13 +186,14 @@ pub enum ShopError {
         /// What failed.
         reason: String,
     },
-    /// A data command failed.
-    #[error("Redis error while {during}: {reason}")]
+    /// A data command failed; fred's error is the source.
+    #[error("Redis failed while {during}: {source}; check that Redis is up and retry")]
     Redis {
         /// What was being done.
         during: &'static str,
-        /// The error.
-        reason: String,
+        /// fred's error.
+        #[source]
+        source: FredError,
     },
     /// A reply had an unexpected shape.
     #[error("unexpected reply while {during}: {reply}")]
@@ -439,7 +440,7 @@ pub async fn sell_one(
         &item.fence,
         &item.stock,
         token,
-        FencedOp::Set(&stock_left.to_string()),
+        FencedOp::set(&stock_left.to_string()),
     )
     .await
     .map_err(fenced(Step::WriteStock))?;
@@ -448,7 +449,7 @@ pub async fn sell_one(
             &item.fence,
             &item.orders,
             token,
-            FencedOp::HSet(order_id, buyer),
+            FencedOp::hset(order_id, buyer),
         )
         .await
         .map_err(fenced(Step::WriteOrder))?;
@@ -459,10 +460,7 @@ pub async fn sell_one(
 }
 
 fn redis_error(during: &'static str) -> impl Fn(FredError) -> ShopError {
-    move |e| ShopError::Redis {
-        during,
-        reason: e.to_string(),
-    }
+    move |source| ShopError::Redis { during, source }
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ pub fn to_reply(resp: Resp) -> Result<Reply, String> {
     Ok(match resp {
         Resp::Int(i) => Reply::Int(i),
         Resp::Simple(text) => Reply::Str(text),
-        Resp::Bulk(Some(bytes)) => Reply::Str(String::from_utf8_lossy(&bytes).into_owned()),
+        Resp::Bulk(Some(bytes)) => Reply::from_bulk(bytes),
         Resp::Bulk(None) | Resp::Array(None) => Reply::Nil,
         Resp::Array(Some(items)) => Reply::Array(
             items

@@ -1,0 +1,341 @@
+//! The API surface against a real server: errors that keep their source,
+//! binary-safe fenced values and lock names, the validating config
+//! builder, and `try_lock_with`'s wait timeout.
+
+use std::time::Duration;
+
+use fairlock::{Error, FencedOp, FencedScript, LockOptions, Reply};
+use fairlock_tests::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_error_keeps_the_redis_clients_error_as_its_source() {
+    let server = server();
+    let client = client(&server).await;
+    let guard = client.lock("api:errors").await.expect("lock");
+    // Not Lua: SCRIPT LOAD refuses it with a plain ERR, which no variant of
+    // its own covers.
+    let broken = FencedScript::new("this is not lua (");
+    let error = client
+        .fenced_eval(
+            &broken,
+            "{api:e}:fence",
+            &["{api:e}:x"],
+            guard.token(),
+            &[] as &[&str],
+        )
+        .await
+        .expect_err("a script that does not compile fails");
+    let Error::Redis { operation, source } = &error else {
+        panic!("expected Error::Redis, got {error:?}");
+    };
+    assert_eq!(operation, "SCRIPT LOAD");
+    assert!(
+        source.details().contains("compiling"),
+        "Redis's own message is kept: {source:?}"
+    );
+    let chained = std::error::Error::source(&error).expect("Error::Redis has a source");
+    let fred = chained
+        .downcast_ref::<fairlock::RedisError>()
+        .expect("the source is the Redis client's error, not a string");
+    assert_eq!(fred, source);
+    assert!(
+        error.to_string().contains("then retry"),
+        "the message says what to do: {error}"
+    );
+    guard.release().await.expect("release");
+}
+
+/// Every byte value, none of it UTF-8 as a whole.
+fn binary_value() -> Vec<u8> {
+    let mut value: Vec<u8> = (0..=255u8).rev().collect();
+    value.extend_from_slice(b"\xff\xfe\x00\xc3(");
+    value
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_values_pass_through_the_fenced_api_unchanged() {
+    let server = server();
+    let client = client(&server).await;
+    let guard = client.lock("api:binary-values").await.expect("lock");
+    let (fence, value_key, hash_key) = ("{api:b}:fence", "{api:b}:value", "{api:b}:hash");
+    let value = binary_value();
+    assert!(std::str::from_utf8(&value).is_err());
+
+    client
+        .fenced_write(fence, value_key, guard.token(), FencedOp::set(&value))
+        .await
+        .expect("fenced SET of a binary value");
+    let read = client
+        .fenced_write(fence, value_key, guard.token(), FencedOp::Get)
+        .await
+        .expect("fenced GET");
+    assert_eq!(read, Reply::Bytes(value.clone()), "no byte replaced");
+    assert_eq!(read.as_bytes(), Some(&value[..]));
+    // Redis itself holds the exact bytes.
+    assert_eq!(
+        server.cmd(&["GET", value_key]).expect("GET"),
+        Resp::Bulk(Some(value.clone()))
+    );
+
+    let field = b"\x80field";
+    client
+        .fenced_write(
+            fence,
+            hash_key,
+            guard.token(),
+            FencedOp::hset(field, &value),
+        )
+        .await
+        .expect("fenced HSET with a binary field and value");
+    let read = client
+        .fenced_write(fence, hash_key, guard.token(), FencedOp::hget(field))
+        .await
+        .expect("fenced HGET");
+    assert_eq!(read, Reply::Bytes(value.clone()));
+
+    // A fenced script gets binary arguments and returns binary values as is.
+    let echo = FencedScript::new("return ARGV[1]");
+    let echoed = client
+        .fenced_eval(&echo, fence, &[] as &[&str], guard.token(), &[&value])
+        .await
+        .expect("fenced script");
+    assert_eq!(echoed, Reply::Bytes(value.clone()));
+    // Text stays text.
+    let echoed = client
+        .fenced_eval(&echo, fence, &[] as &[&str], guard.token(), &["plain ü"])
+        .await
+        .expect("fenced script");
+    assert_eq!(echoed, Reply::Str("plain ü".to_owned()));
+    guard.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_lock_names_are_locks_of_their_own() {
+    let server = server();
+    let client = client(&server).await;
+    // Both render as "job\u{FFFD}" for people; they are different locks.
+    let (ff, fe) = (b"job\xff".as_slice(), b"job\xfe".as_slice());
+    let guard = client.lock(ff).await.expect("a binary name locks");
+    assert_eq!(guard.lock_name().as_bytes(), ff);
+    assert_eq!(guard.name(), "job\u{fffd}");
+    let other = client
+        .try_lock(fe)
+        .await
+        .expect("try_lock")
+        .expect("a different binary name is a different lock");
+    // Nor is the text that spells the escape the same lock.
+    let text = client
+        .try_lock("job%FF")
+        .await
+        .expect("try_lock")
+        .expect("the text of an escape is another name");
+    assert!(client.try_lock(ff.to_vec()).await.expect("try").is_none());
+
+    // The keys in Redis are text, escaped, in one hash tag per name.
+    for owner in [
+        "fairlock:{job%FF}:owner",
+        "fairlock:{job%FE}:owner",
+        "fairlock:{job%25FF}:owner",
+    ] {
+        assert_eq!(
+            server.cmd(&["EXISTS", owner]).expect("EXISTS"),
+            Resp::Int(1),
+            "{owner}"
+        );
+    }
+    let state = client.inspect(ff).await.expect("inspect by bytes");
+    assert_eq!(state.owner.as_deref(), Some(guard.owner_id()));
+    // A checked LockName is a name wherever one is taken.
+    let by_name = client.inspect(guard.lock_name()).await.expect("inspect");
+    assert_eq!(by_name.token, guard.token().value());
+
+    // Re-entry is keyed by the exact bytes too.
+    let owner = client.owner();
+    let outer = owner.lock(b"acct\x80".to_vec()).await.expect("owner lock");
+    assert_eq!(owner.hold_count(b"acct\x80"), 1);
+    assert_eq!(owner.hold_count(b"acct\x81"), 0);
+    let inner = owner.lock(b"acct\x80").await.expect("re-enter");
+    assert_eq!(inner.token(), outer.token());
+
+    for guard in [guard, other, text, inner, outer] {
+        guard.release().await.expect("release");
+    }
+    assert_eq!(client.inspect(ff).await.expect("inspect").owner, None);
+    assert!(matches!(
+        client.lock(b"").await,
+        Err(Error::InvalidName(fairlock::NameError::Empty))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_config_builder_checks_every_value_before_any_connection() {
+    use fairlock::{ClientConfig, EvictionCheck, LockClient};
+    // Nothing listens on port 1: a refused value never got that far.
+    let builder = || ClientConfig::builder("redis://127.0.0.1:1");
+    let refused = [
+        (
+            "zero connect timeout",
+            builder().connect_timeout(Duration::ZERO).build(),
+        ),
+        (
+            "zero command timeout",
+            builder().command_timeout(Duration::ZERO).build(),
+        ),
+        (
+            "zero heartbeat",
+            builder().heartbeat_interval(Duration::ZERO).build(),
+        ),
+        (
+            "zero watchdog lease",
+            builder().watchdog_lease(Duration::ZERO).build(),
+        ),
+        (
+            "waiter TTL shorter than the heartbeat",
+            builder()
+                .heartbeat_interval(Duration::from_secs(2))
+                .waiter_timeout(Duration::from_secs(1))
+                .build(),
+        ),
+        (
+            "waiter TTL equal to the heartbeat",
+            builder()
+                .heartbeat_interval(Duration::from_secs(1))
+                .waiter_timeout(Duration::from_secs(1))
+                .build(),
+        ),
+        (
+            "a lease of days (a unit mistake)",
+            builder()
+                .watchdog_lease(Duration::from_secs(90_000))
+                .build(),
+        ),
+        (
+            "zero replicas",
+            builder()
+                .replica_acks(0, Duration::from_millis(100))
+                .build(),
+        ),
+        (
+            "zero replica timeout",
+            builder().replica_acks(1, Duration::ZERO).build(),
+        ),
+    ];
+    for (what, result) in refused {
+        match result {
+            Err(Error::InvalidOptions(message)) => {
+                assert!(!message.is_empty(), "{what}");
+            }
+            other => panic!("{what}: expected InvalidOptions, got {other:?}"),
+        }
+    }
+    assert!(matches!(
+        builder().prefix("a{b").build(),
+        Err(Error::InvalidName(fairlock::NameError::PrefixHasBraces(_)))
+    ));
+
+    // A valid configuration connects, and its values are the ones used.
+    let server = server();
+    let config = ClientConfig::builder(server.url())
+        .prefix("built:")
+        .heartbeat_interval(Duration::from_millis(100))
+        .waiter_timeout(Duration::from_secs(1))
+        .watchdog_lease(Duration::from_secs(3))
+        .eviction_check(EvictionCheck::Off)
+        .build()
+        .expect("valid configuration");
+    assert_eq!(config.waiter_timeout, Duration::from_secs(1));
+    let client = LockClient::with_config(config).await.expect("connect");
+    let guard = client.lock("built").await.expect("lock");
+    assert_eq!(
+        server
+            .cmd(&["EXISTS", "built:{built}:owner"])
+            .expect("EXISTS"),
+        Resp::Int(1),
+        "the built prefix names the keys"
+    );
+    guard.release().await.expect("release");
+}
+
+/// Polls until lock `name` has `waiters` queue entries; panics if that
+/// does not happen within 10 s (a liveness bound, not a timing assertion).
+async fn until_queued(client: &fairlock::LockClient, name: &str, waiters: u64) {
+    for _ in 0..1_000 {
+        if client.inspect(name).await.expect("inspect").queue_len == waiters {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("lock {name} never had {waiters} waiters");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_lock_with_waits_up_to_its_wait_timeout_in_the_queue() {
+    let server = server();
+    let clients = clients(&server, 3).await;
+    let (holder, trier, waiter) = (&clients[0], &clients[1], &clients[2]);
+    let name = "api:try-wait";
+    let held = holder.lock(name).await.expect("lock");
+
+    // Without a wait timeout, or with a zero one, try never queues.
+    assert!(trier.try_lock(name).await.expect("try").is_none());
+    let zero = LockOptions::new().wait_timeout(Duration::ZERO);
+    assert!(trier
+        .try_lock_with(name, zero)
+        .await
+        .expect("try")
+        .is_none());
+    assert_eq!(trier.inspect(name).await.expect("inspect").queue_len, 0);
+
+    // With one, it waits in the queue, and gives up with Ok(None) (not an
+    // error), leaving the queue.
+    let short = LockOptions::new().wait_timeout(Duration::from_millis(300));
+    assert!(trier
+        .try_lock_with(name, short)
+        .await
+        .expect("try")
+        .is_none());
+    assert_eq!(trier.stats().waiters, 0);
+    assert_eq!(trier.inspect(name).await.expect("inspect").queue_len, 0);
+
+    // It waits fairly: behind a waiter already queued, and it gets the
+    // lock once that waiter is done.
+    let first = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { waiter.lock(name).await.expect("first waiter") })
+    };
+    until_queued(trier, name, 1).await;
+    let second = {
+        let trier = trier.clone();
+        let long = LockOptions::new().wait_timeout(Duration::from_secs(30));
+        tokio::spawn(async move { trier.try_lock_with(name, long).await })
+    };
+    until_queued(trier, name, 2).await;
+    held.release().await.expect("release");
+    // If the try overtook the earlier waiter, that waiter would wait for
+    // the try's unreleased guard: bounded, so the test fails, not hangs.
+    let first = tokio::time::timeout(Duration::from_secs(10), first)
+        .await
+        .expect("FIFO: the earlier waiter is granted first")
+        .expect("join");
+    let first_token = first.token();
+    first.release().await.expect("release");
+    let second = second
+        .await
+        .expect("join")
+        .expect("try_lock_with")
+        .expect("granted within its wait timeout");
+    assert!(
+        second.token() > first_token,
+        "granted after the earlier waiter"
+    );
+
+    // A Lock handle's try_lock honours the handle's wait timeout too.
+    let handle = waiter
+        .handle(name)
+        .expect("handle")
+        .with_options(LockOptions::new().wait_timeout(Duration::from_millis(200)));
+    assert!(handle.try_lock().await.expect("try").is_none());
+    second.release().await.expect("release");
+    let again = handle.try_lock().await.expect("try").expect("free now");
+    again.release().await.expect("release");
+}
