@@ -75,6 +75,11 @@ pub struct Attempt {
     pub release_start: u64,
     /// The grant's queue ticket, for locks that have one (fairlock).
     pub ticket: Option<u64>,
+    /// Wall-clock time of `wait_start`, µs since the Unix epoch: fairlock's
+    /// tickets are the server's clock in µs (Redis runs on this machine,
+    /// same clock), so `ticket - call_unix_us` is the time from the call to
+    /// its enqueue script running in Redis.
+    pub call_unix_us: u64,
 }
 
 /// Everything a cell recorded.
@@ -351,6 +356,7 @@ async fn contender<C: LockConn>(
             break;
         }
         let wait_start = Instant::now();
+        let call_unix_us = unix_us();
         let acquired = tokio::select! {
             // A grant that is ready wins over the stop signal: the lock is
             // then used and released, never leaked.
@@ -365,6 +371,7 @@ async fn contender<C: LockConn>(
                     acquired: false,
                     release_start: 0,
                     ticket: None,
+                    call_unix_us,
                 });
                 break;
             }
@@ -380,6 +387,7 @@ async fn contender<C: LockConn>(
                     acquired: false,
                     release_start: 0,
                     ticket: None,
+                    call_unix_us,
                 });
                 log.error(format!("acquire: {error}"));
                 tokio::time::sleep(ERROR_PAUSE).await;
@@ -408,9 +416,17 @@ async fn contender<C: LockConn>(
             acquired: true,
             release_start: ns(release_start),
             ticket,
+            call_unix_us,
         });
     }
     log
+}
+
+/// Now, in µs since the Unix epoch.
+fn unix_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// Resolves once the stop signal is set (or its sender is gone).

@@ -76,6 +76,15 @@ pub struct CellRecord {
     pub overtakes: u64,
     /// overtakes / cycles.
     pub overtake_fraction: f64,
+    /// Acquisitions that overtook a waiter at least 1 ms older.
+    pub overtakes_over_1ms: u64,
+    /// overtakes_over_1ms / cycles.
+    pub overtake_over_1ms_fraction: f64,
+    /// From the `lock()` call to its enqueue running in Redis (queued
+    /// fairlock grants), p50, ms.
+    pub call_to_ticket_p50_ms: Option<f64>,
+    /// Same, p99, ms.
+    pub call_to_ticket_p99_ms: Option<f64>,
     /// Grants out of queue-ticket order (locks with tickets only).
     pub ticket_inversions: Option<u64>,
     /// Lost updates (must be 0).
@@ -132,6 +141,10 @@ impl CellRecord {
             jain_window: metrics.jain_window,
             overtakes: metrics.overtakes,
             overtake_fraction: metrics.overtake_fraction(),
+            overtakes_over_1ms: metrics.overtakes_over_1ms,
+            overtake_over_1ms_fraction: metrics.overtake_over_1ms_fraction(),
+            call_to_ticket_p50_ms: metrics.call_to_ticket(0.5),
+            call_to_ticket_p99_ms: metrics.call_to_ticket(0.99),
             ticket_inversions: metrics.ticket_inversions,
             violations: metrics.violations,
             cs_completed: metrics.cs_completed,
@@ -473,11 +486,11 @@ fn markdown(results: &Results, charts: &[(String, String)]) -> String {
     let _ = writeln!(md, "## One hot lock\n");
     let _ = writeln!(
         md,
-        "| implementation | C | H | cycles/s | wait p50 | wait p99 | wait max | handoff p50 | handoff p99 | PING p50 in cell | cmds/cycle sent | cmds/cycle run | Jain | overtakes | violations | errors |"
+        "| implementation | C | H | hold measured | cycles/s | wait p50 | wait p99 | wait max | handoff p50 | handoff p99 | PING p50 in cell | cmds/cycle sent | cmds/cycle run | Jain | overtakes | overtakes > 1 ms | call → ticket p50 / p99 | violations | errors |"
     );
     let _ = writeln!(
         md,
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
     );
     let mut cells: Vec<&CellRecord> = results.cells.iter().collect();
     cells.sort_by(|a, b| {
@@ -488,10 +501,11 @@ fn markdown(results: &Results, charts: &[(String, String)]) -> String {
     for c in &cells {
         let _ = writeln!(
             md,
-            "| {} | {} | {} ms | {:.0} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.3} | {:.1}% | {} | {} |",
+            "| {} | {} | {} ms | {:.2} ms | {:.0} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.3} | {:.1}% | {:.2}% | {} / {} | {} | {} |",
             c.implementation,
             c.contenders,
             c.hold_ms,
+            c.hold_mean_ms,
             c.cycles_per_s,
             fmt_ms(c.wait_p50_ms),
             fmt_ms(c.wait_p99_ms),
@@ -503,6 +517,9 @@ fn markdown(results: &Results, charts: &[(String, String)]) -> String {
             c.cmds_total_per_cycle,
             c.jain,
             c.overtake_fraction * 100.0,
+            c.overtake_over_1ms_fraction * 100.0,
+            fmt_ms(c.call_to_ticket_p50_ms),
+            fmt_ms(c.call_to_ticket_p99_ms),
             c.violations,
             c.errors
         );

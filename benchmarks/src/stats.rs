@@ -9,6 +9,13 @@
 //! * **overtake**: an acquisition A overtook if some other attempt B of the
 //!   same lock started waiting before A did and was still waiting when A
 //!   got the lock (B.wait_start < A.wait_start and B.end > A.end).
+//! * **overtake by more than 1 ms**: as an overtake, but B started waiting
+//!   more than 1 ms before A (B.wait_start + 1 ms < A.wait_start): the
+//!   caller-side FIFO measure, tolerant of calls made at nearly the same
+//!   instant on different connections.
+//! * **call to ticket**: for fairlock grants that queued, from the `lock()`
+//!   call to the moment Redis ran its enqueue (the ticket is the server's
+//!   clock in µs; Redis runs on the same machine).
 //! * **Jain's index** over the contenders' acquisitions: (sum x)^2 /
 //!   (n * sum x^2); 1 is perfectly even. Counted over the largest whole
 //!   number of fair-share rounds (a round = C x mean cycle time, the time
@@ -64,6 +71,10 @@ pub struct CellMetrics {
     pub jain_window: f64,
     /// Acquisitions that overtook an older waiter.
     pub overtakes: u64,
+    /// Acquisitions that overtook a waiter at least 1 ms older.
+    pub overtakes_over_1ms: u64,
+    /// Call to ticket of the queued fairlock grants, ms, sorted.
+    pub call_to_ticket_ms: Vec<f64>,
     /// For locks with queue tickets: consecutive grants (that had queued)
     /// whose tickets went down, i.e. real queue overtakes as Redis ordered
     /// the waiters. `None` for locks without tickets.
@@ -85,6 +96,21 @@ impl CellMetrics {
     /// Nearest-rank percentile of the handoffs, ms.
     pub fn handoff(&self, q: f64) -> Option<f64> {
         percentile(&self.handoffs_ms, q)
+    }
+
+    /// Nearest-rank percentile of call-to-ticket times, ms.
+    pub fn call_to_ticket(&self, q: f64) -> Option<f64> {
+        percentile(&self.call_to_ticket_ms, q)
+    }
+
+    /// Fraction of the window's acquisitions that overtook a waiter at
+    /// least 1 ms older.
+    pub fn overtake_over_1ms_fraction(&self) -> f64 {
+        if self.cycles == 0 {
+            0.0
+        } else {
+            self.overtakes_over_1ms as f64 / self.cycles as f64
+        }
     }
 
     /// Fraction of the window's acquisitions that overtook an older waiter.
@@ -219,10 +245,12 @@ pub fn summarize(run: &CellRun, top_level_commands: &[&str]) -> CellMetrics {
         by_lock[a.lock as usize].push(*a);
     }
     let mut overtakes = 0;
+    let mut overtakes_over_1ms = 0;
     let mut ticket_inversions = None;
     let mut handoffs_ms = Vec::new();
     for attempts in &mut by_lock {
         overtakes += count_overtakes(attempts, in_window);
+        overtakes_over_1ms += count_overtakes_by(attempts, 1_000_000, in_window);
         if let Some(n) = count_ticket_inversions(attempts, in_window) {
             *ticket_inversions.get_or_insert(0) += n;
         }
@@ -272,6 +300,8 @@ pub fn summarize(run: &CellRun, top_level_commands: &[&str]) -> CellMetrics {
         jain_rounds,
         jain_window: jain(&per_task),
         overtakes,
+        overtakes_over_1ms,
+        call_to_ticket_ms: call_to_ticket(&run.attempts, in_window),
         ticket_inversions,
         violations,
         cs_completed: run.cs_completed.iter().sum(),
@@ -304,6 +334,45 @@ fn count_overtakes(attempts: &mut [Attempt], in_window: impl Fn(u64) -> bool) ->
         i = j;
     }
     overtakes
+}
+
+/// Acquisitions (inside the window) that overtook a waiter of the same lock
+/// that started more than `margin_ns` earlier. `attempts` are sorted by
+/// wait start ([`count_overtakes`] sorts them); a second pointer keeps the
+/// latest end among attempts that started before `start - margin`.
+fn count_overtakes_by(
+    attempts: &[Attempt],
+    margin_ns: u64,
+    in_window: impl Fn(u64) -> bool,
+) -> u64 {
+    let mut overtakes = 0;
+    let mut latest_end = 0u64;
+    let mut older = 0;
+    for a in attempts {
+        let limit = a.wait_start.saturating_sub(margin_ns);
+        while older < attempts.len() && attempts[older].wait_start < limit {
+            latest_end = latest_end.max(attempts[older].end);
+            older += 1;
+        }
+        if a.acquired && in_window(a.end) && latest_end > a.end {
+            overtakes += 1;
+        }
+    }
+    overtakes
+}
+
+/// Call-to-ticket times (ms, sorted) of the window's grants that queued.
+fn call_to_ticket(attempts: &[Attempt], in_window: impl Fn(u64) -> bool) -> Vec<f64> {
+    let mut times: Vec<f64> = attempts
+        .iter()
+        .filter(|a| a.acquired && in_window(a.end))
+        .filter_map(|a| {
+            a.ticket
+                .map(|t| t.saturating_sub(a.call_unix_us) as f64 / 1e3)
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times
 }
 
 /// Handoff times (ns) of one lock: release start of a holder to the
@@ -347,7 +416,26 @@ mod tests {
             acquired: end != u64::MAX,
             release_start,
             ticket: None,
+            call_unix_us: 0,
         }
+    }
+
+    #[test]
+    fn overtakes_by_a_margin_ignore_near_simultaneous_calls() {
+        let all = |_| true;
+        // 1 starts at 1 and waits until 30; 2 starts at 2 (1 ns later) and
+        // 3 at 5,000,000 (5 ms later), both granted at 20: both overtake,
+        // only 3 by more than 1 ms.
+        let mut attempts = vec![
+            attempt(0, 0, 0, 10),
+            attempt(1, 1, 30, 31),
+            attempt(2, 2, 20, 21),
+            attempt(3, 5_000_000, 5_000_020, 5_000_021),
+            attempt(4, 5_000_001, 5_000_040, 5_000_041),
+        ];
+        attempts[3].end = 20;
+        assert_eq!(count_overtakes(&mut attempts, all), 2);
+        assert_eq!(count_overtakes_by(&attempts, 1_000_000, all), 1);
     }
 
     #[test]
