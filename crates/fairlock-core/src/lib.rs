@@ -48,8 +48,8 @@ pub use keys::{
     key_slot, KeyPrefix, LockKeys, LockName, NameError, MAX_NAME_BYTES, MAX_PREFIX_BYTES,
 };
 pub use redlock::{
-    RedLockKeys, RedlockAcquire, RedlockFence, RedlockRelease, RedlockRenew, Vote,
-    REDLOCK_ACQUIRE, REDLOCK_FENCE, REDLOCK_RELEASE, REDLOCK_RENEW, REDLOCK_SCRIPTS,
+    RedLockKeys, RedlockAcquire, RedlockFence, RedlockRelease, RedlockRenew, Vote, REDLOCK_ACQUIRE,
+    REDLOCK_FENCE, REDLOCK_RELEASE, REDLOCK_RENEW, REDLOCK_SCRIPTS,
 };
 pub use reply::{ProtocolError, Reply};
 pub use script::{Script, ScriptSource, ALL_SCRIPTS};

@@ -40,6 +40,7 @@ mod heartbeat;
 mod held;
 mod owner;
 mod redis;
+pub mod redlock;
 mod state;
 mod task;
 mod telemetry;
@@ -48,7 +49,7 @@ mod watchdog;
 
 pub use client::{ClientStats, LockClient};
 pub use config::{ClientConfig, EvictionCheck, Lease, LockOptions, ReplicaAcks, MAX_DURATION};
-pub use error::{Error, Result};
+pub use error::{Error, PrimaryFailure, PrimaryFailureKind, Result};
 pub use fairlock_core::{
     FencedOp, FencedScript, KeyPrefix, LockState, QueuedWaiter, Reply, MAX_NAME_BYTES,
 };
