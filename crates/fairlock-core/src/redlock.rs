@@ -202,8 +202,9 @@ impl ScriptCall for RedlockRelease<'_> {
     }
 }
 
-/// `redlock_renew.lua`; KEYS: owner. Replies whether the key was the
-/// member's (and now has the new lease).
+/// `redlock_renew.lua`; KEYS: owner. Replies whether the key is now the
+/// member's with the new lease (taken again if it was missing); `false` if
+/// another member holds it.
 #[derive(Debug, Clone)]
 pub struct RedlockRenew<'a> {
     /// The holder's owner id.

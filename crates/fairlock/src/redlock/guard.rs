@@ -113,24 +113,28 @@ impl RedLockGuard {
         }
     }
 
-    /// Releases the lock on every primary and wakes waiters.
+    /// Releases the lock on every primary and wakes waiters. Within the
+    /// validity this succeeds even if primaries died meanwhile (their keys
+    /// expire with the lease).
     ///
     /// # Errors
     ///
-    /// [`Error::NotOwner`] if fewer than a majority still had this holder's
-    /// key (the lease had run out, so another holder may have overlapped);
-    /// [`Error::NoQuorum`] if fewer than a majority answered (the keys left
-    /// expire with the lease).
+    /// After the validity ran out: [`Error::NotOwner`] if fewer than a
+    /// majority still had this holder's key (another holder may have
+    /// overlapped), [`Error::NoQuorum`] if fewer than a majority answered.
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
         if let Some(mut watchdog) = self.watchdog.take() {
             watchdog.shutdown().await;
         }
+        // Within its validity the lock was this holder's alone (RedLock's
+        // premise), whatever the primaries that died since say.
+        let was_valid = !self.status.borrow().is_lost();
         self.status.send_modify(|s| s.lost = true);
         let (answered, deleted, failures) =
             release_everywhere(&self.shared, &self.keys, &self.member, true).await;
         let quorum = self.shared.config.quorum();
-        if deleted >= quorum {
+        if was_valid || deleted >= quorum {
             Ok(())
         } else if answered >= quorum {
             Err(Error::NotOwner {

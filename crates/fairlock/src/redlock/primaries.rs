@@ -156,14 +156,15 @@ impl Primaries {
                 answers.push(answer);
             }
         }
-        // A job that panicked (a bug) counts as a failed primary.
+        // A job that panicked (a bug) or was cancelled (the runtime is
+        // shutting down) counts as a failed primary.
         for index in started {
             if !answers.iter().any(|(i, _)| *i == index) {
                 if let Some(primary) = self.list.get(index) {
                     answers.push((
                         index,
                         Err(primary.failure(PrimaryFailureKind::Failed(
-                            "the call's task panicked".to_owned(),
+                            "the call's task was cancelled or panicked".to_owned(),
                         ))),
                     ));
                 }

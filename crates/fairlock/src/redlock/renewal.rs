@@ -4,10 +4,11 @@
 //! safely held (by the local monotonic clock) and whether it is known lost.
 //! A fixed lease never moves its deadline. A watchdog lease is renewed every
 //! third of the lease by [`LeaseWatchdog`]: `redlock_renew.lua` on every
-//! primary at once; when a majority confirmed in time, the deadline moves to
+//! primary at once (it also takes the key back on a primary where it is
+//! missing and free, so a holder survives the loss of a minority); when a majority confirmed in time, the deadline moves to
 //! `round start + lease - elapsed - drift`, as for an acquire. When a round
 //! is confirmed by fewer than a majority (primaries down, slow, or the keys
-//! expired or taken), or the deadline passed before the round began (the
+//! taken), or the deadline passed before the round began (the
 //! process was paused), the lock is marked lost and the watchdog stops:
 //! a later success could not prove the lock was not held by another
 //! meanwhile.

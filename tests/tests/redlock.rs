@@ -1,0 +1,372 @@
+//! RedLock mode over independent primaries started by the test kit
+//! (`IndependentPrimaries`): mutual exclusion and increasing fencing tokens
+//! while a minority dies, a clear error when a majority is gone, the
+//! delayed-restart rule, and waiters woken by the release itself.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fairlock::redlock::{RedLock, RedLockConfig, RedLockOptions};
+use fairlock::{Error, PrimaryFailureKind};
+use fairlock_testkit::IndependentPrimaries;
+
+/// A hang guard for calls that must return on their own.
+const HANG: Duration = Duration::from_secs(20);
+
+fn primaries(n: usize) -> IndependentPrimaries {
+    IndependentPrimaries::start(n).expect("start independent primaries")
+}
+
+/// Short timings; the delayed-restart rule off (tests that restart a
+/// primary turn it on).
+fn config(primaries: &IndependentPrimaries) -> RedLockConfig {
+    let mut config = RedLockConfig::new(primaries.urls());
+    config.connect_timeout = Duration::from_secs(3);
+    config.call_timeout = Duration::from_millis(300);
+    config.watchdog_lease = Duration::from_secs(3);
+    config.restart_delay = Duration::ZERO;
+    config
+}
+
+async fn connect(config: RedLockConfig) -> RedLock {
+    RedLock::with_config(config)
+        .await
+        .expect("RedLock connects to the primaries")
+}
+
+/// Invariant: with 5 primaries and 2 of them SIGKILLed half way through, no
+/// two tasks (over 3 clients) are ever inside the critical section at once,
+/// a non-atomic read-modify-write counter loses no update, and the fencing
+/// tokens, in critical-section order, strictly increase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_minority_mid_run_never_gives_two_holders() {
+    const CLIENTS: usize = 3;
+    const TASKS: usize = 3;
+    const ROUNDS: usize = 12;
+    let mut servers = primaries(5);
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        clients.push(connect(config(&servers)).await);
+    }
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let mut tasks = Vec::new();
+    for client in &clients {
+        for _ in 0..TASKS {
+            let client = client.clone();
+            let (inside, overlaps, counter, tokens) = (
+                Arc::clone(&inside),
+                Arc::clone(&overlaps),
+                Arc::clone(&counter),
+                Arc::clone(&tokens),
+            );
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let guard = client
+                        .lock_with("stock", RedLockOptions::new().wait_timeout(HANG))
+                        .await
+                        .expect("lock with a majority alive");
+                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokens.lock().expect("tokens").push(guard.token().value());
+                    // Non-atomic read-modify-write across an await.
+                    let read = counter.load(Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    counter.store(read + 1, Ordering::SeqCst);
+                    assert!(!guard.is_lost(), "the critical section fits the lease");
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    guard.release().await.expect("release on a majority");
+                }
+            }));
+        }
+    }
+    // Half way, kill a minority (2 of 5).
+    let total = CLIENTS * TASKS * ROUNDS;
+    let deadline = Instant::now() + HANG;
+    while tokens.lock().expect("tokens").len() < total / 2 {
+        assert!(Instant::now() < deadline, "no progress before the kill");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    servers.kill(&[1, 3]);
+    assert_eq!(servers.running(), 3);
+    for task in tasks {
+        tokio::time::timeout(HANG * 3, task)
+            .await
+            .expect("the run finishes after the kill")
+            .expect("task");
+    }
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
+    assert_eq!(counter.load(Ordering::SeqCst), total, "lost update");
+    let tokens = tokens.lock().expect("tokens").clone();
+    assert_eq!(tokens.len(), total);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens strictly increase in grant order: {tokens:?}"
+    );
+}
+
+/// Invariant: with a majority (2 of 3) killed, every operation returns
+/// `Error::NoQuorum` naming the dead primaries, nothing waits on them, and
+/// a holder's lease-lost signal fires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_majority_fails_with_no_quorum_and_nothing_hangs() {
+    let mut servers = primaries(3);
+    let redlock = connect(config(&servers)).await;
+    let held = redlock.lock("report").await.expect("lock");
+    assert!(held.validity() > Duration::ZERO);
+    servers.kill(&[0, 2]);
+
+    let failed = |error: Error| match error {
+        Error::NoQuorum {
+            answered,
+            needed,
+            primaries,
+            failures,
+            ..
+        } => {
+            assert_eq!((answered, needed, primaries), (1, 2, 3));
+            let dead: Vec<usize> = failures.iter().map(|f| f.index).collect();
+            assert_eq!(dead, vec![0, 2], "{failures:?}");
+            assert!(failures.iter().all(|f| matches!(
+                f.kind,
+                PrimaryFailureKind::Disconnected | PrimaryFailureKind::Timeout
+            )));
+        }
+        other => panic!("expected NoQuorum, got {other:?}"),
+    };
+    let attempt = tokio::time::timeout(HANG, redlock.try_lock("other"))
+        .await
+        .expect("try_lock does not hang");
+    failed(attempt.expect_err("no majority"));
+    let attempt = tokio::time::timeout(HANG, redlock.lock("report"))
+        .await
+        .expect("lock does not hang");
+    failed(attempt.expect_err("no majority"));
+    let message = tokio::time::timeout(HANG, redlock.lock("x"))
+        .await
+        .expect("no hang")
+        .expect_err("no majority")
+        .to_string();
+    assert!(message.contains("only 1 of 3 primaries"), "{message}");
+
+    // The watchdog (renewing every second) cannot renew on a majority.
+    tokio::time::timeout(HANG, held.lost())
+        .await
+        .expect("the lease-lost signal fires");
+    assert!(held.is_lost());
+    assert_eq!(held.validity(), Duration::ZERO);
+    let release = tokio::time::timeout(HANG, held.release())
+        .await
+        .expect("release does not hang");
+    assert!(
+        matches!(release, Err(Error::NoQuorum { .. })),
+        "{release:?}"
+    );
+
+    // A new client cannot start without a majority either.
+    let connecting = tokio::time::timeout(HANG, RedLock::with_config(config(&servers)))
+        .await
+        .expect("connect does not hang");
+    assert!(matches!(connecting, Err(Error::NoQuorum { .. })));
+}
+
+/// The delayed-restart rule. A holds on the majority {0, 1} while 2 is
+/// down; 1 restarts without persistence (forgetting A's vote) and 2 comes
+/// back. B must not acquire through {1, 2} before the restart delay has
+/// passed: it gets `NoQuorum` naming 1 and 2 as restarted recently. A
+/// client with the rule turned off shows the hazard the rule prevents: it
+/// does acquire through {1, 2} while A's lease is still valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_restarted_without_persistence_does_not_vote_before_the_restart_delay() {
+    const DELAY: Duration = Duration::from_secs(4);
+    let mut servers = primaries(3);
+    let mut ruled = config(&servers);
+    ruled.restart_delay = DELAY;
+    // A lease no longer than the restart delay, as the rule requires.
+    let lease = RedLockOptions::new().lease(DELAY);
+    // Fresh servers are "recently restarted" too: wait until they are old.
+    let a = connect(ruled.clone()).await;
+    let deadline = Instant::now() + HANG;
+    let held = loop {
+        match a.try_lock_with("ledger", lease).await {
+            Ok(Some(guard)) => break guard,
+            Err(Error::NoQuorum { failures, .. }) => assert!(failures
+                .iter()
+                .all(|f| matches!(f.kind, PrimaryFailureKind::RestartedRecently { .. }))),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the servers never grew old enough"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    held.release().await.expect("release");
+
+    servers.kill(&[2]);
+    let held = a
+        .try_lock_with("ledger", lease)
+        .await
+        .expect("lock on {0, 1}")
+        .expect("free");
+    servers.restart(1).expect("restart 1 empty");
+    servers.restart(2).expect("restart 2 empty");
+    let b = connect(ruled).await;
+    let refused = b
+        .try_lock_with("ledger", lease)
+        .await
+        .expect_err("the restarted primaries must not vote");
+    match refused {
+        Error::NoQuorum { failures, .. } => {
+            let young: Vec<usize> = failures
+                .iter()
+                .filter(|f| matches!(f.kind, PrimaryFailureKind::RestartedRecently { .. }))
+                .map(|f| f.index)
+                .collect();
+            assert_eq!(young, vec![1, 2], "{failures:?}");
+        }
+        other => panic!("expected NoQuorum, got {other:?}"),
+    }
+    // A waiting lock fails the same way instead of waiting.
+    let waiting = tokio::time::timeout(HANG, b.lock_with("ledger", lease))
+        .await
+        .expect("no hang");
+    assert!(
+        matches!(waiting, Err(Error::NoQuorum { .. })),
+        "{waiting:?}"
+    );
+    assert!(!held.is_lost(), "A's lease is still valid throughout");
+
+    // Without the rule, {1, 2} vote and make a second holder while A's
+    // lease is valid: the hazard. Its token is still above A's (the clock
+    // floor of the counters lost in the restarts).
+    let unruled = connect(config(&servers)).await;
+    let second = unruled
+        .try_lock_with("ledger", lease)
+        .await
+        .expect("without the rule the young primaries vote")
+        .expect("granted through {1, 2}");
+    assert!(!held.is_lost(), "two holders at once without the rule");
+    assert!(second.token() > held.token());
+}
+
+/// Invariant: a waiter is woken by the release, not by the holder's lease
+/// running out: it is granted while the holder's 30 s lease would still be
+/// valid, and while it waits it makes no more than the two attempts of
+/// joining the wait (no polling).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_by_the_release_before_the_lease_ends() {
+    let servers = primaries(3);
+    let holder_client = connect(config(&servers)).await;
+    let waiter_client = connect(config(&servers)).await;
+    let lease = RedLockOptions::new().lease(Duration::from_secs(30));
+    let held = holder_client.lock_with("wake", lease).await.expect("lock");
+    let held_token = held.token();
+
+    let attempts_before = evalsha_calls(&servers);
+    let granted = Arc::new(AtomicBool::new(false));
+    let waiter = {
+        let granted = Arc::clone(&granted);
+        tokio::spawn(async move {
+            let guard = waiter_client
+                .lock_with(
+                    "wake",
+                    RedLockOptions::new().wait_timeout(Duration::from_secs(60)),
+                )
+                .await
+                .expect("the waiter is granted");
+            granted.store(true, Ordering::SeqCst);
+            (guard, waiter_client)
+        })
+    };
+    // The waiter has subscribed on every primary.
+    let deadline = Instant::now() + HANG;
+    while !servers.servers().iter().all(|s| {
+        s.cmd(&["PUBSUB", "NUMSUB", "fairlock:redlock:{wake}:released"])
+            .ok()
+            .and_then(|r| r.as_array().and_then(|a| a.get(1)).and_then(|n| n.as_int()))
+            == Some(1)
+    }) {
+        assert!(Instant::now() < deadline, "the waiter never subscribed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!granted.load(Ordering::SeqCst), "granted while held");
+    // The waiter's attempts so far, per primary: its first try and the
+    // retry right after subscribing, and nothing while it sleeps.
+    let attempts: Vec<u64> = evalsha_calls(&servers)
+        .iter()
+        .zip(&attempts_before)
+        .map(|(after, before)| after - before)
+        .collect();
+    assert!(attempts.iter().all(|&n| n <= 2), "polling: {attempts:?}");
+
+    held.release().await.expect("release");
+    let (guard, _client) = tokio::time::timeout(HANG, waiter)
+        .await
+        .expect("woken by the release, long before the 30 s lease would end")
+        .expect("waiter task");
+    assert!(guard.token() > held_token);
+    assert!(guard.validity() > Duration::ZERO);
+    guard.release().await.expect("release");
+}
+
+/// `evalsha` calls on each primary.
+fn evalsha_calls(servers: &IndependentPrimaries) -> Vec<u64> {
+    servers
+        .servers()
+        .iter()
+        .map(|s| {
+            s.commandstats()
+                .expect("commandstats")
+                .get("evalsha")
+                .copied()
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
+/// Bad input gets a typed error before any primary is touched; a release
+/// after the lease ran out is `NotOwner`; try_lock on a held lock is `None`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_and_ownership() {
+    let servers = primaries(3);
+    let urls = servers.urls();
+    let two = RedLock::connect(urls[..2].to_vec()).await;
+    assert!(matches!(two, Err(Error::InvalidOptions(_))), "{two:?}");
+    let twice = RedLock::connect([urls[0].clone(), urls[1].clone(), urls[0].clone()]).await;
+    assert!(matches!(twice, Err(Error::InvalidOptions(_))), "{twice:?}");
+
+    let redlock = connect(config(&servers)).await;
+    let before = evalsha_calls(&servers);
+    assert!(matches!(redlock.lock("").await, Err(Error::InvalidName(_))));
+    let too_long = RedLockOptions::new().lease(Duration::from_secs(3600));
+    assert!(matches!(
+        redlock.lock_with("x", too_long).await,
+        Err(Error::InvalidOptions(_))
+    ));
+    assert_eq!(evalsha_calls(&servers), before, "nothing reached a primary");
+
+    let short = redlock
+        .lock_with(
+            "brief",
+            RedLockOptions::new().lease(Duration::from_millis(300)),
+        )
+        .await
+        .expect("lock");
+    assert!(redlock.try_lock("brief").await.expect("answers").is_none());
+    tokio::time::timeout(HANG, short.lost())
+        .await
+        .expect("a fixed lease ends");
+    // The validity ends a little before the keys expire (the drift
+    // allowance); wait until they have.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let late = short.release().await;
+    assert!(matches!(late, Err(Error::NotOwner { .. })), "{late:?}");
+    let next = redlock.try_lock("brief").await.expect("answers");
+    assert!(next.is_some(), "free after the lease ran out");
+}
