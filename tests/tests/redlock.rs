@@ -370,3 +370,56 @@ async fn bad_input_and_ownership() {
     let next = redlock.try_lock("brief").await.expect("answers");
     assert!(next.is_some(), "free after the lease ran out");
 }
+
+/// A client starts with a minority down and picks that primary up when it
+/// is back; a waiting `lock` future dropped mid-wait leaves neither a key
+/// nor a subscription; a dropped guard releases on every primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minority_down_at_start_is_picked_up_and_cancelled_waits_leave_nothing() {
+    let mut servers = primaries(3);
+    servers.kill(&[2]);
+    let redlock = connect(config(&servers)).await;
+    assert_eq!(redlock.connected(), 2);
+    let held = redlock.lock("late").await.expect("lock on 2 of 3");
+    servers.restart(2).expect("restart primary 2");
+    let deadline = Instant::now() + HANG;
+    while redlock.connected() < 3 {
+        assert!(Instant::now() < deadline, "primary 2 never reconnected");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let other = connect(config(&servers)).await;
+    let waiting = tokio::time::timeout(Duration::from_millis(500), other.lock("late")).await;
+    assert!(waiting.is_err(), "still waiting when dropped");
+    let channel = "fairlock:redlock:{late}:released";
+    let owner_key = "fairlock:redlock:{late}:owner";
+    let settled = |servers: &IndependentPrimaries, owner: Option<&str>| {
+        servers.servers().iter().all(|s| {
+            let subscribers = s
+                .cmd(&["PUBSUB", "NUMSUB", channel])
+                .ok()
+                .and_then(|r| r.as_array().and_then(|a| a.get(1)).and_then(|n| n.as_int()));
+            let key = s.cmd(&["GET", owner_key]).expect("GET owner");
+            subscribers == Some(0) && key.as_str() == owner
+        })
+    };
+    let deadline = Instant::now() + HANG;
+    while !settled(&servers, Some(held.owner_id())) {
+        assert!(
+            Instant::now() < deadline,
+            "a cancelled wait left a key or a subscription"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    drop(held);
+    let deadline = Instant::now() + HANG;
+    while !settled(&servers, None) {
+        assert!(
+            Instant::now() < deadline,
+            "a dropped guard was not released"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(other.try_lock("late").await.expect("answers").is_some());
+}

@@ -20,6 +20,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::watch;
 
+use crate::error::PrimaryFailureKind;
+use crate::redis::RedisConnection;
 use crate::task::BackgroundTask;
 
 use super::primaries::{Primaries, Primary};
@@ -80,24 +82,15 @@ impl Wakeups {
                             if !reconnected {
                                 break;
                             }
+                            resubscribe(&weak, &connection);
                             wake_all(&weak);
                         }
                     }
                 }
             }
         });
-        if let Ok(mut routers) = self.inner.routers.lock() {
-            routers.push(router);
-        }
-        let inner = Arc::clone(&self.inner);
-        tokio::spawn(async move {
-            let subscribed = inner.subscribed.lock().await;
-            for channel in subscribed.iter() {
-                if let Err(error) = connection.subscribe(channel).await {
-                    tracing::warn!(%error, channel, "RedLock: cannot subscribe a primary that reconnected; its releases will not wake waiters");
-                }
-            }
-        });
+        lock(&self.inner.routers).push(router);
+        resubscribe(&Arc::downgrade(&self.inner), &connection);
     }
 
     /// Registers a waiting task on `channel`, subscribing the channel on
@@ -130,15 +123,13 @@ impl Wakeups {
                 .on_all(|primary| {
                     let name = Arc::clone(&name);
                     async move {
-                        match primary.connection() {
+                        // A primary that is down is subscribed by its
+                        // router when it reconnects.
+                        match primary.connection().filter(|c| c.is_connected()) {
                             Some(connection) => connection.subscribe(&name).await.map_err(|e| {
-                                primary.failure(crate::error::PrimaryFailureKind::Failed(
-                                    e.to_string(),
-                                ))
+                                primary.failure(PrimaryFailureKind::Failed(e.to_string()))
                             }),
-                            None => {
-                                Err(primary.failure(crate::error::PrimaryFailureKind::Disconnected))
-                            }
+                            None => Err(primary.failure(PrimaryFailureKind::Disconnected)),
                         }
                     }
                 })
@@ -220,6 +211,25 @@ impl Drop for Subscription {
             }
         });
     }
+}
+
+/// Subscribes `connection` (new, or just reconnected) to every channel in
+/// use, in the background. fred resubscribes what it knew of after a
+/// reconnect; this also covers channels first subscribed while the
+/// primary was down.
+fn resubscribe(inner: &Weak<Inner>, connection: &Arc<RedisConnection>) {
+    let Some(inner) = inner.upgrade() else {
+        return;
+    };
+    let connection = Arc::clone(connection);
+    tokio::spawn(async move {
+        let subscribed = inner.subscribed.lock().await;
+        for channel in subscribed.iter() {
+            if let Err(error) = connection.subscribe(channel).await {
+                tracing::warn!(%error, channel, "RedLock: cannot subscribe a primary to release notices; its waiters fall back to the lease timer");
+            }
+        }
+    });
 }
 
 fn wake(inner: &Weak<Inner>, channel: &str) {
