@@ -24,6 +24,9 @@
 //! # }
 //! ```
 //!
+//! For a lock over N independent primaries instead of one (no FIFO order,
+//! timing assumptions stated), see the [`redlock`] module.
+//!
 //! The protocol itself (keys, scripts, replies) is in the `fairlock-core`
 //! crate; its `scripts/` folder reads as the specification.
 #![deny(missing_docs)]
