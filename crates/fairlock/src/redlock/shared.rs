@@ -13,3 +13,22 @@ pub(crate) struct Shared {
     pub(crate) primaries: Arc<Primaries>,
     pub(crate) wakeups: Wakeups,
 }
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The last client, guard and waiter are gone: stop routing release
+        // notices and close every connection in the background.
+        self.wakeups.stop_routers();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let primaries = Arc::clone(&self.primaries);
+        runtime.spawn(async move {
+            for primary in primaries.all() {
+                if let Some(connection) = primary.connection() {
+                    connection.quit().await;
+                }
+            }
+        });
+    }
+}

@@ -144,6 +144,11 @@ impl Wakeups {
         subscription
     }
 
+    /// Asks the routers to stop, without waiting for them.
+    pub(crate) fn stop_routers(&self) {
+        lock(&self.inner.routers).clear();
+    }
+
     /// Stops the routers.
     pub(crate) async fn shutdown(&self) {
         let routers = std::mem::take(&mut *lock(&self.inner.routers));
