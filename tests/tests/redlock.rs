@@ -369,6 +369,45 @@ async fn bad_input_and_ownership() {
     assert!(matches!(late, Err(Error::NotOwner { .. })), "{late:?}");
     let next = redlock.try_lock("brief").await.expect("answers");
     assert!(next.is_some(), "free after the lease ran out");
+    drop(next);
+
+    // A lease used up by the time the majority is won (one primary kept
+    // busy by a long script) is refused, and its votes are given back.
+    let mut refused = None;
+    for _ in 0..5 {
+        let busy_url = servers.servers()[0].addr();
+        let busy = tokio::task::spawn_blocking(move || {
+            let spin = "local t = redis.call('TIME'); local s = t[1] * 1000000 + t[2]; \
+                        repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] > s + 250000";
+            fairlock_testkit::cmd_at(&busy_url, &["EVAL", spin, "0"])
+        });
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let attempt = redlock
+            .try_lock_with(
+                "slow",
+                RedLockOptions::new().lease(Duration::from_millis(20)),
+            )
+            .await;
+        busy.await.expect("busy script").expect("busy script ran");
+        if let Err(error) = attempt {
+            refused = Some(error);
+            break;
+        }
+    }
+    let refused = refused.expect("a lease used up while winning is refused");
+    assert!(matches!(refused, Error::InvalidOptions(_)), "{refused:?}");
+    assert!(refused.to_string().contains("too short"), "{refused}");
+    let keys: Vec<bool> = servers
+        .servers()
+        .iter()
+        .map(|s| {
+            s.cmd(&["EXISTS", "fairlock:redlock:{slow}:owner"])
+                .expect("EXISTS")
+                .as_int()
+                == Some(0)
+        })
+        .collect();
+    assert_eq!(keys, vec![true; 3], "votes given back");
 }
 
 /// A client starts with a minority down and picks that primary up when it

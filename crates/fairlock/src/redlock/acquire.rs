@@ -13,7 +13,10 @@
 //! * votes split between contenders (no one won): a random back-off up to
 //!   `split_backoff`, doubling per consecutive split up to 32 times it;
 //! * fewer than a majority could vote: fail at once with
-//!   [`Error::NoQuorum`], nothing waits.
+//!   [`Error::NoQuorum`], nothing waits;
+//! * a majority was won but the lease was used up meanwhile: fail with
+//!   [`Error::InvalidOptions`] (the lease is too short for these
+//!   primaries; retrying would only repeat it).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -73,6 +76,12 @@ pub(crate) async fn acquire(
                     needed: shared.config.quorum(),
                     failures,
                 })
+            }
+            Attempt::NoValidity { elapsed } => {
+                return Err(Error::InvalidOptions(format!(
+                    "lease {lease:?} is too short: winning a majority took {elapsed:?}, leaving no validity after the drift allowance of {:?}; ask for a longer lease",
+                    shared.config.drift(lease)
+                )))
             }
             _ if mode == Mode::Try => return Ok(None),
             Attempt::Held { expires_in } => {

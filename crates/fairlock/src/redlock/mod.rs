@@ -208,7 +208,8 @@ impl RedLock {
     /// # Errors
     ///
     /// As [`RedLock::lock`], plus [`Error::InvalidOptions`] for a lease out
-    /// of range and [`Error::WaitTimeout`] when the wait ran out.
+    /// of range (or so short that winning the majority used it up) and
+    /// [`Error::WaitTimeout`] when the wait ran out.
     pub async fn lock_with(&self, name: &str, options: RedLockOptions) -> Result<RedLockGuard> {
         match acquire(&self.inner.shared, name, options, Mode::Wait).await? {
             Some(guard) => Ok(guard),

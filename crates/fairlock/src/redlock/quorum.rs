@@ -51,8 +51,11 @@ pub(crate) enum Attempt {
     /// `expires_in`.
     Held { expires_in: Option<Duration> },
     /// A majority answered but no one won it (votes split between
-    /// contenders, or the attempt ran out of validity): try again soon.
+    /// contenders): try again soon.
     Split,
+    /// A majority was won, but the lease was used up by the time it was:
+    /// the lease is too short for these primaries.
+    NoValidity { elapsed: Duration },
     /// Fewer than a majority of primaries could vote.
     NoQuorum {
         answered: usize,
@@ -124,13 +127,19 @@ pub(crate) async fn attempt(
                     validity,
                 });
             }
-            _ => {
+            Some(_) => {
                 cleanup.give_back(true).await;
-                if confirmed.len() < quorum && answered.saturating_sub(lost.len()) < quorum {
+                if answered.saturating_sub(lost.len()) < quorum {
                     failures.append(&mut lost);
                     return Attempt::NoQuorum { answered, failures };
                 }
                 return Attempt::Split;
+            }
+            None => {
+                cleanup.give_back(true).await;
+                return Attempt::NoValidity {
+                    elapsed: started.elapsed(),
+                };
             }
         }
     }
