@@ -3,7 +3,7 @@
 //! while a minority dies, a clear error when a majority is gone, the
 //! delayed-restart rule, and waiters woken by the release itself.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -254,65 +254,88 @@ async fn a_primary_restarted_without_persistence_does_not_vote_before_the_restar
     assert!(second.token() > held.token());
 }
 
-/// Invariant: a waiter is woken by the release, not by the holder's lease
-/// running out: it is granted while the holder's 30 s lease would still be
-/// valid, and while it waits it makes no more than the two attempts of
-/// joining the wait (no polling).
+/// Invariant: waiters are woken by releases, not by leases running out.
+/// Every holder takes a 30 s lease; 4 waiters on 2 clients are each
+/// granted after the previous holder's release, and the whole chain is
+/// done while the first holder's lease would still be valid: no one waited
+/// for a lease to end. While they all wait, each makes at most the two
+/// attempts of joining the wait (no polling).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_is_woken_by_the_release_before_the_lease_ends() {
+async fn waiters_are_woken_by_releases_before_any_lease_ends() {
+    const WAITERS_PER_CLIENT: usize = 2;
     let servers = primaries(3);
     let holder_client = connect(config(&servers)).await;
-    let waiter_client = connect(config(&servers)).await;
     let lease = RedLockOptions::new().lease(Duration::from_secs(30));
-    let held = holder_client.lock_with("wake", lease).await.expect("lock");
-    let held_token = held.token();
+    let first = holder_client.lock_with("wake", lease).await.expect("lock");
+    let first_lease_ends = Instant::now() + Duration::from_secs(30);
+    let first_token = first.token();
 
     let attempts_before = evalsha_calls(&servers);
-    let granted = Arc::new(AtomicBool::new(false));
-    let waiter = {
-        let granted = Arc::clone(&granted);
-        tokio::spawn(async move {
-            let guard = waiter_client
-                .lock_with(
-                    "wake",
-                    RedLockOptions::new().wait_timeout(Duration::from_secs(60)),
-                )
-                .await
-                .expect("the waiter is granted");
-            granted.store(true, Ordering::SeqCst);
-            (guard, waiter_client)
-        })
-    };
-    // The waiter has subscribed on every primary.
+    let granted = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for _ in 0..2 {
+        let client = connect(config(&servers)).await;
+        for _ in 0..WAITERS_PER_CLIENT {
+            let (client, granted) = (client.clone(), Arc::clone(&granted));
+            waiters.push(tokio::spawn(async move {
+                let guard = client
+                    .lock_with("wake", lease.wait_timeout(Duration::from_secs(60)))
+                    .await
+                    .expect("the waiter is granted");
+                granted
+                    .lock()
+                    .expect("granted")
+                    .push((guard.token(), Instant::now() < first_lease_ends));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                guard.release().await.expect("release");
+            }));
+        }
+    }
+    // Every waiter's client has subscribed on every primary.
     let deadline = Instant::now() + HANG;
     while !servers.servers().iter().all(|s| {
         s.cmd(&["PUBSUB", "NUMSUB", "fairlock:redlock:{wake}:released"])
             .ok()
             .and_then(|r| r.as_array().and_then(|a| a.get(1)).and_then(|n| n.as_int()))
-            == Some(1)
+            == Some(2)
     }) {
-        assert!(Instant::now() < deadline, "the waiter never subscribed");
+        assert!(Instant::now() < deadline, "the waiters never subscribed");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!granted.load(Ordering::SeqCst), "granted while held");
-    // The waiter's attempts so far, per primary: its first try and the
-    // retry right after subscribing, and nothing while it sleeps.
+    assert!(
+        granted.lock().expect("granted").is_empty(),
+        "granted while held"
+    );
+    let waiting = 2 * WAITERS_PER_CLIENT as u64;
     let attempts: Vec<u64> = evalsha_calls(&servers)
         .iter()
         .zip(&attempts_before)
         .map(|(after, before)| after - before)
         .collect();
-    assert!(attempts.iter().all(|&n| n <= 2), "polling: {attempts:?}");
+    assert!(
+        attempts.iter().all(|&n| n <= 2 * waiting),
+        "polling: {attempts:?} script calls per primary for {waiting} waiters"
+    );
 
-    held.release().await.expect("release");
-    let (guard, _client) = tokio::time::timeout(HANG, waiter)
-        .await
-        .expect("woken by the release, long before the 30 s lease would end")
-        .expect("waiter task");
-    assert!(guard.token() > held_token);
-    assert!(guard.validity() > Duration::ZERO);
-    guard.release().await.expect("release");
+    first.release().await.expect("release");
+    for waiter in waiters {
+        tokio::time::timeout(HANG, waiter)
+            .await
+            .expect("each waiter is woken by a release")
+            .expect("waiter task");
+    }
+    let granted = granted.lock().expect("granted").clone();
+    assert_eq!(granted.len(), 2 * WAITERS_PER_CLIENT);
+    assert!(
+        granted.iter().all(|(_, in_first_lease)| *in_first_lease),
+        "a waiter waited for a lease to end"
+    );
+    let mut previous = first_token;
+    for (token, _) in granted {
+        assert!(token > previous, "tokens increase in grant order");
+        previous = token;
+    }
 }
 
 /// `evalsha` calls on each primary.
