@@ -186,7 +186,8 @@ async fn a_primary_restarted_without_persistence_does_not_vote_before_the_restar
     let mut servers = primaries(3);
     let mut ruled = config(&servers);
     ruled.restart_delay = DELAY;
-    // A lease no longer than the restart delay, as the rule requires.
+    // The rule requires the restart delay to cover the longest lease.
+    ruled.max_lease = DELAY;
     let lease = RedLockOptions::new().lease(DELAY);
     // Fresh servers are "recently restarted" too: wait until they are old.
     let a = connect(ruled.clone()).await;
@@ -363,6 +364,13 @@ async fn bad_input_and_ownership() {
     assert!(matches!(two, Err(Error::InvalidOptions(_))), "{two:?}");
     let twice = RedLock::connect([urls[0].clone(), urls[1].clone(), urls[0].clone()]).await;
     assert!(matches!(twice, Err(Error::InvalidOptions(_))), "{twice:?}");
+    let mut short_delay = config(&servers);
+    short_delay.restart_delay = Duration::from_secs(10);
+    let short_delay = RedLock::with_config(short_delay).await;
+    assert!(
+        matches!(&short_delay, Err(Error::InvalidOptions(m)) if m.contains("restart delay")),
+        "{short_delay:?}"
+    );
 
     let redlock = connect(config(&servers)).await;
     let before = evalsha_calls(&servers);

@@ -52,10 +52,11 @@ pub struct RedLockConfig {
     /// The delayed-restart rule: a primary whose uptime is below this does
     /// not vote. Without persistence a restarted primary has forgotten the
     /// votes it gave, so until every lease it may have granted has run out
-    /// its vote could make a second majority. Keep it at least the longest
-    /// lease any client uses (it defaults to [`RedLockConfig::max_lease`]);
-    /// zero turns the rule off, which is safe only with `appendonly yes`
-    /// and `appendfsync always` on every primary.
+    /// its vote could make a second majority. It must be zero or at least
+    /// [`RedLockConfig::max_lease`] (60 s by default, like the max lease;
+    /// raise both together), and every client's max lease should be the
+    /// same. Zero turns the rule off, which is safe only with `appendonly
+    /// yes` and `appendfsync always` on every primary.
     pub restart_delay: Duration,
     /// The clock drift allowed between the client and the primaries, as a
     /// fraction of the lease (0.01 by default); with
@@ -132,6 +133,12 @@ impl RedLockConfig {
             return Err(Error::InvalidOptions(format!(
                 "call timeout {:?} must be shorter than a third of the watchdog lease {:?} (the renewal interval)",
                 self.call_timeout, self.watchdog_lease
+            )));
+        }
+        if !self.restart_delay.is_zero() && self.restart_delay < self.max_lease {
+            return Err(Error::InvalidOptions(format!(
+                "restart delay {:?} is shorter than the max lease {:?}: a primary restarted without persistence could vote while a lease it forgot still runs; make it at least the max lease, or zero to turn the rule off (safe only with appendfsync always)",
+                self.restart_delay, self.max_lease
             )));
         }
         for (what, value) in [
