@@ -38,6 +38,7 @@
 mod calls;
 mod fenced;
 mod keys;
+mod redlock;
 mod reply;
 mod script;
 
@@ -45,6 +46,10 @@ pub use calls::*;
 pub use fenced::{decode_fenced, FencedOp, FencedReply, FencedScript, FencedWrite};
 pub use keys::{
     key_slot, KeyPrefix, LockKeys, LockName, NameError, MAX_NAME_BYTES, MAX_PREFIX_BYTES,
+};
+pub use redlock::{
+    RedLockKeys, RedlockAcquire, RedlockFence, RedlockRelease, RedlockRenew, Vote, REDLOCK_ACQUIRE,
+    REDLOCK_FENCE, REDLOCK_RELEASE, REDLOCK_RENEW, REDLOCK_SCRIPTS,
 };
 pub use reply::{ProtocolError, Reply};
 pub use script::{Script, ScriptSource, ALL_SCRIPTS};

@@ -14,7 +14,7 @@ pub struct Script {
 }
 
 impl Script {
-    const fn new(name: &'static str, source: &'static str) -> Self {
+    pub(crate) const fn new(name: &'static str, source: &'static str) -> Self {
         Self {
             name,
             source,

@@ -173,6 +173,78 @@ pub enum Error {
     /// The client was shut down.
     #[error("the fairlock client was shut down; connect a new client to lock again")]
     Closed,
+
+    /// RedLock: fewer than a majority of the primaries could take part in
+    /// an operation (down, too slow, refusing, or restarted too recently to
+    /// vote). An acquire has given back whatever it took; nothing waits.
+    #[error("lock {name:?}: only {answered} of {primaries} primaries took part and RedLock needs {needed}; {}; bring the failed primaries back (a primary restarted without persistence votes again once the restart delay has passed)", describe_failures(.failures))]
+    NoQuorum {
+        /// The lock.
+        name: String,
+        /// Primaries that answered.
+        answered: usize,
+        /// Primaries configured.
+        primaries: usize,
+        /// The majority needed.
+        needed: usize,
+        /// Each primary that failed, and why.
+        failures: Vec<PrimaryFailure>,
+    },
+}
+
+/// One RedLock primary that could not take part in an operation (see
+/// [`Error::NoQuorum`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrimaryFailure {
+    /// Its position in the configured list of URLs.
+    pub index: usize,
+    /// Its URL, with any password removed.
+    pub url: String,
+    /// Why it failed.
+    pub kind: PrimaryFailureKind,
+}
+
+/// Why a RedLock primary could not take part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PrimaryFailureKind {
+    /// Not connected (down, or never reached); the client keeps reconnecting.
+    Disconnected,
+    /// No answer within the call timeout.
+    Timeout,
+    /// Restarted less than the restart delay ago: it may have lost, without
+    /// persistence, a vote it gave before, so it does not vote yet.
+    RestartedRecently {
+        /// Its uptime when asked.
+        uptime: Duration,
+    },
+    /// Any other error, with its message.
+    Failed(String),
+}
+
+impl std::fmt::Display for PrimaryFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "primary {} ({}) ", self.index, self.url)?;
+        match &self.kind {
+            PrimaryFailureKind::Disconnected => f.write_str("is not connected"),
+            PrimaryFailureKind::Timeout => f.write_str("did not answer in time"),
+            PrimaryFailureKind::RestartedRecently { uptime } => {
+                write!(f, "restarted {uptime:?} ago and may not vote yet")
+            }
+            PrimaryFailureKind::Failed(detail) => write!(f, "failed: {detail}"),
+        }
+    }
+}
+
+fn describe_failures(failures: &[PrimaryFailure]) -> String {
+    if failures.is_empty() {
+        return "no primary failed outright".to_owned();
+    }
+    failures
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// `Result` with fairlock's [`Error`].

@@ -24,6 +24,9 @@
 //! # }
 //! ```
 //!
+//! For a lock over N independent primaries instead of one (no FIFO order,
+//! timing assumptions stated), see the [`redlock`] module.
+//!
 //! The protocol itself (keys, scripts, replies) is in the `fairlock-core`
 //! crate; its `scripts/` folder reads as the specification.
 #![deny(missing_docs)]
@@ -40,6 +43,7 @@ mod heartbeat;
 mod held;
 mod owner;
 mod redis;
+pub mod redlock;
 mod state;
 mod task;
 mod telemetry;
@@ -50,7 +54,7 @@ pub use client::{ClientStats, LockClient};
 pub use config::{
     ClientConfig, ClientConfigBuilder, EvictionCheck, Lease, LockOptions, ReplicaAcks, MAX_DURATION,
 };
-pub use error::{Error, RedisError, RedisErrorKind, Result};
+pub use error::{Error, PrimaryFailure, PrimaryFailureKind, RedisError, RedisErrorKind, Result};
 pub use fairlock_core::{
     FencedOp, FencedScript, KeyPrefix, LockName, LockState, NameError, ProtocolError, QueuedWaiter,
     Reply, MAX_NAME_BYTES,

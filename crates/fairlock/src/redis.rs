@@ -384,6 +384,19 @@ impl RedisConnection {
         )))
     }
 
+    /// Unsubscribes the subscriber connection from `channel`.
+    pub(crate) async fn unsubscribe(&self, channel: &str) -> Result<()> {
+        self.bounded("UNSUBSCRIBE", self.subscriber.unsubscribe(channel))
+            .await
+    }
+
+    /// Whether the command connection is up right now (fred reconnects in
+    /// the background; a call sent while it is down waits for the command
+    /// timeout).
+    pub(crate) fn is_connected(&self) -> bool {
+        self.commands.is_connected()
+    }
+
     /// Subscribes a sharded channel (`SSUBSCRIBE`, routed by fred to the
     /// node that owns the channel's slot).
     pub(crate) async fn ssubscribe(&self, channel: &str) -> Result<()> {

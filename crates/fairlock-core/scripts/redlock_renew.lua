@@ -1,0 +1,23 @@
+-- redlock_renew.lua: renew one primary's vote.
+--
+-- The holder renews while its validity lasts, so it holds a majority: a
+-- primary where its key is missing (expired, or lost in a restart) but
+-- free gives it the key again, which only strengthens the hold. Without
+-- that, a holder whose majority included a primary that died would lose
+-- the lock at its next renewal although nobody else could have won it.
+--
+-- KEYS[1] owner    string  the member of the holder on this primary
+-- ARGV[1] member           the holder's owner id
+-- ARGV[2] lease_ms         the new lease, from now
+--
+-- Reply: 1 if the key is the member's and now has the new lease, 0 if
+-- another member holds it (nothing changed).
+--
+-- Cost: O(1). Idempotent.
+
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1

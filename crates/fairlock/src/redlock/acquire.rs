@@ -1,0 +1,175 @@
+//! The wait for a RedLock: attempt, and between attempts sleep until a
+//! release notice, the holder's lease end, or a short random back-off.
+//!
+//! There is no queue. After a failed attempt the task registers for the
+//! lock's release notices and tries once more at once (a release between
+//! the first attempt and the registration would otherwise be missed), then
+//! sleeps:
+//!
+//! * another owner holds a majority: until a release notice, or until that
+//!   owner's majority would expire by the leases the primaries reported
+//!   (a watchdog may have renewed it: then it sleeps again), plus a random
+//!   jitter up to `wake_jitter`;
+//! * votes split between contenders (no one won): a random back-off up to
+//!   `split_backoff`, doubling per consecutive split up to 32 times it;
+//! * fewer than a majority could vote: fail at once with
+//!   [`Error::NoQuorum`], nothing waits;
+//! * a majority was won but the lease was used up meanwhile: fail with
+//!   [`Error::InvalidOptions`] (the lease is too short for these
+//!   primaries; retrying would only repeat it).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fairlock_core::{LockName, RedLockKeys};
+use tokio::sync::watch;
+
+use crate::error::{Error, Result};
+use crate::guard::FencingToken;
+
+use super::config::RedLockOptions;
+use super::guard::RedLockGuard;
+use super::quorum::{attempt, Attempt, Won};
+use super::renewal::{HoldStatus, LeaseWatchdog};
+use super::shared::Shared;
+use super::wakeups::Subscription;
+
+/// Whether the caller waits when the lock is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Wait,
+    Try,
+}
+
+/// Acquires `name`; `None` only in [`Mode::Try`] when the lock is taken.
+pub(crate) async fn acquire(
+    shared: &Arc<Shared>,
+    name: &str,
+    options: RedLockOptions,
+    mode: Mode,
+) -> Result<Option<RedLockGuard>> {
+    let lock_name = LockName::new(name)?;
+    let lease = options.checked_lease(&shared.config)?;
+    let keys = Arc::new(RedLockKeys::new(&shared.config.prefix, &lock_name));
+    let member: Arc<str> = Arc::from(uuid::Uuid::new_v4().simple().to_string());
+    let token_of = |value: u64| {
+        FencingToken::new(value, &member)
+            .ok_or_else(|| Error::InvalidOptions(format!("owner id {member} is not 32 hex digits")))
+    };
+    let began = Instant::now();
+    let deadline = options.wait_timeout.map(|timeout| began + timeout);
+    let mut subscription: Option<Subscription> = None;
+    let mut splits: u32 = 0;
+    loop {
+        let pause = match attempt(shared, &keys, &member, lease).await {
+            Attempt::Won(won) => {
+                let token = token_of(won.token)?;
+                return Ok(Some(hold(
+                    shared, name, keys, member, token, won, options, lease,
+                )));
+            }
+            Attempt::NoQuorum { answered, failures } => {
+                return Err(Error::NoQuorum {
+                    name: name.to_owned(),
+                    answered,
+                    primaries: shared.primaries.len(),
+                    needed: shared.config.quorum(),
+                    failures,
+                })
+            }
+            Attempt::NoValidity { elapsed } => {
+                return Err(Error::InvalidOptions(format!(
+                    "lease {lease:?} is too short: winning a majority took {elapsed:?}, leaving no validity after the drift allowance of {:?}; ask for a longer lease",
+                    shared.config.drift(lease)
+                )))
+            }
+            _ if mode == Mode::Try => return Ok(None),
+            Attempt::Held { expires_in } => {
+                splits = 0;
+                expires_in.unwrap_or(shared.config.max_lease) + jitter(shared.config.wake_jitter)
+            }
+            Attempt::Split => {
+                splits = splits.saturating_add(1);
+                let ceiling = shared.config.split_backoff * (1 << splits.min(6).saturating_sub(1));
+                jitter(ceiling)
+            }
+        };
+        let Some(waiting) = subscription.as_mut() else {
+            subscription = Some(shared.wakeups.subscribe(keys.channel()).await);
+            continue;
+        };
+        let wait_over = async {
+            match deadline {
+                Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = waiting.notified() => {
+                tokio::time::sleep(jitter(shared.config.wake_jitter)).await;
+            }
+            () = tokio::time::sleep(pause) => {}
+            () = wait_over => {
+                return Err(Error::WaitTimeout {
+                    name: name.to_owned(),
+                    waited: began.elapsed(),
+                });
+            }
+        }
+        if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+            return Err(Error::WaitTimeout {
+                name: name.to_owned(),
+                waited: began.elapsed(),
+            });
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn hold(
+    shared: &Arc<Shared>,
+    name: &str,
+    keys: Arc<RedLockKeys>,
+    member: Arc<str>,
+    token: FencingToken,
+    won: Won,
+    options: RedLockOptions,
+    lease: Duration,
+) -> RedLockGuard {
+    let status = Arc::new(
+        watch::channel(HoldStatus {
+            deadline: won.started + won.validity,
+            lost: false,
+        })
+        .0,
+    );
+    let watchdog = options.lease.is_none().then(|| {
+        LeaseWatchdog::spawn(
+            Arc::clone(shared),
+            Arc::clone(&keys),
+            Arc::clone(&member),
+            lease,
+            Arc::clone(&status),
+        )
+    });
+    RedLockGuard {
+        shared: Arc::clone(shared),
+        name: name.to_owned(),
+        keys,
+        member,
+        token,
+        status,
+        watchdog,
+        released: false,
+    }
+}
+
+/// A random duration in `[0, ceiling)`.
+fn jitter(ceiling: Duration) -> Duration {
+    let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
+    if nanos == 0 {
+        return Duration::ZERO;
+    }
+    let random = uuid::Uuid::new_v4().as_u64_pair().1;
+    Duration::from_nanos(random % nanos)
+}

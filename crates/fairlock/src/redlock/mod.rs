@@ -1,0 +1,313 @@
+//! RedLock mode: one lock over N independent Redis primaries, for users who
+//! want no single primary whose loss or fail-over can lose a grant.
+//!
+//! A lock is held when a majority of the primaries voted for it within its
+//! lease: [`RedLock::lock`] asks every primary at once, and keeps the lock
+//! only if a majority answered yes and time is left after subtracting what
+//! the asking took and an allowance for clock drift (the guard's
+//! [`RedLockGuard::validity`]). Otherwise it gives every vote back.
+//!
+//! What it adds to the single-primary lock, and what it gives up:
+//!
+//! * **Survives a minority.** Any minority of primaries may be down, slow
+//!   or restarted; locks, renewals and releases go on.
+//! * **Fencing tokens over a majority.** Each primary keeps a counter; a
+//!   grant takes the maximum over the majority it won, plus one, and writes
+//!   it back there, so tokens strictly increase as long as consecutive
+//!   majorities overlap (a counter lost in a restart is covered by a
+//!   server-clock floor).
+//! * **The delayed-restart rule.** A primary up for less than
+//!   [`RedLockConfig::restart_delay`] does not vote: restarted without
+//!   persistence, it forgot its votes, and voting again before those leases
+//!   ran out could make a second majority. Enforced by the vote script
+//!   itself.
+//! * **Not fair.** There is no queue: a release wakes every waiter of this
+//!   client on that lock (by pub/sub, on one subscriber connection per
+//!   primary), and they race for the majority after a random jitter;
+//!   whoever gets a majority of the primaries' votes first wins. Waiters on
+//!   other clients race the same way. A waiter can lose any number of
+//!   races; the order of grants is not the order of arrival. Use
+//!   [`crate::LockClient`] for first-come-first-served.
+//! * **Timing assumptions.** Safety rests on bounded clock drift, bounded
+//!   process pauses and bounded network delay (see the README's RedLock
+//!   section). Fencing tokens are what protects a resource when those
+//!   assumptions break.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use fairlock::redlock::{RedLock, RedLockOptions};
+//!
+//! # async fn demo() -> fairlock::Result<()> {
+//! let redlock = RedLock::connect([
+//!     "redis://10.0.0.1:6379",
+//!     "redis://10.0.0.2:6379",
+//!     "redis://10.0.0.3:6379",
+//! ])
+//! .await?;
+//! let guard = redlock
+//!     .lock_with("payments:7", RedLockOptions::new().wait_timeout(Duration::from_secs(2)))
+//!     .await?;
+//! // ... work, passing guard.token() to every write, within guard.validity() ...
+//! guard.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod acquire;
+mod config;
+mod fencing;
+mod guard;
+mod primaries;
+mod quorum;
+mod renewal;
+mod shared;
+mod wakeups;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+
+pub use config::{RedLockConfig, RedLockOptions};
+pub use guard::RedLockGuard;
+
+use crate::error::{Error, Result};
+use crate::task::BackgroundTask;
+
+use acquire::{acquire, Mode};
+use primaries::Primaries;
+use shared::Shared;
+use wakeups::Wakeups;
+
+/// A RedLock client: connections to N independent primaries. Clone it
+/// freely; clones share the connections.
+///
+/// ```no_run
+/// # async fn demo() -> fairlock::Result<()> {
+/// let redlock = fairlock::redlock::RedLock::connect([
+///     "redis://127.0.0.1:7001",
+///     "redis://127.0.0.1:7002",
+///     "redis://127.0.0.1:7003",
+/// ])
+/// .await?;
+/// if let Some(guard) = redlock.try_lock("cron:daily").await? {
+///     println!("token {}", guard.token());
+///     guard.release().await?;
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedLock {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    reconnector: Mutex<Option<BackgroundTask>>,
+}
+
+impl std::fmt::Debug for RedLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedLock")
+            .field("primaries", &self.inner.shared.primaries.len())
+            .field("connected", &self.connected())
+            .finish()
+    }
+}
+
+impl RedLock {
+    /// Connects to `urls` with the defaults of [`RedLockConfig::new`].
+    ///
+    /// # Errors
+    ///
+    /// As [`RedLock::with_config`].
+    pub async fn connect<I, S>(urls: I) -> Result<RedLock>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::with_config(RedLockConfig::new(urls)).await
+    }
+
+    /// Connects to every primary at once. The client starts when a majority
+    /// is connected; the others are retried in the background.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] for a bad configuration (nothing
+    /// contacted); [`Error::NoQuorum`] if fewer than a majority could be
+    /// reached within the connect timeout.
+    pub async fn with_config(config: RedLockConfig) -> Result<RedLock> {
+        config.validate()?;
+        let primaries = Arc::new(Primaries::new(&config));
+        let mut connecting = JoinSet::new();
+        for primary in primaries.all() {
+            let primary = Arc::clone(primary);
+            let config = config.clone();
+            connecting.spawn(async move { primary.connect(&config).await });
+        }
+        let mut failures = Vec::new();
+        while let Some(joined) = connecting.join_next().await {
+            if let Ok(Err(failure)) = joined {
+                failures.push(failure);
+            }
+        }
+        let connected = primaries
+            .all()
+            .iter()
+            .filter(|p| p.connection().is_some())
+            .count();
+        if connected < config.quorum() {
+            for primary in primaries.all() {
+                if let Some(connection) = primary.connection() {
+                    connection.quit().await;
+                }
+            }
+            failures.sort_by_key(|f| f.index);
+            return Err(Error::NoQuorum {
+                name: String::new(),
+                answered: connected,
+                primaries: primaries.len(),
+                needed: config.quorum(),
+                failures,
+            });
+        }
+        let wakeups = Wakeups::new(Arc::clone(&primaries));
+        for primary in primaries.all() {
+            wakeups.attach(primary);
+        }
+        let shared = Arc::new(Shared {
+            config,
+            primaries,
+            wakeups,
+        });
+        let reconnector = (connected < shared.primaries.len())
+            .then(|| spawn_reconnector(Arc::downgrade(&shared)));
+        Ok(RedLock {
+            inner: Arc::new(Inner {
+                shared,
+                reconnector: Mutex::new(reconnector),
+            }),
+        })
+    }
+
+    /// Waits until the lock is held on a majority, with a watchdog-kept
+    /// lease.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] (nothing contacted), [`Error::NoQuorum`] when
+    /// fewer than a majority of primaries can vote.
+    pub async fn lock(&self, name: &str) -> Result<RedLockGuard> {
+        self.lock_with(name, RedLockOptions::new()).await
+    }
+
+    /// As [`RedLock::lock`], with a fixed lease or a wait timeout.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedLock::lock`], plus [`Error::InvalidOptions`] for a lease out
+    /// of range (or so short that winning the majority used it up) and
+    /// [`Error::WaitTimeout`] when the wait ran out.
+    pub async fn lock_with(&self, name: &str, options: RedLockOptions) -> Result<RedLockGuard> {
+        match acquire(&self.inner.shared, name, options, Mode::Wait).await? {
+            Some(guard) => Ok(guard),
+            None => Err(Error::WaitTimeout {
+                name: name.to_owned(),
+                waited: Duration::ZERO,
+            }),
+        }
+    }
+
+    /// One attempt: `Some(guard)` if it won a majority, `None` if the lock
+    /// is held (or contended) elsewhere.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedLock::lock`].
+    pub async fn try_lock(&self, name: &str) -> Result<Option<RedLockGuard>> {
+        self.try_lock_with(name, RedLockOptions::new()).await
+    }
+
+    /// As [`RedLock::try_lock`], with a fixed lease (the wait timeout is
+    /// ignored).
+    ///
+    /// # Errors
+    ///
+    /// As [`RedLock::lock_with`].
+    pub async fn try_lock_with(
+        &self,
+        name: &str,
+        options: RedLockOptions,
+    ) -> Result<Option<RedLockGuard>> {
+        acquire(&self.inner.shared, name, options, Mode::Try).await
+    }
+
+    /// How many primaries are connected right now.
+    pub fn connected(&self) -> usize {
+        self.inner
+            .shared
+            .primaries
+            .all()
+            .iter()
+            .filter(|p| p.connection().is_some_and(|c| c.is_connected()))
+            .count()
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &RedLockConfig {
+        &self.inner.shared.config
+    }
+
+    /// Stops the background tasks and closes every connection. Guards still
+    /// alive lose their watchdog; their keys expire with the lease.
+    pub async fn close(&self) {
+        let reconnector = self
+            .inner
+            .reconnector
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(mut reconnector) = reconnector {
+            reconnector.shutdown().await;
+        }
+        self.inner.shared.wakeups.shutdown().await;
+        for primary in self.inner.shared.primaries.all() {
+            if let Some(connection) = primary.connection() {
+                connection.quit().await;
+            }
+        }
+    }
+}
+
+/// Connects the primaries that were unreachable at start, once a second,
+/// until all are connected; each one connected starts routing release
+/// notices.
+fn spawn_reconnector(shared: std::sync::Weak<Shared>) -> BackgroundTask {
+    BackgroundTask::spawn("redlock reconnect", move |mut stop| async move {
+        loop {
+            tokio::select! {
+                () = stop.requested() => return,
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            let mut missing = 0;
+            for primary in shared.primaries.all() {
+                if primary.connection().is_some() {
+                    continue;
+                }
+                if primary.connect(&shared.config).await.is_ok() {
+                    shared.wakeups.attach(primary);
+                } else {
+                    missing += 1;
+                }
+            }
+            if missing == 0 {
+                return;
+            }
+        }
+    })
+}

@@ -1,0 +1,251 @@
+//! One acquire attempt: ask every primary for its vote, count, and keep the
+//! lock only with a majority and time left.
+//!
+//! The steps, all within one attempt:
+//!
+//! 1. Note the local monotonic time, then run `redlock_acquire.lua` on every
+//!    primary at once (each call bounded by the call timeout). A primary
+//!    restarted less than the restart delay ago refuses to vote.
+//! 2. With a majority of votes, take the fencing token over that majority
+//!    and write it back to it ([`super::fencing`]).
+//! 3. The validity is `lease - elapsed - drift`, elapsed counted from step
+//!    1 to the end of step 2, drift = `lease * drift_factor + drift_floor`.
+//!    The lock is held only if the validity is positive; the holder must
+//!    finish before it ends (the guard's `validity()`).
+//! 4. Otherwise give every vote back, on every primary (a vote whose reply
+//!    was lost may still have landed). Only an attempt that had won a
+//!    majority announces the release: a minority blocked nobody.
+//!
+//! If the attempt is dropped half way (its future cancelled), a guard gives
+//! the votes back in the background.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fairlock_core::{RedLockKeys, RedlockAcquire, RedlockRelease, Vote};
+
+use crate::error::PrimaryFailure;
+
+use super::fencing::{token_from_floors, write_back};
+use super::primaries::{call, restarted_recently};
+use super::shared::Shared;
+
+/// A won majority.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Won {
+    /// The grant's fencing token.
+    pub(crate) token: u64,
+    /// When the attempt began: the lease runs from here.
+    pub(crate) started: Instant,
+    /// How long from `started` the lock is safely held.
+    pub(crate) validity: Duration,
+}
+
+/// How an attempt ended.
+#[derive(Debug)]
+pub(crate) enum Attempt {
+    /// The caller holds the lock.
+    Won(Won),
+    /// Another owner holds a majority; it loses it (if not renewed) after
+    /// `expires_in`.
+    Held { expires_in: Option<Duration> },
+    /// A majority answered but no one won it (votes split between
+    /// contenders): try again soon.
+    Split,
+    /// A majority was won, but the lease was used up by the time it was:
+    /// the lease is too short for these primaries.
+    NoValidity { elapsed: Duration },
+    /// Fewer than a majority of primaries could vote.
+    NoQuorum {
+        answered: usize,
+        failures: Vec<PrimaryFailure>,
+    },
+}
+
+/// Runs one attempt for `member` with `lease`.
+pub(crate) async fn attempt(
+    shared: &Arc<Shared>,
+    keys: &Arc<RedLockKeys>,
+    member: &Arc<str>,
+    lease: Duration,
+) -> Attempt {
+    let config = &shared.config;
+    let quorum = config.quorum();
+    let started = Instant::now();
+    let mut cleanup = VoteCleanup::armed(shared, keys, member);
+
+    let lease_ms = millis(lease);
+    let min_uptime_ms = millis(config.restart_delay);
+    let votes = shared
+        .primaries
+        .on_all(|primary| {
+            let keys = Arc::clone(keys);
+            let member = Arc::clone(member);
+            async move {
+                let acquire = RedlockAcquire {
+                    member: &member,
+                    lease_ms,
+                    min_uptime_ms,
+                };
+                call(&primary, &[keys.owner(), keys.seq()], &acquire).await
+            }
+        })
+        .await;
+
+    let mut granted: Vec<(usize, u64)> = Vec::new();
+    let mut held: HashMap<String, Vec<i64>> = HashMap::new();
+    let mut failures = Vec::new();
+    for (index, vote) in votes {
+        match vote {
+            Ok(Vote::Granted { floor }) => granted.push((index, floor)),
+            Ok(Vote::Held { pttl_ms, holder }) => held.entry(holder).or_default().push(pttl_ms),
+            Ok(Vote::TooYoung { uptime_ms }) => {
+                if let Some(primary) = shared.primaries.all().get(index) {
+                    failures.push(primary.failure(restarted_recently(uptime_ms)));
+                }
+            }
+            Err(failure) => failures.push(failure),
+        }
+    }
+    let answered = granted.len() + held.values().map(Vec::len).sum::<usize>();
+
+    if granted.len() >= quorum {
+        let token = token_from_floors(granted.iter().map(|(_, floor)| *floor));
+        let indexes: Vec<usize> = granted.iter().map(|(index, _)| *index).collect();
+        let (confirmed, mut lost) = write_back(&shared.primaries, &indexes, keys, token).await;
+        let validity = lease
+            .checked_sub(started.elapsed())
+            .and_then(|left| left.checked_sub(config.drift(lease)))
+            .filter(|left| !left.is_zero());
+        match validity {
+            Some(validity) if confirmed.len() >= quorum => {
+                cleanup.disarm();
+                return Attempt::Won(Won {
+                    token,
+                    started,
+                    validity,
+                });
+            }
+            Some(_) => {
+                cleanup.give_back(true).await;
+                if answered.saturating_sub(lost.len()) < quorum {
+                    failures.append(&mut lost);
+                    return Attempt::NoQuorum { answered, failures };
+                }
+                return Attempt::Split;
+            }
+            None => {
+                cleanup.give_back(true).await;
+                return Attempt::NoValidity {
+                    elapsed: started.elapsed(),
+                };
+            }
+        }
+    }
+
+    // Not won: give back whatever this attempt took.
+    if !granted.is_empty() || !failures.is_empty() {
+        cleanup.give_back(false).await;
+    } else {
+        cleanup.disarm();
+    }
+    if answered < quorum {
+        return Attempt::NoQuorum { answered, failures };
+    }
+    // The owner with the most votes: if it has a majority, it loses it when
+    // its (count - quorum + 1)-th earliest key expires.
+    let leader = held.into_values().max_by_key(Vec::len);
+    match leader {
+        Some(mut pttls) if pttls.len() >= quorum => {
+            pttls.sort_unstable();
+            let expires_in = pttls
+                .get(pttls.len() - quorum)
+                .and_then(|ms| u64::try_from(*ms).ok())
+                .map(Duration::from_millis);
+            Attempt::Held { expires_in }
+        }
+        _ => Attempt::Split,
+    }
+}
+
+/// Gives an attempt's votes back unless disarmed: on every path that did
+/// not win, and when the attempt's future is dropped half way.
+struct VoteCleanup {
+    target: Option<(Arc<Shared>, Arc<RedLockKeys>, Arc<str>)>,
+}
+
+impl VoteCleanup {
+    fn armed(shared: &Arc<Shared>, keys: &Arc<RedLockKeys>, member: &Arc<str>) -> Self {
+        Self {
+            target: Some((Arc::clone(shared), Arc::clone(keys), Arc::clone(member))),
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.target = None;
+    }
+
+    /// Gives the votes back now; `announce` wakes waiters (only when the
+    /// attempt had a majority, which blocked them).
+    async fn give_back(&mut self, announce: bool) {
+        if let Some((shared, keys, member)) = self.target.take() {
+            release_everywhere(&shared, &keys, &member, announce).await;
+        }
+    }
+}
+
+impl Drop for VoteCleanup {
+    fn drop(&mut self) {
+        if let Some((shared, keys, member)) = self.target.take() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    release_everywhere(&shared, &keys, &member, true).await;
+                });
+            }
+        }
+    }
+}
+
+/// Runs `redlock_release.lua` for `member` on every primary; returns how
+/// many primaries answered and how many deleted the member's key.
+pub(crate) async fn release_everywhere(
+    shared: &Shared,
+    keys: &Arc<RedLockKeys>,
+    member: &Arc<str>,
+    announce: bool,
+) -> (usize, usize, Vec<PrimaryFailure>) {
+    let answers = shared
+        .primaries
+        .on_all(|primary| {
+            let keys = Arc::clone(keys);
+            let member = Arc::clone(member);
+            async move {
+                let channel = if announce { keys.channel() } else { "" };
+                let release = RedlockRelease {
+                    member: &member,
+                    channel,
+                };
+                call(&primary, &[keys.owner()], &release).await
+            }
+        })
+        .await;
+    let mut answered = 0;
+    let mut deleted = 0;
+    let mut failures = Vec::new();
+    for (_, answer) in answers {
+        match answer {
+            Ok(was_ours) => {
+                answered += 1;
+                deleted += usize::from(was_ours);
+            }
+            Err(failure) => failures.push(failure),
+        }
+    }
+    (answered, deleted, failures)
+}
+
+/// A duration in whole milliseconds, for a script.
+pub(crate) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}

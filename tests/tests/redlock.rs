@@ -1,0 +1,495 @@
+//! RedLock mode over independent primaries started by the test kit
+//! (`IndependentPrimaries`): mutual exclusion and increasing fencing tokens
+//! while a minority dies, a clear error when a majority is gone, the
+//! delayed-restart rule, and waiters woken by the release itself.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fairlock::redlock::{RedLock, RedLockConfig, RedLockOptions};
+use fairlock::{Error, PrimaryFailureKind};
+use fairlock_testkit::IndependentPrimaries;
+
+/// A hang guard for calls that must return on their own.
+const HANG: Duration = Duration::from_secs(20);
+
+fn primaries(n: usize) -> IndependentPrimaries {
+    IndependentPrimaries::start(n).expect("start independent primaries")
+}
+
+/// Short timings; the delayed-restart rule off (tests that restart a
+/// primary turn it on).
+fn config(primaries: &IndependentPrimaries) -> RedLockConfig {
+    let mut config = RedLockConfig::new(primaries.urls());
+    config.connect_timeout = Duration::from_secs(3);
+    config.call_timeout = Duration::from_millis(300);
+    config.watchdog_lease = Duration::from_secs(3);
+    config.restart_delay = Duration::ZERO;
+    config
+}
+
+async fn connect(config: RedLockConfig) -> RedLock {
+    RedLock::with_config(config)
+        .await
+        .expect("RedLock connects to the primaries")
+}
+
+/// Invariant: with 5 primaries and 2 of them SIGKILLed half way through, no
+/// two tasks (over 3 clients) are ever inside the critical section at once,
+/// a non-atomic read-modify-write counter loses no update, and the fencing
+/// tokens, in critical-section order, strictly increase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_minority_mid_run_never_gives_two_holders() {
+    const CLIENTS: usize = 3;
+    const TASKS: usize = 3;
+    const ROUNDS: usize = 12;
+    let mut servers = primaries(5);
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        clients.push(connect(config(&servers)).await);
+    }
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let mut tasks = Vec::new();
+    for client in &clients {
+        for _ in 0..TASKS {
+            let client = client.clone();
+            let (inside, overlaps, counter, tokens) = (
+                Arc::clone(&inside),
+                Arc::clone(&overlaps),
+                Arc::clone(&counter),
+                Arc::clone(&tokens),
+            );
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let guard = client
+                        .lock_with("stock", RedLockOptions::new().wait_timeout(HANG))
+                        .await
+                        .expect("lock with a majority alive");
+                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokens.lock().expect("tokens").push(guard.token().value());
+                    // Non-atomic read-modify-write across an await.
+                    let read = counter.load(Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    counter.store(read + 1, Ordering::SeqCst);
+                    assert!(!guard.is_lost(), "the critical section fits the lease");
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    guard.release().await.expect("release on a majority");
+                }
+            }));
+        }
+    }
+    // Half way, kill a minority (2 of 5).
+    let total = CLIENTS * TASKS * ROUNDS;
+    let deadline = Instant::now() + HANG;
+    while tokens.lock().expect("tokens").len() < total / 2 {
+        assert!(Instant::now() < deadline, "no progress before the kill");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    servers.kill(&[1, 3]);
+    assert_eq!(servers.running(), 3);
+    for task in tasks {
+        tokio::time::timeout(HANG * 3, task)
+            .await
+            .expect("the run finishes after the kill")
+            .expect("task");
+    }
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
+    assert_eq!(counter.load(Ordering::SeqCst), total, "lost update");
+    let tokens = tokens.lock().expect("tokens").clone();
+    assert_eq!(tokens.len(), total);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens strictly increase in grant order: {tokens:?}"
+    );
+}
+
+/// Invariant: with a majority (2 of 3) killed, every operation returns
+/// `Error::NoQuorum` naming the dead primaries, nothing waits on them, and
+/// a holder's lease-lost signal fires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_majority_fails_with_no_quorum_and_nothing_hangs() {
+    let mut servers = primaries(3);
+    let redlock = connect(config(&servers)).await;
+    let held = redlock.lock("report").await.expect("lock");
+    assert!(held.validity() > Duration::ZERO);
+    servers.kill(&[0, 2]);
+
+    let failed = |error: Error| match error {
+        Error::NoQuorum {
+            answered,
+            needed,
+            primaries,
+            failures,
+            ..
+        } => {
+            assert_eq!((answered, needed, primaries), (1, 2, 3));
+            let dead: Vec<usize> = failures.iter().map(|f| f.index).collect();
+            assert_eq!(dead, vec![0, 2], "{failures:?}");
+            assert!(failures.iter().all(|f| matches!(
+                f.kind,
+                PrimaryFailureKind::Disconnected | PrimaryFailureKind::Timeout
+            )));
+        }
+        other => panic!("expected NoQuorum, got {other:?}"),
+    };
+    let attempt = tokio::time::timeout(HANG, redlock.try_lock("other"))
+        .await
+        .expect("try_lock does not hang");
+    failed(attempt.expect_err("no majority"));
+    let attempt = tokio::time::timeout(HANG, redlock.lock("report"))
+        .await
+        .expect("lock does not hang");
+    failed(attempt.expect_err("no majority"));
+    let message = tokio::time::timeout(HANG, redlock.lock("x"))
+        .await
+        .expect("no hang")
+        .expect_err("no majority")
+        .to_string();
+    assert!(message.contains("only 1 of 3 primaries"), "{message}");
+
+    // The watchdog (renewing every second) cannot renew on a majority.
+    tokio::time::timeout(HANG, held.lost())
+        .await
+        .expect("the lease-lost signal fires");
+    assert!(held.is_lost());
+    assert_eq!(held.validity(), Duration::ZERO);
+    let release = tokio::time::timeout(HANG, held.release())
+        .await
+        .expect("release does not hang");
+    assert!(
+        matches!(release, Err(Error::NoQuorum { .. })),
+        "{release:?}"
+    );
+
+    // A new client cannot start without a majority either.
+    let connecting = tokio::time::timeout(HANG, RedLock::with_config(config(&servers)))
+        .await
+        .expect("connect does not hang");
+    assert!(matches!(connecting, Err(Error::NoQuorum { .. })));
+}
+
+/// The delayed-restart rule. A holds on the majority {0, 1} while 2 is
+/// down; 1 restarts without persistence (forgetting A's vote) and 2 comes
+/// back. B must not acquire through {1, 2} before the restart delay has
+/// passed: it gets `NoQuorum` naming 1 and 2 as restarted recently. A
+/// client with the rule turned off shows the hazard the rule prevents: it
+/// does acquire through {1, 2} while A's lease is still valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_restarted_without_persistence_does_not_vote_before_the_restart_delay() {
+    const DELAY: Duration = Duration::from_secs(4);
+    let mut servers = primaries(3);
+    let mut ruled = config(&servers);
+    ruled.restart_delay = DELAY;
+    // The rule requires the restart delay to cover the longest lease.
+    ruled.max_lease = DELAY;
+    let lease = RedLockOptions::new().lease(DELAY);
+    // Fresh servers are "recently restarted" too: wait until they are old.
+    let a = connect(ruled.clone()).await;
+    let deadline = Instant::now() + HANG;
+    let held = loop {
+        match a.try_lock_with("ledger", lease).await {
+            Ok(Some(guard)) => break guard,
+            Err(Error::NoQuorum { failures, .. }) => assert!(failures
+                .iter()
+                .all(|f| matches!(f.kind, PrimaryFailureKind::RestartedRecently { .. }))),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the servers never grew old enough"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    held.release().await.expect("release");
+
+    servers.kill(&[2]);
+    let held = a
+        .try_lock_with("ledger", lease)
+        .await
+        .expect("lock on {0, 1}")
+        .expect("free");
+    servers.restart(1).expect("restart 1 empty");
+    servers.restart(2).expect("restart 2 empty");
+    let b = connect(ruled).await;
+    let refused = b
+        .try_lock_with("ledger", lease)
+        .await
+        .expect_err("the restarted primaries must not vote");
+    match refused {
+        Error::NoQuorum { failures, .. } => {
+            let young: Vec<usize> = failures
+                .iter()
+                .filter(|f| matches!(f.kind, PrimaryFailureKind::RestartedRecently { .. }))
+                .map(|f| f.index)
+                .collect();
+            assert_eq!(young, vec![1, 2], "{failures:?}");
+        }
+        other => panic!("expected NoQuorum, got {other:?}"),
+    }
+    // A waiting lock fails the same way instead of waiting.
+    let waiting = tokio::time::timeout(HANG, b.lock_with("ledger", lease))
+        .await
+        .expect("no hang");
+    assert!(
+        matches!(waiting, Err(Error::NoQuorum { .. })),
+        "{waiting:?}"
+    );
+    assert!(!held.is_lost(), "A's lease is still valid throughout");
+
+    // Without the rule, {1, 2} vote and make a second holder while A's
+    // lease is valid: the hazard. Its token is still above A's (the clock
+    // floor of the counters lost in the restarts).
+    let unruled = connect(config(&servers)).await;
+    let second = unruled
+        .try_lock_with("ledger", lease)
+        .await
+        .expect("without the rule the young primaries vote")
+        .expect("granted through {1, 2}");
+    assert!(!held.is_lost(), "two holders at once without the rule");
+    assert!(second.token() > held.token());
+}
+
+/// Invariant: waiters are woken by releases, not by leases running out.
+/// Every holder takes a 30 s lease; 4 waiters on 2 clients are each
+/// granted after the previous holder's release, and the whole chain is
+/// done while the first holder's lease would still be valid: no one waited
+/// for a lease to end. While they all wait, each makes at most the two
+/// attempts of joining the wait (no polling).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_woken_by_releases_before_any_lease_ends() {
+    const WAITERS_PER_CLIENT: usize = 2;
+    let servers = primaries(3);
+    let holder_client = connect(config(&servers)).await;
+    let lease = RedLockOptions::new().lease(Duration::from_secs(30));
+    let first = holder_client.lock_with("wake", lease).await.expect("lock");
+    let first_lease_ends = Instant::now() + Duration::from_secs(30);
+    let first_token = first.token();
+
+    let attempts_before = evalsha_calls(&servers);
+    let granted = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for _ in 0..2 {
+        let client = connect(config(&servers)).await;
+        for _ in 0..WAITERS_PER_CLIENT {
+            let (client, granted) = (client.clone(), Arc::clone(&granted));
+            waiters.push(tokio::spawn(async move {
+                let guard = client
+                    .lock_with("wake", lease.wait_timeout(Duration::from_secs(60)))
+                    .await
+                    .expect("the waiter is granted");
+                granted
+                    .lock()
+                    .expect("granted")
+                    .push((guard.token(), Instant::now() < first_lease_ends));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                guard.release().await.expect("release");
+            }));
+        }
+    }
+    // Every waiter's client has subscribed on every primary.
+    let deadline = Instant::now() + HANG;
+    while !servers.servers().iter().all(|s| {
+        s.cmd(&["PUBSUB", "NUMSUB", "fairlock:redlock:{wake}:released"])
+            .ok()
+            .and_then(|r| r.as_array().and_then(|a| a.get(1)).and_then(|n| n.as_int()))
+            == Some(2)
+    }) {
+        assert!(Instant::now() < deadline, "the waiters never subscribed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        granted.lock().expect("granted").is_empty(),
+        "granted while held"
+    );
+    let waiting = 2 * WAITERS_PER_CLIENT as u64;
+    let attempts: Vec<u64> = evalsha_calls(&servers)
+        .iter()
+        .zip(&attempts_before)
+        .map(|(after, before)| after - before)
+        .collect();
+    assert!(
+        attempts.iter().all(|&n| n <= 2 * waiting),
+        "polling: {attempts:?} script calls per primary for {waiting} waiters"
+    );
+
+    first.release().await.expect("release");
+    for waiter in waiters {
+        tokio::time::timeout(HANG, waiter)
+            .await
+            .expect("each waiter is woken by a release")
+            .expect("waiter task");
+    }
+    let granted = granted.lock().expect("granted").clone();
+    assert_eq!(granted.len(), 2 * WAITERS_PER_CLIENT);
+    assert!(
+        granted.iter().all(|(_, in_first_lease)| *in_first_lease),
+        "a waiter waited for a lease to end"
+    );
+    let mut previous = first_token;
+    for (token, _) in granted {
+        assert!(token > previous, "tokens increase in grant order");
+        previous = token;
+    }
+}
+
+/// `evalsha` calls on each primary.
+fn evalsha_calls(servers: &IndependentPrimaries) -> Vec<u64> {
+    servers
+        .servers()
+        .iter()
+        .map(|s| {
+            s.commandstats()
+                .expect("commandstats")
+                .get("evalsha")
+                .copied()
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
+/// Bad input gets a typed error before any primary is touched; a release
+/// after the lease ran out is `NotOwner`; try_lock on a held lock is `None`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_and_ownership() {
+    let servers = primaries(3);
+    let urls = servers.urls();
+    let two = RedLock::connect(urls[..2].to_vec()).await;
+    assert!(matches!(two, Err(Error::InvalidOptions(_))), "{two:?}");
+    let twice = RedLock::connect([urls[0].clone(), urls[1].clone(), urls[0].clone()]).await;
+    assert!(matches!(twice, Err(Error::InvalidOptions(_))), "{twice:?}");
+    let mut short_delay = config(&servers);
+    short_delay.restart_delay = Duration::from_secs(10);
+    let short_delay = RedLock::with_config(short_delay).await;
+    assert!(
+        matches!(&short_delay, Err(Error::InvalidOptions(m)) if m.contains("restart delay")),
+        "{short_delay:?}"
+    );
+
+    let redlock = connect(config(&servers)).await;
+    let before = evalsha_calls(&servers);
+    assert!(matches!(redlock.lock("").await, Err(Error::InvalidName(_))));
+    let too_long = RedLockOptions::new().lease(Duration::from_secs(3600));
+    assert!(matches!(
+        redlock.lock_with("x", too_long).await,
+        Err(Error::InvalidOptions(_))
+    ));
+    assert_eq!(evalsha_calls(&servers), before, "nothing reached a primary");
+
+    let short = redlock
+        .lock_with(
+            "brief",
+            RedLockOptions::new().lease(Duration::from_millis(300)),
+        )
+        .await
+        .expect("lock");
+    assert!(redlock.try_lock("brief").await.expect("answers").is_none());
+    tokio::time::timeout(HANG, short.lost())
+        .await
+        .expect("a fixed lease ends");
+    // The validity ends a little before the keys expire (the drift
+    // allowance); wait until they have.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let late = short.release().await;
+    assert!(matches!(late, Err(Error::NotOwner { .. })), "{late:?}");
+    let next = redlock.try_lock("brief").await.expect("answers");
+    assert!(next.is_some(), "free after the lease ran out");
+    drop(next);
+
+    // A lease used up by the time the majority is won (one primary kept
+    // busy by a long script) is refused, and its votes are given back.
+    let mut refused = None;
+    for _ in 0..5 {
+        let busy_url = servers.servers()[0].addr();
+        let busy = tokio::task::spawn_blocking(move || {
+            let spin = "local t = redis.call('TIME'); local s = t[1] * 1000000 + t[2]; \
+                        repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] > s + 250000";
+            fairlock_testkit::cmd_at(&busy_url, &["EVAL", spin, "0"])
+        });
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let attempt = redlock
+            .try_lock_with(
+                "slow",
+                RedLockOptions::new().lease(Duration::from_millis(20)),
+            )
+            .await;
+        busy.await.expect("busy script").expect("busy script ran");
+        if let Err(error) = attempt {
+            refused = Some(error);
+            break;
+        }
+    }
+    let refused = refused.expect("a lease used up while winning is refused");
+    assert!(matches!(refused, Error::InvalidOptions(_)), "{refused:?}");
+    assert!(refused.to_string().contains("too short"), "{refused}");
+    let keys: Vec<bool> = servers
+        .servers()
+        .iter()
+        .map(|s| {
+            s.cmd(&["EXISTS", "fairlock:redlock:{slow}:owner"])
+                .expect("EXISTS")
+                .as_int()
+                == Some(0)
+        })
+        .collect();
+    assert_eq!(keys, vec![true; 3], "votes given back");
+}
+
+/// A client starts with a minority down and picks that primary up when it
+/// is back; a waiting `lock` future dropped mid-wait leaves neither a key
+/// nor a subscription; a dropped guard releases on every primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minority_down_at_start_is_picked_up_and_cancelled_waits_leave_nothing() {
+    let mut servers = primaries(3);
+    servers.kill(&[2]);
+    let redlock = connect(config(&servers)).await;
+    assert_eq!(redlock.connected(), 2);
+    let held = redlock.lock("late").await.expect("lock on 2 of 3");
+    servers.restart(2).expect("restart primary 2");
+    let deadline = Instant::now() + HANG;
+    while redlock.connected() < 3 {
+        assert!(Instant::now() < deadline, "primary 2 never reconnected");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let other = connect(config(&servers)).await;
+    let waiting = tokio::time::timeout(Duration::from_millis(500), other.lock("late")).await;
+    assert!(waiting.is_err(), "still waiting when dropped");
+    let channel = "fairlock:redlock:{late}:released";
+    let owner_key = "fairlock:redlock:{late}:owner";
+    let settled = |servers: &IndependentPrimaries, owner: Option<&str>| {
+        servers.servers().iter().all(|s| {
+            let subscribers = s
+                .cmd(&["PUBSUB", "NUMSUB", channel])
+                .ok()
+                .and_then(|r| r.as_array().and_then(|a| a.get(1)).and_then(|n| n.as_int()));
+            let key = s.cmd(&["GET", owner_key]).expect("GET owner");
+            subscribers == Some(0) && key.as_str() == owner
+        })
+    };
+    let deadline = Instant::now() + HANG;
+    while !settled(&servers, Some(held.owner_id())) {
+        assert!(
+            Instant::now() < deadline,
+            "a cancelled wait left a key or a subscription"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    drop(held);
+    let deadline = Instant::now() + HANG;
+    while !settled(&servers, None) {
+        assert!(
+            Instant::now() < deadline,
+            "a dropped guard was not released"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(other.try_lock("late").await.expect("answers").is_some());
+}
