@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use fairlock_testkit::{RedisServer, Resp};
+use fairlock_testkit::{RedisCluster, RedisServer, Resp, SentinelGroup};
 
 use crate::impls::Result;
 
@@ -18,67 +18,154 @@ use crate::impls::Result;
 /// counted as lock work.
 pub const HARNESS_COMMANDS: &[&str] = &["info", "config|resetstat", "ping"];
 
-/// The throwaway Redis server and admin commands against it.
+/// The servers a run measures: one throwaway `redis-server`, or a whole
+/// topology (Redis Cluster, Sentinel group) whose primaries are summed.
+pub trait Servers: Send + Sync {
+    /// The URL the locks under test connect to.
+    fn url(&self) -> String;
+    /// The primaries: statistics are summed over them, resets hit each.
+    fn primaries(&self) -> Vec<&RedisServer>;
+}
+
+impl Servers for RedisServer {
+    fn url(&self) -> String {
+        RedisServer::url(self)
+    }
+    fn primaries(&self) -> Vec<&RedisServer> {
+        vec![self]
+    }
+}
+
+impl Servers for RedisCluster {
+    fn url(&self) -> String {
+        RedisCluster::url(self)
+    }
+    fn primaries(&self) -> Vec<&RedisServer> {
+        RedisCluster::primaries(self)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|addr| self.node(addr).ok())
+            .collect()
+    }
+}
+
+impl Servers for SentinelGroup {
+    fn url(&self) -> String {
+        SentinelGroup::url(self)
+    }
+    fn primaries(&self) -> Vec<&RedisServer> {
+        self.primary_addr()
+            .ok()
+            .and_then(|addr| self.node(&addr).ok())
+            .into_iter()
+            .collect()
+    }
+}
+
+/// The throwaway Redis server(s) and admin commands against them.
 #[derive(Clone)]
 pub struct Admin {
-    server: Arc<RedisServer>,
+    servers: Arc<dyn Servers>,
 }
 
 impl Admin {
     /// Starts a throwaway `redis-server` on 127.0.0.1.
     pub fn start() -> Result<Admin> {
-        Ok(Admin {
-            server: Arc::new(RedisServer::start()?),
-        })
+        Ok(Admin::over(RedisServer::start()?))
+    }
+
+    /// Measures `servers` (a cluster, a Sentinel group...).
+    pub fn over(servers: impl Servers + 'static) -> Admin {
+        Admin {
+            servers: Arc::new(servers),
+        }
     }
 
     /// The URL the locks under test connect to.
     pub fn url(&self) -> String {
-        self.server.url()
+        self.servers.url()
     }
 
-    /// Runs one command on the admin connection.
+    /// Runs one command on the first primary's admin connection.
     pub async fn cmd(&self, args: &[&str]) -> Result<Resp> {
-        let server = Arc::clone(&self.server);
-        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-        let reply = tokio::task::spawn_blocking(move || {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            server.cmd(&args)
-        })
-        .await??;
-        if let Resp::Error(e) = &reply {
+        let mut replies = self.on_primaries(args).await?;
+        if replies.is_empty() {
+            return Err("no primary to send an admin command to".into());
+        }
+        Ok(replies.swap_remove(0))
+    }
+
+    /// Runs one command on every primary; errors if any refuses it.
+    async fn on_primaries(&self, args: &[&str]) -> Result<Vec<Resp>> {
+        let replies = self.on_primaries_raw(args).await?;
+        if let Some(Resp::Error(e)) = replies.iter().find(|r| matches!(r, Resp::Error(_))) {
             return Err(format!("Redis refused an admin command: {e}").into());
         }
-        Ok(reply)
+        Ok(replies)
     }
 
-    /// Empties the data set (scripts stay loaded).
+    /// Runs one command on every primary, error replies included.
+    async fn on_primaries_raw(&self, args: &[&str]) -> Result<Vec<Resp>> {
+        let servers = Arc::clone(&self.servers);
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let replies = tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            servers
+                .primaries()
+                .into_iter()
+                .map(|server| server.cmd(&args))
+                .collect::<std::result::Result<Vec<Resp>, _>>()
+        })
+        .await??;
+        Ok(replies)
+    }
+
+    /// Empties the data set of every primary (scripts stay loaded).
     pub async fn flushall(&self) -> Result<()> {
-        self.cmd(&["FLUSHALL"]).await.map(drop)
+        self.on_primaries(&["FLUSHALL"]).await.map(drop)
     }
 
-    /// `CONFIG RESETSTAT`: zeroes `INFO commandstats`.
+    /// `CONFIG RESETSTAT` on every primary: zeroes `INFO commandstats`.
     pub async fn reset_stats(&self) -> Result<()> {
-        self.cmd(&["CONFIG", "RESETSTAT"]).await.map(drop)
+        self.on_primaries(&["CONFIG", "RESETSTAT"]).await.map(drop)
     }
 
-    /// `INFO commandstats` as `{command: calls}`.
+    /// `INFO commandstats` as `{command: calls}`, summed over the primaries.
     pub async fn commandstats(&self) -> Result<BTreeMap<String, u64>> {
-        let server = Arc::clone(&self.server);
-        Ok(tokio::task::spawn_blocking(move || server.commandstats()).await??)
+        let servers = Arc::clone(&self.servers);
+        let each = tokio::task::spawn_blocking(move || {
+            servers
+                .primaries()
+                .into_iter()
+                .map(|server| server.commandstats())
+                .collect::<std::result::Result<Vec<_>, _>>()
+        })
+        .await??;
+        let mut total = BTreeMap::new();
+        for stats in each {
+            for (command, calls) in stats {
+                *total.entry(command).or_insert(0) += calls;
+            }
+        }
+        Ok(total)
     }
 
-    /// The numeric fields of one `INFO` section.
+    /// The numeric fields of one `INFO` section, summed over the primaries.
     pub async fn info(&self, section: &str) -> Result<BTreeMap<String, f64>> {
-        let reply = self.cmd(&["INFO", section]).await?;
-        let text = reply
-            .as_str()
-            .ok_or_else(|| format!("INFO {section}: unexpected reply {reply:?}"))?;
-        Ok(text
-            .lines()
-            .filter_map(|line| line.trim().split_once(':'))
-            .filter_map(|(k, v)| v.parse::<f64>().ok().map(|v| (k.to_owned(), v)))
-            .collect())
+        let mut total = BTreeMap::new();
+        for reply in self.on_primaries(&["INFO", section]).await? {
+            let text = reply
+                .as_str()
+                .ok_or_else(|| format!("INFO {section}: unexpected reply {reply:?}"))?;
+            for (k, v) in text
+                .lines()
+                .filter_map(|line| line.trim().split_once(':'))
+                .filter_map(|(k, v)| v.parse::<f64>().ok().map(|v| (k.to_owned(), v)))
+            {
+                *total.entry(k).or_insert(0.0) += v;
+            }
+        }
+        Ok(total)
     }
 
     /// Redis CPU time so far (`used_cpu_sys + used_cpu_user`), seconds.
@@ -129,22 +216,24 @@ impl Admin {
             .collect())
     }
 
-    /// Integer values of `keys` (missing keys read as 0).
+    /// Integer values of `keys` (missing keys read as 0). Each key is read
+    /// with GET from the primary that has it (on a cluster the others
+    /// answer MOVED).
     pub async fn counters(&self, keys: &[String]) -> Result<Vec<i64>> {
-        let mut args: Vec<&str> = vec!["MGET"];
-        args.extend(keys.iter().map(String::as_str));
-        let reply = self.cmd(&args).await?;
-        let values = reply
-            .as_array()
-            .ok_or_else(|| format!("MGET: unexpected reply {reply:?}"))?;
-        values
-            .iter()
-            .map(|v| match v.as_str() {
-                None => Ok(0),
+        let mut values = Vec::with_capacity(keys.len());
+        for key in keys {
+            let replies = self.on_primaries_raw(&["GET", key]).await?;
+            let value = replies
+                .iter()
+                .find(|r| !matches!(r, Resp::Error(_)))
+                .ok_or_else(|| format!("GET {key}: every primary refused: {replies:?}"))?;
+            values.push(match value.as_str() {
+                None => 0,
                 Some(s) => s
                     .parse::<i64>()
-                    .map_err(|e| format!("counter value {s:?}: {e}").into()),
-            })
-            .collect()
+                    .map_err(|e| format!("counter value {s:?}: {e}"))?,
+            });
+        }
+        Ok(values)
     }
 }

@@ -19,6 +19,7 @@ mod probes;
 mod progress;
 mod report;
 mod stats;
+mod topologies;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -35,8 +36,12 @@ const CLIENTS: usize = 4;
 
 const USAGE: &str = "\
 usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]...
+       fairlock-bench --topologies [--quick] [--out DIR]
 
   --quick      fewer cells and shorter windows (under 2 minutes)
+  --topologies only the 1,000-lock run, on one server, a 3+3 Redis Cluster,
+               Sentinel (1 replica) and Sentinel with replica_acks(1):
+               fairlock beside spin-10ms, written to topologies.md
   --out DIR    where to write results (default: benchmarks/results)
   --impl NAME  only this implementation (repeatable): fairlock, spin-10ms,
                spin-100ms, rslock, rslock-10ms
@@ -45,6 +50,7 @@ usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]...
 /// What the command line asked for.
 struct Options {
     quick: bool,
+    topologies: bool,
     out: PathBuf,
     impls: Vec<Implementation>,
 }
@@ -52,6 +58,7 @@ struct Options {
 fn parse_args() -> std::result::Result<Options, String> {
     let mut options = Options {
         quick: false,
+        topologies: false,
         out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results"),
         impls: Vec::new(),
     };
@@ -59,6 +66,7 @@ fn parse_args() -> std::result::Result<Options, String> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => options.quick = true,
+            "--topologies" => options.topologies = true,
             "--out" => {
                 options.out = PathBuf::from(args.next().ok_or("--out needs a directory")?);
             }
@@ -200,7 +208,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(&options)) {
+    let outcome = if options.topologies {
+        runtime.block_on(topologies::run(&options.out, options.quick))
+    } else {
+        runtime.block_on(run(&options))
+    };
+    match outcome {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
             eprintln!("fairlock-bench: some cell had violations (lost updates); see the report");

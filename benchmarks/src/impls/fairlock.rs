@@ -1,7 +1,9 @@
 //! fairlock as a user calls it: one `LockClient` per process, `lock(name)`
 //! (watchdog-kept lease), `guard.release().await`.
 
-use fairlock::{LockClient, LockGuard};
+use std::time::Duration;
+
+use fairlock::{ClientConfig, LockClient, LockGuard};
 
 use super::{LockConn, LockImpl, Result};
 
@@ -27,6 +29,30 @@ impl LockImpl for FairlockImpl {
     fn top_level_commands(&self) -> &'static [&'static str] {
         // Everything else runs inside fairlock's scripts.
         &["subscribe", "ssubscribe", "unsubscribe"]
+    }
+}
+
+/// fairlock with replica acknowledgement: every grant, handoff, release
+/// and renewal waits for `WAIT replicas` (behind Sentinel).
+pub struct FairlockAcksImpl {
+    /// Replicas that must acknowledge.
+    pub replicas: u32,
+}
+
+impl LockImpl for FairlockAcksImpl {
+    type Conn = FairlockConn;
+
+    async fn connect(&self, url: &str) -> Result<FairlockConn> {
+        let config = ClientConfig::builder(url)
+            .replica_acks(self.replicas, Duration::from_millis(500))
+            .build()?;
+        Ok(FairlockConn {
+            client: LockClient::with_config(config).await?,
+        })
+    }
+
+    fn top_level_commands(&self) -> &'static [&'static str] {
+        &["subscribe", "ssubscribe", "unsubscribe", "wait"]
     }
 }
 
