@@ -301,7 +301,8 @@ async fn run(options: &Options) -> Result<bool> {
     Ok(clean)
 }
 
-async fn measure_cell<L: LockImpl>(
+/// Runs one cell and summarizes it as a report record of `kind`.
+pub(crate) async fn measure_cell<L: LockImpl>(
     lock: &L,
     imp: Implementation,
     kind: &'static str,

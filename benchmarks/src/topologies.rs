@@ -19,13 +19,13 @@ use std::time::Duration;
 use fairlock_testkit::{RedisCluster, SentinelGroup};
 
 use crate::admin::Admin;
-use crate::cell::{run_cell, CellPlan};
+use crate::cell::CellPlan;
 use crate::impls::fairlock::{FairlockAcksImpl, FairlockImpl};
 use crate::impls::spin::SpinImpl;
-use crate::impls::{Implementation, LockImpl, Result};
+use crate::impls::{Implementation, Result};
+use crate::measure_cell;
 use crate::progress::Progress;
 use crate::report::CellRecord;
-use crate::stats;
 
 /// One topology's measured cell for one implementation.
 struct Row {
@@ -45,18 +45,6 @@ fn plan(quick: bool) -> CellPlan {
         warmup_max: ms(if quick { 2_000 } else { 5_000 }),
         measure: ms(if quick { 1_500 } else { 6_000 }),
     }
-}
-
-async fn measure<L: LockImpl>(
-    lock: &L,
-    imp: Implementation,
-    admin: &Admin,
-    plan: &CellPlan,
-    progress: &Progress,
-) -> Result<CellRecord> {
-    let run = run_cell(lock, admin, plan, progress).await?;
-    let metrics = stats::summarize(&run, lock.top_level_commands());
-    Ok(CellRecord::new("topology", imp, &run, &metrics))
 }
 
 /// Runs every topology; writes `topologies.md` and `topologies.jsonl` into
@@ -83,18 +71,20 @@ pub async fn run(out: &Path, quick: bool) -> Result<bool> {
         };
         progress.step(&format!("{topology}: fairlock"), per_cell);
         let record = if topology.ends_with("replica_acks(1)") {
-            measure(
+            measure_cell(
                 &FairlockAcksImpl { replicas: 1 },
                 Implementation::Fairlock,
+                "topology",
                 &admin,
                 &plan,
                 &progress,
             )
             .await?
         } else {
-            measure(
+            measure_cell(
                 &FairlockImpl,
                 Implementation::Fairlock,
+                "topology",
                 &admin,
                 &plan,
                 &progress,
@@ -109,7 +99,15 @@ pub async fn run(out: &Path, quick: bool) -> Result<bool> {
         });
         if !topology.ends_with("replica_acks(1)") {
             progress.step(&format!("{topology}: spin-10ms"), per_cell);
-            let record = measure(&spin, Implementation::Spin10, &admin, &plan, &progress).await?;
+            let record = measure_cell(
+                &spin,
+                Implementation::Spin10,
+                "topology",
+                &admin,
+                &plan,
+                &progress,
+            )
+            .await?;
             progress.println(&format!("{topology}: {}", record.summary()));
             rows.push(Row {
                 topology,

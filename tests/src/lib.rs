@@ -243,3 +243,19 @@ pub async fn granted(task: JoinHandle<fairlock::Result<LockGuard>>, what: &str) 
         Err(_) => panic!("{what}: not granted within {GRANT_GUARD:?}"),
     }
 }
+
+/// Asserts that a seckill swarm run passed every one of its checks (sold =
+/// min(stock, attempts), stock never negative, one order per sale...).
+pub fn assert_swarm_passed(report: &fairlock_examples::seckill::Report) {
+    let failed: Vec<String> = report
+        .checks()
+        .into_iter()
+        .filter(|c| !c.ok)
+        .map(|c| format!("{}: {}", c.name, c.detail))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{:?} run failed: {failed:#?}",
+        report.variant
+    );
+}

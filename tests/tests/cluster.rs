@@ -10,7 +10,7 @@ use fairlock::{ClientConfig, Error, FencedOp, LockClient, LockOptions, Reply};
 use fairlock_core::{Acquire, AcquireMode, AcquireReply, Timings};
 use fairlock_examples::seckill::{swarm, SwarmConfig, Variant};
 use fairlock_testkit::RedisCluster;
-use fairlock_tests::{raw, wait_for_queue_len};
+use fairlock_tests::{assert_swarm_passed, raw, wait_for_queue_len};
 
 /// Hang guard.
 const LONG: Duration = Duration::from_secs(30);
@@ -368,13 +368,7 @@ async fn core_cases_hold_on_the_cluster() {
         let report = swarm::run(&cluster.url(), &config, variant)
             .await
             .expect("swarm run");
-        let failed: Vec<String> = report
-            .checks()
-            .into_iter()
-            .filter(|c| !c.ok)
-            .map(|c| format!("{}: {}", c.name, c.detail))
-            .collect();
-        assert!(failed.is_empty(), "{variant:?} on the cluster: {failed:#?}");
+        assert_swarm_passed(&report);
         assert_eq!(report.sold, 50, "{variant:?}");
         assert_eq!(report.final_stock, Some(0), "{variant:?}");
     }

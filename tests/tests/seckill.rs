@@ -22,17 +22,7 @@ use tokio::net::TcpStream;
 const STOCK: i64 = 200;
 
 fn assert_passed(report: &Report) {
-    let failed: Vec<String> = report
-        .checks()
-        .into_iter()
-        .filter(|c| !c.ok)
-        .map(|c| format!("{}: {}", c.name, c.detail))
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "{:?} run failed: {failed:#?}",
-        report.variant
-    );
+    assert_swarm_passed(report);
 }
 
 /// Checks the swarm's invariants both ways: sold = min(stock, attempts),
