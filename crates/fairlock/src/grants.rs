@@ -81,7 +81,9 @@ fn route(state: &Arc<ClientState>, payload: &str) {
             member,
             token,
             owner_key,
-        }) => match LockKeys::from_owner_key(owner_key) {
+        }) => match LockKeys::from_owner_key(owner_key)
+            .or_else(|| LockKeys::from_holders_key(owner_key))
+        {
             Some(keys) => route_grant(state, Arc::new(keys), member, token, false),
             None => tracing::warn!(%payload, "fairlock ignored a grant for an unknown key"),
         },

@@ -39,7 +39,12 @@ mod handle;
 mod heartbeat;
 mod held;
 mod owner;
+mod permit;
+mod permit_acquire;
+mod permit_state;
 mod redis;
+mod rwlock;
+mod semaphore;
 mod state;
 mod task;
 mod telemetry;
@@ -52,7 +57,11 @@ pub use error::{Error, Result};
 pub use fairlock_core::{
     FencedOp, FencedScript, KeyPrefix, LockState, QueuedWaiter, Reply, MAX_NAME_BYTES,
 };
+pub use fairlock_core::MAX_PERMITS;
 pub use guard::{FencingToken, LockGuard};
 pub use handle::{Held, Lock};
 pub use owner::LockOwner;
+pub use permit::Permit;
+pub use rwlock::RwLock;
+pub use semaphore::Semaphore;
 pub use telemetry::MetricsLockLabel;
