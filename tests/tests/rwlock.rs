@@ -156,10 +156,7 @@ async fn a_waiting_writer_blocks_later_readers_and_the_readers_behind_it_go_toge
         reads.push(within("a reader", reader).await.expect("reader"));
     }
     for read in &reads {
-        assert!(
-            read.token().value() > write_token,
-            "tokens increase"
-        );
+        assert!(read.token().value() > write_token, "tokens increase");
     }
     for read in reads {
         read.release().await.expect("release");

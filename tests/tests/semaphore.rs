@@ -158,10 +158,10 @@ async fn grants_follow_ticket_order() {
         let grants = Arc::clone(&grants);
         waiters.push(tokio::spawn(async move {
             let permit = sem.acquire().await.expect("acquire");
-            grants.lock().expect("grants").push((
-                permit.token().value(),
-                permit.ticket().expect("it waited"),
-            ));
+            grants
+                .lock()
+                .expect("grants")
+                .push((permit.token().value(), permit.ticket().expect("it waited")));
             tokio::time::sleep(Duration::from_millis(2)).await;
             permit.release().await.expect("release");
         }));
@@ -259,9 +259,7 @@ async fn changing_permits_at_run_time_is_defined() {
     // Raising to 3 grants the queued waiter at once, then the caller.
     let three = one.clone().with_permits(3).expect("3");
     let raised = three.try_acquire().await.expect("try").expect("a permit");
-    let waited: Permit = within("the queued waiter", waiter)
-        .await
-        .expect("waiter");
+    let waited: Permit = within("the queued waiter", waiter).await.expect("waiter");
     assert_eq!(granted.load(Ordering::SeqCst), 1);
     assert_eq!(zcard(&server, keys.owner()), 3);
 

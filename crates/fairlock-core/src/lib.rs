@@ -48,11 +48,11 @@ pub use fenced::{decode_fenced, FencedOp, FencedReply, FencedScript, FencedWrite
 pub use keys::{
     key_slot, KeyPrefix, LockKeys, LockName, NameError, MAX_NAME_BYTES, MAX_PREFIX_BYTES,
 };
-pub use reply::{ProtocolError, Reply};
 pub use permit_calls::{
     PermitAcquire, PermitCancel, PermitHeartbeat, PermitHeartbeatReply, PermitMember,
     PermitRelease, PermitReleaseReply, PermitRenewBatch, PermitRenewItem, PermitRequest,
     MAX_PERMITS,
 };
 pub use permit_keys::PermitFamily;
+pub use reply::{ProtocolError, Reply};
 pub use script::{Script, ScriptSource, ALL_SCRIPTS, PERMIT_SCRIPTS};

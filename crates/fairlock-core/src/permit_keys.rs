@@ -66,7 +66,9 @@ impl LockKeys {
                     .strip_suffix(HOLDERS)
                     .is_some_and(|rest| rest.ends_with(family.infix()))
             })?;
-        let base = holders_key.strip_suffix(HOLDERS)?.strip_suffix(family.infix())?;
+        let base = holders_key
+            .strip_suffix(HOLDERS)?
+            .strip_suffix(family.infix())?;
         if !base.ends_with('}') || !base.contains('{') {
             return None;
         }

@@ -235,8 +235,7 @@ impl Case<'_> {
                     timings: &TIMINGS,
                     channel_prefix: CHANNEL_PREFIX,
                 })?;
-                let was_queued = if let Some(at) = self.model.queue.iter().position(|&w| w == who)
-                {
+                let was_queued = if let Some(at) = self.model.queue.iter().position(|&w| w == who) {
                     self.model.queue.remove(at);
                     true
                 } else {
@@ -334,7 +333,9 @@ impl Case<'_> {
                 model.alive[process_of(who)] = true;
                 return match reply {
                     AcquireReply::Queued {
-                        position, purged: p, ..
+                        position,
+                        purged: p,
+                        ..
                     } => check(
                         position == at as u64 && p == purged,
                         format!("queued {who} keeps place {at}: {reply:?}"),

@@ -54,10 +54,10 @@ mod watchdog;
 pub use client::{ClientStats, LockClient};
 pub use config::{ClientConfig, EvictionCheck, Lease, LockOptions, ReplicaAcks, MAX_DURATION};
 pub use error::{Error, Result};
+pub use fairlock_core::MAX_PERMITS;
 pub use fairlock_core::{
     FencedOp, FencedScript, KeyPrefix, LockState, QueuedWaiter, Reply, MAX_NAME_BYTES,
 };
-pub use fairlock_core::MAX_PERMITS;
 pub use guard::{FencingToken, LockGuard};
 pub use handle::{Held, Lock};
 pub use owner::LockOwner;
