@@ -310,3 +310,39 @@ async fn a_semaphore_and_a_lock_of_one_name_are_independent() {
     assert_eq!(zcard(&server, sem_keys("shared-name").queue()), 0);
     held.release().await.expect("release");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_whose_message_is_lost_still_arrive_with_their_own_lease() {
+    let server = server();
+    let holder = client(&server).await;
+    let waiting = fairlock_tests::client(&server).await;
+    let name = "lost-message";
+    let sem = holder.semaphore(name, 1).expect("semaphore");
+    let first = sem.acquire().await.expect("first");
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        let sem = waiting.semaphore(name, 1).expect("semaphore");
+        waiters.push(tokio::spawn(async move {
+            let permit = sem.acquire().await.expect("acquire");
+            // Past the 1 s lease an unheard grant gets: still held, so the
+            // waiter set its own lease when it learned of the grant.
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            assert!(permit.is_held().await.expect("is_held"), "lease confirmed");
+            assert!(!permit.is_lost());
+            permit.release().await.expect("release");
+        }));
+        until_queued(&server, name, i + 1).await;
+    }
+    // The waiters' subscriber is cut just before each handoff, so grant
+    // messages may reach nobody; the heartbeat's probe finds the grant.
+    server
+        .cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])
+        .expect("CLIENT KILL");
+    first.release().await.expect("release");
+    for waiter in waiters {
+        server
+            .cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])
+            .expect("CLIENT KILL");
+        within("a waiter", waiter).await.expect("waiter");
+    }
+}
