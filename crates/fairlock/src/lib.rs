@@ -8,6 +8,10 @@
 //!   channel; the woken task already owns the lock. Nobody polls.
 //! * **Leased and fenced.** Every grant has a lease (kept by a watchdog
 //!   unless fixed) and a [`FencingToken`] that increases strictly per lock.
+//! * **Beyond one holder.** A fair [`Semaphore`] (at most N holders, each
+//!   permit with its own lease) and a fair [`RwLock`] (readers share, a
+//!   waiting writer blocks later readers) use the same queue, handoff,
+//!   heartbeat and watchdog.
 //!
 //! ```no_run
 //! use std::time::Duration;
