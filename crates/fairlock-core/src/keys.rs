@@ -305,6 +305,13 @@ impl LockKeys {
         })
     }
 
+    /// Keys laid out by another script family (see `permit_keys.rs`): five
+    /// keys that share one hash tag, in that family's script order.
+    pub(crate) fn from_parts(keys: [String; 5]) -> Self {
+        let slot = key_slot(keys[0].as_bytes());
+        Self { keys, slot }
+    }
+
     /// The owner key; its TTL is the current lease.
     pub fn owner(&self) -> &str {
         &self.keys[0]

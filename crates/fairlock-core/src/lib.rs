@@ -38,6 +38,8 @@
 mod calls;
 mod fenced;
 mod keys;
+mod permit_calls;
+mod permit_keys;
 mod redlock;
 mod reply;
 mod script;
@@ -47,9 +49,15 @@ pub use fenced::{decode_fenced, FencedOp, FencedReply, FencedScript, FencedWrite
 pub use keys::{
     key_slot, KeyPrefix, LockKeys, LockName, NameError, MAX_NAME_BYTES, MAX_PREFIX_BYTES,
 };
+pub use permit_calls::{
+    PermitAcquire, PermitCancel, PermitHeartbeat, PermitHeartbeatReply, PermitMember,
+    PermitRelease, PermitReleaseReply, PermitRenewBatch, PermitRenewItem, PermitRequest,
+    MAX_PERMITS,
+};
+pub use permit_keys::PermitFamily;
 pub use redlock::{
     RedLockKeys, RedlockAcquire, RedlockFence, RedlockRelease, RedlockRenew, Vote, REDLOCK_ACQUIRE,
     REDLOCK_FENCE, REDLOCK_RELEASE, REDLOCK_RENEW, REDLOCK_SCRIPTS,
 };
 pub use reply::{ProtocolError, Reply};
-pub use script::{Script, ScriptSource, ALL_SCRIPTS};
+pub use script::{Script, ScriptSource, ALL_SCRIPTS, PERMIT_SCRIPTS};

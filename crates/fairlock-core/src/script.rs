@@ -89,6 +89,42 @@ pub static FORCE_RELEASE: Script = script!("force_release");
 /// `inspect.lua`: read-only snapshot of a lock.
 pub static INSPECT: Script = script!("inspect");
 
+/// A permit script: common.lua, then includes/permits.lua, then its body.
+macro_rules! permit_script {
+    ($name:literal) => {
+        Script::new(
+            $name,
+            concat!(
+                include_str!("../scripts/includes/common.lua"),
+                "\n",
+                include_str!("../scripts/includes/permits.lua"),
+                "\n",
+                include_str!(concat!("../scripts/", $name, ".lua"))
+            ),
+        )
+    };
+}
+
+/// `permit_acquire.lua`: take a permit or join the permit set's queue.
+pub static PERMIT_ACQUIRE: Script = permit_script!("permit_acquire");
+/// `permit_release.lua`: give a permit back and grant the waiters that fit.
+pub static PERMIT_RELEASE: Script = permit_script!("permit_release");
+/// `permit_cancel.lua`: leave a permit queue, giving back a raced grant.
+pub static PERMIT_CANCEL: Script = permit_script!("permit_cancel");
+/// `permit_heartbeat.lua`: keep one process's waiters on a permit set alive.
+pub static PERMIT_HEARTBEAT: Script = permit_script!("permit_heartbeat");
+/// `permit_renew.lua`: renew or check permits of several sets.
+pub static PERMIT_RENEW: Script = permit_script!("permit_renew");
+
+/// Every permit script (semaphore and read-write lock), for preloading.
+pub static PERMIT_SCRIPTS: [&Script; 5] = [
+    &PERMIT_ACQUIRE,
+    &PERMIT_RELEASE,
+    &PERMIT_CANCEL,
+    &PERMIT_HEARTBEAT,
+    &PERMIT_RENEW,
+];
+
 /// `fenced_write.lua`: a write applied only with a fresh enough token.
 pub static FENCED_WRITE: Script = Script::new(
     "fenced_write",
@@ -118,7 +154,7 @@ mod tests {
     #[test]
     fn every_script_has_a_header_and_a_distinct_sha() {
         let mut shas = std::collections::HashSet::new();
-        for script in ALL_SCRIPTS {
+        for script in ALL_SCRIPTS.iter().chain(&PERMIT_SCRIPTS) {
             assert!(
                 script
                     .source()

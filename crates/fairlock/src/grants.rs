@@ -5,7 +5,9 @@
 //! grant can never be published before its waiter listens. Scripts publish
 //! `<member> <token> <owner key>` on the channel of the granted member's
 //! process when they hand it the lock, and `<member> revoked <owner key>`
-//! when an administrator force-releases it.
+//! when an administrator force-releases it. For a semaphore or read-write
+//! lock the last part is the permit set's holders key; the message is the
+//! same, so one router serves both.
 //!
 //! [`route_grant`] is the one place a grant reaches a waiter, whether it
 //! came by pub/sub, in a heartbeat reply (a lost message) or in the reply
@@ -81,7 +83,9 @@ fn route(state: &Arc<ClientState>, payload: &str) {
             member,
             token,
             owner_key,
-        }) => match LockKeys::from_owner_key(owner_key) {
+        }) => match LockKeys::from_owner_key(owner_key)
+            .or_else(|| LockKeys::from_holders_key(owner_key))
+        {
             Some(keys) => route_grant(state, Arc::new(keys), member, token, false),
             None => tracing::warn!(%payload, "fairlock ignored a grant for an unknown key"),
         },

@@ -40,6 +40,12 @@ impl FencingToken {
         Some(Self { value, holder })
     }
 
+    /// The token of a grant to `member` (one of this client's), whose owner
+    /// id is always 32 hex digits; holder 0 if it were not.
+    pub(crate) fn of_member(value: u64, member: &str) -> Self {
+        Self::new(value, member).unwrap_or(Self { value, holder: 0 })
+    }
+
     /// The number: strictly greater for every later grant of the lock.
     pub fn value(&self) -> u64 {
         self.value

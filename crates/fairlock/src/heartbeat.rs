@@ -80,6 +80,10 @@ async fn beat(state: &Arc<ClientState>) {
 }
 
 async fn beat_lock(state: &Arc<ClientState>, lock: LockWaiters) {
+    if lock.keys.permit_family().is_some() {
+        // A semaphore or read-write lock: its own script, same cadence.
+        return state.beat_permits(lock).await;
+    }
     let channel_prefix = state.channel_prefix(&lock.keys);
     let call = Heartbeat {
         tag: &state.tag,

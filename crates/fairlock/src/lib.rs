@@ -8,6 +8,10 @@
 //!   channel; the woken task already owns the lock. Nobody polls.
 //! * **Leased and fenced.** Every grant has a lease (kept by a watchdog
 //!   unless fixed) and a [`FencingToken`] that increases strictly per lock.
+//! * **Beyond one holder.** A fair [`Semaphore`] (at most N holders, each
+//!   permit with its own lease) and a fair [`RwLock`] (readers share, a
+//!   waiting writer blocks later readers) use the same queue, handoff,
+//!   heartbeat and watchdog.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -42,8 +46,13 @@ mod handle;
 mod heartbeat;
 mod held;
 mod owner;
+mod permit;
+mod permit_acquire;
+mod permit_state;
 mod redis;
 pub mod redlock;
+mod rwlock;
+mod semaphore;
 mod state;
 mod task;
 mod telemetry;
@@ -55,6 +64,7 @@ pub use config::{
     ClientConfig, ClientConfigBuilder, EvictionCheck, Lease, LockOptions, ReplicaAcks, MAX_DURATION,
 };
 pub use error::{Error, PrimaryFailure, PrimaryFailureKind, RedisError, RedisErrorKind, Result};
+pub use fairlock_core::MAX_PERMITS;
 pub use fairlock_core::{
     FencedOp, FencedScript, KeyPrefix, LockName, LockState, NameError, ProtocolError, QueuedWaiter,
     Reply, MAX_NAME_BYTES,
@@ -62,4 +72,7 @@ pub use fairlock_core::{
 pub use guard::{FencingToken, LockGuard};
 pub use handle::{Held, Lock};
 pub use owner::LockOwner;
+pub use permit::Permit;
+pub use rwlock::RwLock;
+pub use semaphore::Semaphore;
 pub use telemetry::MetricsLockLabel;

@@ -240,6 +240,9 @@ impl ClientState {
         keys: &Arc<LockKeys>,
         member: &str,
     ) -> Result<()> {
+        if keys.permit_family().is_some() {
+            return self.release_permit(name, keys, member).await;
+        }
         let reply = self
             .run_on(
                 Lane::Holders,
@@ -296,13 +299,18 @@ impl ClientState {
     /// Leaves the queue for `member`, passing on a grant that raced the
     /// cancellation. A failure is retried by the heartbeat.
     pub(crate) async fn cancel(self: &Arc<Self>, keys: &Arc<LockKeys>, member: &str) {
-        let call = Cancel {
-            member,
-            timings: &self.timings,
-            channel_prefix: &self.channel_prefix(keys),
+        let result = if keys.permit_family().is_some() {
+            self.cancel_permit_call(keys, member).await
+        } else {
+            let call = Cancel {
+                member,
+                timings: &self.timings,
+                channel_prefix: &self.channel_prefix(keys),
+            };
+            self.run(keys, &call).await.map(|reply| reply.purged)
         };
-        match self.run(keys, &call).await {
-            Ok(reply) => self.after_purge(keys, reply.purged),
+        match result {
+            Ok(purged) => self.after_purge(keys, purged),
             Err(Error::Closed) => {}
             Err(error) if !retry_may_cure(&error) => {
                 tracing::warn!(%error, "fairlock could not leave the queue; the entry, if any, is dropped as dead once this process stops refreshing it");
@@ -318,6 +326,9 @@ impl ClientState {
     /// of the queue, goes on purging in the background (each call bounded
     /// in Redis) until the oldest live waiter has the lock.
     pub(crate) fn after_purge(self: &Arc<Self>, keys: &Arc<LockKeys>, purged: Purged) {
+        if keys.permit_family().is_some() {
+            return self.after_permit_purge(keys, purged);
+        }
         waiters_evicted(purged.dropped);
         if !purged.more {
             return;

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fairlock_core::{RenewBatch, RenewItem, RenewStatus};
+use fairlock_core::{PermitRenewBatch, PermitRenewItem, RenewBatch, RenewItem, RenewStatus};
 use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 
@@ -57,14 +57,17 @@ async fn watch_round(state: &Arc<ClientState>) {
     // One script call may touch keys of one slot only on a cluster; a
     // single server takes them all in one call.
     let clustered = state.redis.is_clustered();
-    let mut by_slot: BTreeMap<u16, Vec<Arc<HeldLock>>> = BTreeMap::new();
+    // Permits (semaphores, read-write locks) renew through their own
+    // script: a batch holds one kind only.
+    let mut by_slot: BTreeMap<(u16, bool), Vec<Arc<HeldLock>>> = BTreeMap::new();
     for lock in state.held.all() {
         if lock.is_released() {
             state.held.forget(&lock.member);
             continue;
         }
         let slot = if clustered { lock.keys.slot() } else { 0 };
-        by_slot.entry(slot).or_default().push(lock);
+        let permit = lock.keys.permit_family().is_some();
+        by_slot.entry((slot, permit)).or_default().push(lock);
     }
     let mut calls = JoinSet::new();
     for locks in by_slot.into_values() {
@@ -92,18 +95,37 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
         .iter()
         .map(|lock| renewal_due(lock, watchdog_lease))
         .collect();
-    let batch = RenewBatch {
-        items: locks
-            .iter()
-            .zip(&leases)
-            .map(|(lock, &lease_ms)| RenewItem {
-                owner_key: lock.keys.owner(),
-                member: &lock.member,
-                lease_ms,
-            })
-            .collect(),
+    let renewed = if locks
+        .first()
+        .is_some_and(|lock| lock.keys.permit_family().is_some())
+    {
+        let batch = PermitRenewBatch {
+            items: locks
+                .iter()
+                .zip(&leases)
+                .map(|(lock, &lease_ms)| PermitRenewItem {
+                    keys: &lock.keys,
+                    member: &lock.member,
+                    lease_ms,
+                })
+                .collect(),
+        };
+        state.renew_permits(&batch).await
+    } else {
+        let batch = RenewBatch {
+            items: locks
+                .iter()
+                .zip(&leases)
+                .map(|(lock, &lease_ms)| RenewItem {
+                    owner_key: lock.keys.owner(),
+                    member: &lock.member,
+                    lease_ms,
+                })
+                .collect(),
+        };
+        state.renew(&batch).await
     };
-    let result = match state.renew(&batch).await {
+    let result = match renewed {
         // A renewal enough replicas do not have may be lost in a fail-over.
         Ok(statuses) if leases.iter().any(|&l| l > 0) => match state.confirm_replicated().await {
             Ok(()) => Ok(statuses),

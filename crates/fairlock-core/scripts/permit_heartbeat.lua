@@ -1,0 +1,50 @@
+-- permit_heartbeat.lua: one call per permit set per interval for one
+-- process, however many of its tasks wait there. Moves the process's
+-- deadline forward, forgets dead processes, returns the permits of holders
+-- whose lease ran out, grants the waiters that fit, and says whether the
+-- process's oldest waiter is still queued. With no probe it only hands
+-- free permits on: clients use that to go on after a call reported more.
+--
+-- KEYS[1] holders   KEYS[2] queue   KEYS[3] alive   KEYS[4] seq   KEYS[5] grants
+-- ARGV[1] tag             the calling process's client tag
+-- ARGV[2] waiter_ttl_ms   new deadline offset for the process
+-- ARGV[3] queue_ttl_ms    TTL of the queue keys
+-- ARGV[4] idle_ms         TTL of the seq key
+-- ARGV[5] channel_prefix  waiters are woken on channel_prefix .. client tag
+-- ARGV[6] probe           the process's oldest waiter on this set, or ""
+--
+-- Reply: {probe_queued, dropped, more}
+--   probe_queued 0: the probe is not queued (granted, with its message
+--   lost, or dropped): the process has each of its waiters run
+--   permit_acquire again, which answers a grant or keeps or retakes a place.
+
+local tag = ARGV[1]
+local probe = ARGV[6]
+read_key(1, 'ZCARD')
+local queued = false
+if probe ~= '' then
+  queued = read_key(2, 'ZSCORE', probe)
+else
+  read_key(2, 'ZCARD')
+end
+read_key(3, 'ZCARD')
+read_key(5, 'HGET', 'limit')
+local now = now_us()
+local now_ms = math.floor(now / 1000)
+local probe_queued = 0
+if queued then
+  probe_queued = 1
+  redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[2]), tag)
+  redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[3]))
+  redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[3]))
+end
+
+-- Processes whose deadline passed are dead: forget a bounded batch.
+local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. now_ms, 'LIMIT', 0, 32)
+if #dead > 0 then
+  redis.call('ZREM', KEYS[3], unpack(dead))
+end
+
+expire_holders(now_ms)
+local _, dropped, more = grant_waiting(now, tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[2]))
+return {probe_queued, dropped, more and 1 or 0}

@@ -1,0 +1,38 @@
+-- permit_renew.lua: one call renews or checks every permit this client
+-- holds in one slot. For each permit it checks that its lease is still
+-- running and, if a lease is given, sets it to that long from now.
+--
+-- KEYS[2i-1]   the holders key of permit i's set
+-- KEYS[2i]     the grants key of that set (kept as long as the lease)
+-- ARGV[i]      for permit i: "<member> <lease_ms>", lease 0 to only check
+--
+-- Reply: {status_1, ..., status_n}
+--   1 held (and renewed if asked), 0 lost (released, expired or removed),
+--   -1 a key holds a value of another type (nothing changed)
+--
+-- A permit whose deadline passed is lost even if no call removed it yet:
+-- a renewal never revives it. Idempotent: renewing twice sets the same
+-- lease.
+
+local now_ms = math.floor(now_us() / 1000)
+local reply = {}
+for i, arg in ipairs(ARGV) do
+  local holders, grants = KEYS[2 * i - 1], KEYS[2 * i]
+  local member, lease_ms = string.match(arg, '^(%S+) (%d+)$')
+  local deadline = redis.pcall('ZSCORE', holders, member)
+  local token = redis.pcall('HGET', grants, member)
+  if (type(deadline) == 'table' and deadline.err) or (type(token) == 'table' and token.err) then
+    reply[i] = -1
+  elseif deadline and token and tonumber(deadline) > now_ms then
+    lease_ms = tonumber(lease_ms)
+    if lease_ms > 0 then
+      redis.call('ZADD', holders, 'XX', now_ms + lease_ms, member)
+      keep_for(holders, lease_ms)
+      keep_for(grants, lease_ms)
+    end
+    reply[i] = 1
+  else
+    reply[i] = 0
+  end
+end
+return reply

@@ -1,0 +1,354 @@
+//! One Rust type per permit script call (the fair semaphore and the fair
+//! read-write lock). Fields mirror each script's ARGV header; replies reuse
+//! the lock's reply types where the shapes agree.
+//!
+//! Every permit script takes the five keys of [`LockKeys::permits`];
+//! `permit_renew.lua` takes two keys per permit of several sets and is run
+//! through [`PermitRenewBatch`].
+
+use crate::calls::{AcquireMode, AcquireReply, CancelReply, Purged, RenewStatus, Timings};
+use crate::keys::LockKeys;
+use crate::reply::{Fields, ProtocolError, Reply};
+use crate::script::{
+    Script, PERMIT_ACQUIRE, PERMIT_CANCEL, PERMIT_HEARTBEAT, PERMIT_RELEASE, PERMIT_RENEW,
+};
+
+/// The most permits a set may have. It is also the readers' share of a
+/// read-write lock, which makes readers in effect unlimited.
+pub const MAX_PERMITS: u32 = 1_000_000;
+
+/// What a permit request asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PermitRequest {
+    /// One permit, shared with at most this many holders in all (1 to
+    /// [`MAX_PERMITS`]): a semaphore permit, or a reader.
+    Shared(u32),
+    /// The whole set, alone: a writer.
+    Exclusive,
+}
+
+impl PermitRequest {
+    fn count(self) -> u32 {
+        match self {
+            PermitRequest::Shared(permits) => permits,
+            PermitRequest::Exclusive => 0,
+        }
+    }
+}
+
+/// A permit holder's or waiter's identity as stored in Redis:
+/// `<owner id, 32 hex>.<client tag, 16 hex>.<lease ms>.<permits>`, permits
+/// 0 for an exclusive request. Like a lock's [`crate::Member`] with the
+/// request added, so [`crate::Member::tag_of`] and
+/// [`crate::Member::owner_id_of`] read it too.
+///
+/// ```
+/// use fairlock_core::{Member, PermitMember, PermitRequest};
+/// let member = PermitMember::new("0123456789abcdef0123456789abcdef", "00000000000000ff", 30_000, PermitRequest::Shared(3));
+/// assert_eq!(member.as_str(), "0123456789abcdef0123456789abcdef.00000000000000ff.30000.3");
+/// assert_eq!(Member::tag_of(member.as_str()), Some("00000000000000ff"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PermitMember(String);
+
+impl PermitMember {
+    /// Builds a member from its parts.
+    pub fn new(owner_id: &str, tag: &str, lease_ms: u64, request: PermitRequest) -> Self {
+        Self(format!("{owner_id}.{tag}.{lease_ms}.{}", request.count()))
+    }
+
+    /// The member as stored in Redis.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+fn purged(f: &mut Fields) -> Result<Purged, ProtocolError> {
+    Ok(Purged {
+        dropped: f.uint()?,
+        more: f.int()? == 1,
+    })
+}
+
+/// `permit_acquire.lua`.
+#[derive(Debug, Clone)]
+pub struct PermitAcquire<'a> {
+    /// The caller ([`PermitMember`]), with its lease and request inside.
+    pub member: &'a str,
+    /// Wait in the queue or not.
+    pub mode: AcquireMode,
+    /// Shared protocol timings.
+    pub timings: &'a Timings,
+    /// Where waiters are woken.
+    pub channel_prefix: &'a str,
+}
+
+impl crate::ScriptCall for PermitAcquire<'_> {
+    const SCRIPT: &'static Script = &PERMIT_ACQUIRE;
+    type Output = AcquireReply;
+
+    fn args(&self) -> Vec<String> {
+        let mode = match self.mode {
+            AcquireMode::Wait => "wait",
+            AcquireMode::Try => "try",
+        };
+        vec![
+            self.member.to_owned(),
+            mode.to_owned(),
+            self.timings.waiter_ttl_ms.to_string(),
+            self.timings.queue_ttl_ms.to_string(),
+            self.timings.idle_ms.to_string(),
+            self.channel_prefix.to_owned(),
+        ]
+    }
+
+    fn decode(reply: Reply) -> Result<AcquireReply, ProtocolError> {
+        let mut f = Fields::new(PERMIT_ACQUIRE.name(), reply)?;
+        match f.int()? {
+            1 => Ok(AcquireReply::Granted { token: f.uint()? }),
+            2 => Ok(AcquireReply::Queued {
+                ticket: f.uint()?,
+                position: f.uint()?,
+                purged: purged(&mut f)?,
+            }),
+            3 => Ok(AcquireReply::Busy {
+                purged: purged(&mut f)?,
+            }),
+            other => Err(f.unknown_status(other)),
+        }
+    }
+}
+
+/// `permit_release.lua`.
+#[derive(Debug, Clone)]
+pub struct PermitRelease<'a> {
+    /// The releasing holder.
+    pub member: &'a str,
+    /// Shared protocol timings.
+    pub timings: &'a Timings,
+    /// Where waiters are woken.
+    pub channel_prefix: &'a str,
+}
+
+/// What [`PermitRelease`] answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PermitReleaseReply {
+    /// The permit was given back.
+    Released {
+        /// The waiters that hold a permit by this release, with their tokens.
+        granted: Vec<(String, u64)>,
+        /// Dead waiters removed on the way.
+        purged: Purged,
+    },
+    /// The caller held no live permit; nothing changed.
+    NotHolder,
+}
+
+impl crate::ScriptCall for PermitRelease<'_> {
+    const SCRIPT: &'static Script = &PERMIT_RELEASE;
+    type Output = PermitReleaseReply;
+
+    fn args(&self) -> Vec<String> {
+        vec![
+            self.member.to_owned(),
+            self.timings.idle_ms.to_string(),
+            self.channel_prefix.to_owned(),
+            self.timings.waiter_ttl_ms.to_string(),
+        ]
+    }
+
+    fn decode(reply: Reply) -> Result<PermitReleaseReply, ProtocolError> {
+        let mut f = Fields::new(PERMIT_RELEASE.name(), reply)?;
+        match f.int()? {
+            1 => {
+                let purged = purged(&mut f)?;
+                let mut granted = Vec::with_capacity(f.remaining() / 2);
+                while f.remaining() >= 2 {
+                    let member = f.string()?;
+                    granted.push((member, f.uint()?));
+                }
+                Ok(PermitReleaseReply::Released { granted, purged })
+            }
+            0 => Ok(PermitReleaseReply::NotHolder),
+            other => Err(f.unknown_status(other)),
+        }
+    }
+}
+
+/// `permit_cancel.lua`.
+#[derive(Debug, Clone)]
+pub struct PermitCancel<'a> {
+    /// The waiter giving up.
+    pub member: &'a str,
+    /// Shared protocol timings.
+    pub timings: &'a Timings,
+    /// Where waiters are woken.
+    pub channel_prefix: &'a str,
+}
+
+impl crate::ScriptCall for PermitCancel<'_> {
+    const SCRIPT: &'static Script = &PERMIT_CANCEL;
+    type Output = CancelReply;
+
+    fn args(&self) -> Vec<String> {
+        vec![
+            self.member.to_owned(),
+            self.timings.idle_ms.to_string(),
+            self.channel_prefix.to_owned(),
+            self.timings.waiter_ttl_ms.to_string(),
+        ]
+    }
+
+    fn decode(reply: Reply) -> Result<CancelReply, ProtocolError> {
+        let mut f = Fields::new(PERMIT_CANCEL.name(), reply)?;
+        Ok(CancelReply {
+            was_queued: f.int()? == 1,
+            was_owner: f.int()? == 1,
+            purged: purged(&mut f)?,
+        })
+    }
+}
+
+/// `permit_heartbeat.lua`: one call per permit set per interval for one
+/// process.
+#[derive(Debug, Clone)]
+pub struct PermitHeartbeat<'a> {
+    /// The calling process's client tag.
+    pub tag: &'a str,
+    /// Its oldest waiter on this set, or "" to only hand free permits on.
+    pub probe: &'a str,
+    /// Shared protocol timings.
+    pub timings: &'a Timings,
+    /// Where waiters are woken.
+    pub channel_prefix: &'a str,
+}
+
+/// What [`PermitHeartbeat`] answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PermitHeartbeatReply {
+    /// Whether the probe is queued; if not, each waiter of the process runs
+    /// [`PermitAcquire`] again.
+    pub probe_queued: bool,
+    /// Dead waiters removed on the way.
+    pub purged: Purged,
+}
+
+impl crate::ScriptCall for PermitHeartbeat<'_> {
+    const SCRIPT: &'static Script = &PERMIT_HEARTBEAT;
+    type Output = PermitHeartbeatReply;
+
+    fn args(&self) -> Vec<String> {
+        vec![
+            self.tag.to_owned(),
+            self.timings.waiter_ttl_ms.to_string(),
+            self.timings.queue_ttl_ms.to_string(),
+            self.timings.idle_ms.to_string(),
+            self.channel_prefix.to_owned(),
+            self.probe.to_owned(),
+        ]
+    }
+
+    fn decode(reply: Reply) -> Result<PermitHeartbeatReply, ProtocolError> {
+        let mut f = Fields::new(PERMIT_HEARTBEAT.name(), reply)?;
+        Ok(PermitHeartbeatReply {
+            probe_queued: f.int()? == 1,
+            purged: purged(&mut f)?,
+        })
+    }
+}
+
+/// One permit of a [`PermitRenewBatch`].
+#[derive(Debug, Clone)]
+pub struct PermitRenewItem<'a> {
+    /// The keys of the permit's set ([`LockKeys::permits`]).
+    pub keys: &'a LockKeys,
+    /// The holder.
+    pub member: &'a str,
+    /// The new lease from now in ms, or 0 to check only.
+    pub lease_ms: u64,
+}
+
+/// `permit_renew.lua` over permits of several sets in one slot.
+#[derive(Debug, Clone, Default)]
+pub struct PermitRenewBatch<'a> {
+    /// The permits, in reply order.
+    pub items: Vec<PermitRenewItem<'a>>,
+}
+
+impl PermitRenewBatch<'_> {
+    /// The script it runs.
+    pub fn script() -> &'static Script {
+        &PERMIT_RENEW
+    }
+
+    /// KEYS: the holders and grants key of each permit's set.
+    pub fn keys(&self) -> Vec<&str> {
+        self.items
+            .iter()
+            .flat_map(|item| [item.keys.owner(), item.keys.all()[4].as_str()])
+            .collect()
+    }
+
+    /// ARGV, one `"<member> <lease_ms>"` per permit.
+    pub fn args(&self) -> Vec<String> {
+        self.items
+            .iter()
+            .map(|item| format!("{} {}", item.member, item.lease_ms))
+            .collect()
+    }
+
+    /// Reads the reply: one status per permit.
+    pub fn decode(reply: Reply) -> Result<Vec<RenewStatus>, ProtocolError> {
+        let mut f = Fields::new(PERMIT_RENEW.name(), reply)?;
+        let mut statuses = Vec::with_capacity(f.remaining());
+        while f.remaining() > 0 {
+            statuses.push(match f.int()? {
+                1 => RenewStatus::Held,
+                0 => RenewStatus::Lost,
+                -1 => RenewStatus::WrongType,
+                other => return Err(f.unknown_status(other)),
+            });
+        }
+        Ok(statuses)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ScriptCall;
+
+    #[test]
+    fn release_replies_list_the_grants() {
+        let reply = Reply::Array(vec![
+            Reply::Int(1),
+            Reply::Int(2),
+            Reply::Int(0),
+            Reply::Str("a.b.5.3".into()),
+            Reply::Int(7),
+            Reply::Str("c.d.5.3".into()),
+            Reply::Int(8),
+        ]);
+        assert_eq!(
+            PermitRelease::decode(reply),
+            Ok(PermitReleaseReply::Released {
+                granted: vec![("a.b.5.3".into(), 7), ("c.d.5.3".into(), 8)],
+                purged: Purged {
+                    dropped: 2,
+                    more: false
+                }
+            })
+        );
+        assert_eq!(
+            PermitRelease::decode(Reply::Array(vec![Reply::Int(0)])),
+            Ok(PermitReleaseReply::NotHolder)
+        );
+    }
+
+    #[test]
+    fn members_carry_the_request() {
+        let writer = PermitMember::new("ab", "cd", 7, PermitRequest::Exclusive);
+        assert_eq!(writer.as_str(), "ab.cd.7.0");
+        assert_eq!(crate::Member::owner_id_of(writer.as_str()), Some("ab"));
+    }
+}

@@ -1,0 +1,516 @@
+//! Model check of the permit scripts (issue 13): random sequences of
+//! acquires (wait and try, shared and exclusive, with different permit
+//! counts), releases, cancels, heartbeats, resends, process deaths and
+//! lease expiry run through the real scripts on a real redis-server, and
+//! every reply and the resulting holders, queue and limit are compared with
+//! a small in-memory model of one permit set.
+//!
+//! The model states the rule of `includes/permits.lua` in plain Rust:
+//! grants go from the head of the queue while the head fits (shared: no
+//! exclusive holder and fewer holders than the limit; exclusive: nobody
+//! holds) and stop at the first live waiter that does not; dead waiters
+//! passed on the way are dropped; a newcomer is granted only if nobody is
+//! queued. So the semaphore (all shared) and the read-write lock (readers
+//! shared, writers exclusive) are checked by one model. Tokens are drawn
+//! from the server clock, so the model only checks that each new grant's
+//! token is above every earlier one and that a holder asking again gets
+//! its own token back.
+//!
+//! Time is deterministic without sleeping: leases and heartbeat deadlines
+//! are a minute long; a death plants a deadline in the past
+//! (`ZADD alive 1 <tag>`) and an expiry a lease deadline of 1
+//! (`ZADD holders XX 1 <member>`).
+//!
+//! `FAIRLOCK_MODEL_CASES` sets the number of cases (default 300).
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use fairlock_core::{
+    AcquireMode, AcquireReply, CancelReply, KeyPrefix, LockKeys, LockName, PermitAcquire,
+    PermitCancel, PermitFamily, PermitHeartbeat, PermitMember, PermitRelease, PermitReleaseReply,
+    PermitRequest, Purged, ScriptCall, Timings,
+};
+use fairlock_testkit::{RedisServer, Resp};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+use support::{load_scripts, run_script};
+
+const TIMINGS: Timings = Timings {
+    waiter_ttl_ms: 60_000,
+    queue_ttl_ms: 300_000,
+    idle_ms: 900_000,
+};
+const LEASE_MS: u64 = 60_000;
+const MEMBERS: usize = 6;
+const PROCESSES: usize = 3;
+const CHANNEL_PREFIX: &str = "model:notify:";
+
+fn cases() -> u32 {
+    std::env::var("FAIRLOCK_MODEL_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(300)
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Acquire(usize, bool),
+    Release(usize),
+    Cancel(usize),
+    Heartbeat(usize, usize),
+    Kill(usize),
+    Expire(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..MEMBERS, any::<bool>()).prop_map(|(m, try_)| Op::Acquire(m, try_)),
+        3 => (0..MEMBERS).prop_map(Op::Release),
+        1 => (0..MEMBERS).prop_map(Op::Cancel),
+        1 => (0..PROCESSES, 0..MEMBERS).prop_map(|(p, m)| Op::Heartbeat(p, m)),
+        1 => (0..PROCESSES).prop_map(Op::Kill),
+        1 => (0..MEMBERS).prop_map(Op::Expire),
+    ]
+}
+
+fn request() -> impl Strategy<Value = PermitRequest> {
+    prop_oneof![
+        1 => Just(PermitRequest::Exclusive),
+        3 => (1u32..=3).prop_map(PermitRequest::Shared),
+    ]
+}
+
+fn process_of(who: usize) -> usize {
+    who % PROCESSES
+}
+
+fn tag(process: usize) -> String {
+    format!("{:016x}", process + 1)
+}
+
+/// The model of one permit set.
+struct Model {
+    requests: Vec<PermitRequest>,
+    holders: BTreeMap<usize, u64>,
+    queue: Vec<usize>,
+    alive: [bool; PROCESSES],
+    limit: Option<u32>,
+    /// The newest token seen.
+    last_token: u64,
+}
+
+impl Model {
+    fn fits(&self, who: usize) -> bool {
+        let count = self.holders.len();
+        if count == 0 {
+            return true;
+        }
+        let PermitRequest::Shared(own) = self.requests[who] else {
+            return false;
+        };
+        if count == 1 {
+            let only = *self.holders.keys().next().expect("one holder");
+            if self.requests[only] == PermitRequest::Exclusive {
+                return false;
+            }
+        }
+        count < self.limit.unwrap_or(own) as usize
+    }
+
+    /// The members granted from the head, in order, and the dead dropped.
+    fn grant_waiting(&mut self) -> (Vec<usize>, u64) {
+        let (mut granted, mut dropped) = (Vec::new(), 0);
+        while let Some(&head) = self.queue.first() {
+            if !self.alive[process_of(head)] {
+                self.queue.remove(0);
+                dropped += 1;
+            } else if self.fits(head) {
+                self.queue.remove(0);
+                self.holders.insert(head, 0);
+                granted.push(head);
+            } else {
+                break;
+            }
+        }
+        (granted, dropped)
+    }
+}
+
+struct Case<'a> {
+    server: &'a RedisServer,
+    keys: LockKeys,
+    members: Vec<String>,
+    model: Model,
+}
+
+fn check(cond: bool, what: String) -> Result<(), TestCaseError> {
+    if cond {
+        Ok(())
+    } else {
+        Err(TestCaseError::fail(what))
+    }
+}
+
+impl Case<'_> {
+    fn call<C: ScriptCall>(&self, call: &C) -> Result<C::Output, TestCaseError> {
+        let keys: Vec<&str> = self.keys.all().iter().map(String::as_str).collect();
+        let reply = run_script(self.server, C::SCRIPT, &keys, &call.args())
+            .map_err(|e| TestCaseError::fail(format!("{}: {e}", C::SCRIPT.name())))?;
+        C::decode(reply).map_err(|e| TestCaseError::fail(e.to_string()))
+    }
+
+    fn who(&self, member: &str) -> usize {
+        self.members
+            .iter()
+            .position(|m| m == member)
+            .expect("a member of the case")
+    }
+
+    /// Binds the tokens of grants made by this step (in grant order) and
+    /// checks they increase.
+    fn bind_new_grants(&mut self, granted: &[usize]) -> Result<(), TestCaseError> {
+        for &who in granted {
+            let token = self
+                .server
+                .cmd(&["HGET", &self.keys.all()[4], &self.members[who]])
+                .expect("HGET")
+                .as_str()
+                .and_then(|t| t.parse::<u64>().ok())
+                .ok_or_else(|| TestCaseError::fail(format!("no token for {who}")))?;
+            check(
+                token > self.model.last_token,
+                format!("token {token} of {who} not above {}", self.model.last_token),
+            )?;
+            self.model.last_token = token;
+            self.model.holders.insert(who, token);
+        }
+        Ok(())
+    }
+
+    fn step(&mut self, op: Op) -> Result<(), TestCaseError> {
+        match op {
+            Op::Acquire(who, try_) => self.acquire(who, try_),
+            Op::Release(who) => {
+                let reply = self.call(&PermitRelease {
+                    member: &self.members[who],
+                    timings: &TIMINGS,
+                    channel_prefix: CHANNEL_PREFIX,
+                })?;
+                if self.model.holders.remove(&who).is_none() {
+                    return check(
+                        reply == PermitReleaseReply::NotHolder,
+                        format!("release by non-holder {who}: {reply:?}"),
+                    );
+                }
+                let (granted, dropped) = self.model.grant_waiting();
+                let PermitReleaseReply::Released {
+                    granted: got,
+                    purged,
+                } = reply
+                else {
+                    return check(false, format!("release by {who} refused"));
+                };
+                let got_who: Vec<usize> = got.iter().map(|(m, _)| self.who(m)).collect();
+                check(
+                    got_who == granted,
+                    format!("release granted {got_who:?}, model {granted:?}"),
+                )?;
+                check(purged.dropped == dropped, format!("dropped {purged:?}"))?;
+                self.bind_new_grants(&granted)?;
+                for (member, token) in got {
+                    let who = self.who(&member);
+                    check(
+                        self.model.holders.get(&who) == Some(&token),
+                        format!("reply token of {who}"),
+                    )?;
+                }
+                Ok(())
+            }
+            Op::Cancel(who) => {
+                let reply = self.call(&PermitCancel {
+                    member: &self.members[who],
+                    timings: &TIMINGS,
+                    channel_prefix: CHANNEL_PREFIX,
+                })?;
+                let was_queued = if let Some(at) = self.model.queue.iter().position(|&w| w == who) {
+                    self.model.queue.remove(at);
+                    true
+                } else {
+                    false
+                };
+                let was_owner = self.model.holders.remove(&who).is_some();
+                let (granted, dropped) = self.model.grant_waiting();
+                check(
+                    reply
+                        == CancelReply {
+                            was_queued,
+                            was_owner,
+                            purged: Purged {
+                                dropped,
+                                more: false,
+                            },
+                        },
+                    format!("cancel {who}: {reply:?}"),
+                )?;
+                self.bind_new_grants(&granted)
+            }
+            Op::Heartbeat(process, probe) => {
+                let reply = self.call(&PermitHeartbeat {
+                    tag: &tag(process),
+                    probe: &self.members[probe],
+                    timings: &TIMINGS,
+                    channel_prefix: CHANNEL_PREFIX,
+                })?;
+                let queued = self.model.queue.contains(&probe);
+                if queued {
+                    self.model.alive[process] = true;
+                }
+                let (granted, dropped) = self.model.grant_waiting();
+                check(
+                    reply.probe_queued == queued && reply.purged.dropped == dropped,
+                    format!("heartbeat {process}/{probe}: {reply:?}"),
+                )?;
+                self.bind_new_grants(&granted)
+            }
+            Op::Kill(process) => {
+                self.server
+                    .cmd(&["ZADD", self.keys.alive(), "1", &tag(process)])
+                    .expect("ZADD");
+                self.model.alive[process] = false;
+                Ok(())
+            }
+            Op::Expire(who) => {
+                self.server
+                    .cmd(&["ZADD", self.keys.owner(), "XX", "1", &self.members[who]])
+                    .expect("ZADD");
+                self.model.holders.remove(&who);
+                Ok(())
+            }
+        }
+    }
+
+    fn acquire(&mut self, who: usize, try_: bool) -> Result<(), TestCaseError> {
+        let reply = self.call(&PermitAcquire {
+            member: &self.members[who],
+            mode: if try_ {
+                AcquireMode::Try
+            } else {
+                AcquireMode::Wait
+            },
+            timings: &TIMINGS,
+            channel_prefix: CHANNEL_PREFIX,
+        })?;
+        let model = &mut self.model;
+        if let Some(&token) = model.holders.get(&who) {
+            return check(
+                reply == AcquireReply::Granted { token },
+                format!("holder {who} asking again: {reply:?}"),
+            );
+        }
+        if let PermitRequest::Shared(permits) = model.requests[who] {
+            model.limit = Some(permits);
+        }
+        let was_queued = model.queue.contains(&who);
+        let (granted, dropped) = model.grant_waiting();
+        let purged = Purged {
+            dropped,
+            more: false,
+        };
+        self.bind_new_grants(&granted)?;
+        let model = &mut self.model;
+        if was_queued {
+            if granted.contains(&who) {
+                let token = model.holders[&who];
+                return check(
+                    reply == AcquireReply::Granted { token },
+                    format!("queued {who} granted: {reply:?}"),
+                );
+            }
+            if let Some(at) = model.queue.iter().position(|&w| w == who) {
+                model.alive[process_of(who)] = true;
+                return match reply {
+                    AcquireReply::Queued {
+                        position,
+                        purged: p,
+                        ..
+                    } => check(
+                        position == at as u64 && p == purged,
+                        format!("queued {who} keeps place {at}: {reply:?}"),
+                    ),
+                    other => check(false, format!("queued {who}: {other:?}")),
+                };
+            }
+        }
+        if model.queue.is_empty() && model.fits(who) {
+            return match reply {
+                AcquireReply::Granted { .. } => {
+                    self.model.holders.insert(who, 0);
+                    self.bind_new_grants(&[who])
+                }
+                other => check(false, format!("{who} should be granted: {other:?}")),
+            };
+        }
+        if try_ {
+            return check(
+                reply == AcquireReply::Busy { purged },
+                format!("try {who}: {reply:?}"),
+            );
+        }
+        let position = model.queue.len() as u64;
+        model.queue.push(who);
+        model.alive[process_of(who)] = true;
+        match reply {
+            AcquireReply::Queued {
+                position: p,
+                purged: got,
+                ..
+            } => check(
+                p == position && got == purged,
+                format!("{who} joins at {position}: {reply:?}"),
+            ),
+            other => check(false, format!("{who} should queue: {other:?}")),
+        }
+    }
+
+    /// Redis holds what the model holds.
+    fn compare(&self) -> Result<(), TestCaseError> {
+        let members = |resp: Resp| -> Vec<usize> {
+            resp.as_array()
+                .expect("array")
+                .iter()
+                .map(|m| self.who(m.as_str().expect("member")))
+                .collect()
+        };
+        let mut holders = members(
+            self.server
+                .cmd(&["ZRANGEBYSCORE", self.keys.owner(), "2", "+inf"])
+                .expect("holders"),
+        );
+        holders.sort();
+        let model_holders: Vec<usize> = self.model.holders.keys().copied().collect();
+        check(
+            holders == model_holders,
+            format!("holders {holders:?}, model {model_holders:?}"),
+        )?;
+        let queue = members(
+            self.server
+                .cmd(&["ZRANGE", self.keys.queue(), "0", "-1"])
+                .expect("queue"),
+        );
+        check(
+            queue == self.model.queue,
+            format!("queue {queue:?}, model {:?}", self.model.queue),
+        )?;
+        let limit = self
+            .server
+            .cmd(&["HGET", &self.keys.all()[4], "limit"])
+            .expect("limit")
+            .as_str()
+            .and_then(|l| l.parse::<u32>().ok());
+        check(
+            limit == self.model.limit,
+            format!("limit {limit:?}, model {:?}", self.model.limit),
+        )
+    }
+}
+
+fn run_case(
+    server: &RedisServer,
+    requests: &[PermitRequest],
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
+    server.cmd(&["FLUSHALL"]).expect("FLUSHALL");
+    let keys = LockKeys::permits(
+        &KeyPrefix::default(),
+        &LockName::new("model").expect("name"),
+        PermitFamily::Semaphore,
+    );
+    let members = (0..MEMBERS)
+        .map(|who| {
+            PermitMember::new(
+                &format!("{:032x}", who + 1),
+                &tag(process_of(who)),
+                LEASE_MS,
+                requests[who],
+            )
+            .as_str()
+            .to_owned()
+        })
+        .collect();
+    let mut case = Case {
+        server,
+        keys,
+        members,
+        model: Model {
+            requests: requests.to_vec(),
+            holders: BTreeMap::new(),
+            queue: Vec::new(),
+            alive: [false; PROCESSES],
+            limit: None,
+            last_token: 0,
+        },
+    };
+    for (i, &op) in ops.iter().enumerate() {
+        case.step(op)
+            .and_then(|()| case.compare())
+            .map_err(|e| TestCaseError::fail(format!("step {i} {op:?}: {e}")))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn permit_scripts_follow_the_model() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let mut runner = TestRunner::new(Config {
+        cases: cases(),
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let strategy = (
+        proptest::collection::vec(request(), MEMBERS),
+        proptest::collection::vec(op(), 1..40),
+    );
+    let result = runner.run(&strategy, |(requests, ops)| {
+        run_case(&server, &requests, &ops)
+    });
+    if let Err(failure) = result {
+        panic!("{failure}");
+    }
+}
+
+#[test]
+fn a_foreign_key_fails_a_permit_script_and_changes_nothing() {
+    let server = RedisServer::start().expect("redis-server");
+    let keys = LockKeys::permits(
+        &KeyPrefix::default(),
+        &LockName::new("foreign").expect("name"),
+        PermitFamily::ReadWrite,
+    );
+    let member = PermitMember::new(&"a".repeat(32), &tag(0), LEASE_MS, PermitRequest::Exclusive);
+    for (i, key) in keys.all().iter().enumerate() {
+        if i == 3 {
+            continue; // seq: repaired by next_seq, as for a lock
+        }
+        server.cmd(&["FLUSHALL"]).expect("FLUSHALL");
+        server.cmd(&["SET", key, "not fairlock's"]).expect("SET");
+        let all: Vec<&str> = keys.all().iter().map(String::as_str).collect();
+        let call = PermitAcquire {
+            member: member.as_str(),
+            mode: AcquireMode::Wait,
+            timings: &TIMINGS,
+            channel_prefix: CHANNEL_PREFIX,
+        };
+        let error = run_script(&server, PermitAcquire::SCRIPT, &all, &call.args())
+            .expect_err("a foreign key type fails the call");
+        assert!(
+            error.starts_with("WRONGTYPE") && error.contains(key.as_str()),
+            "{error}"
+        );
+        let left = server.cmd(&["DBSIZE"]).expect("DBSIZE").as_int();
+        assert_eq!(left, Some(1), "only the foreign key is left ({key})");
+    }
+}

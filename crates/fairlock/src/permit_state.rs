@@ -1,0 +1,164 @@
+//! The shared operations of permit sets (the fair semaphore and the fair
+//! read-write lock), as an extension of [`ClientState`].
+//!
+//! A permit set's keys travel in a `LockKeys` value like a lock's (see
+//! `fairlock_core::LockKeys::permits`), so the waiter registry, the grant
+//! router, the heartbeat and the watchdog carry them unchanged. Where the
+//! scripts differ, the shared operations of `state.rs` ask
+//! `keys.permit_family()` and come here: releasing (and handing back an
+//! orphaned grant), cancelling a wait, going on purging, the heartbeat of
+//! one set, and the batched lease renewal. Nothing here touches a lock's
+//! keys or scripts.
+
+use std::sync::Arc;
+
+use fairlock_core::{
+    LockKeys, PermitCancel, PermitHeartbeat, PermitMember, PermitRelease, PermitReleaseReply,
+    PermitRenewBatch, PermitRequest, Purged, RenewStatus,
+};
+
+use crate::error::{Error, Result};
+use crate::redis::Lane;
+use crate::state::ClientState;
+use crate::telemetry::waiters_evicted;
+use crate::waiters::{LockWaiters, WaiterEvent};
+
+/// How many purge calls one release may chain (each bounded in Redis), as
+/// for a lock.
+const MAX_PURGE_CALLS: usize = 2_000;
+
+impl ClientState {
+    /// A new permit member: a random 128-bit owner id, this process's tag,
+    /// the lease it asks for and its request.
+    pub(crate) fn new_permit_member(&self, lease_ms: u64, request: PermitRequest) -> String {
+        PermitMember::new(
+            &uuid::Uuid::new_v4().simple().to_string(),
+            &self.tag,
+            lease_ms,
+            request,
+        )
+        .as_str()
+        .to_owned()
+    }
+
+    /// Gives back the permit of `member`, waking at once the waiters of
+    /// this process that the release granted.
+    pub(crate) async fn release_permit(
+        self: &Arc<Self>,
+        name: &str,
+        keys: &Arc<LockKeys>,
+        member: &str,
+    ) -> Result<()> {
+        let call = PermitRelease {
+            member,
+            timings: &self.timings,
+            channel_prefix: &self.channel_prefix(keys),
+        };
+        match self.run_on(Lane::Holders, keys, &call).await? {
+            PermitReleaseReply::Released { granted, purged } => {
+                self.after_permit_purge(keys, purged);
+                for (next, token) in granted {
+                    // Their messages still arrive and are then ignored.
+                    self.waiters.deliver(
+                        &next,
+                        WaiterEvent::Granted {
+                            token,
+                            confirm: false,
+                        },
+                    );
+                }
+                Ok(())
+            }
+            PermitReleaseReply::NotHolder => Err(Error::NotOwner {
+                name: name.to_owned(),
+            }),
+        }
+    }
+
+    /// Runs `permit_cancel.lua` for `member`; see [`ClientState::cancel`].
+    pub(crate) async fn cancel_permit_call(
+        self: &Arc<Self>,
+        keys: &Arc<LockKeys>,
+        member: &str,
+    ) -> Result<Purged> {
+        let call = PermitCancel {
+            member,
+            timings: &self.timings,
+            channel_prefix: &self.channel_prefix(keys),
+        };
+        Ok(self.run(keys, &call).await?.purged)
+    }
+
+    /// Counts purged dead waiters and, while a call reported entries left
+    /// to look at, goes on with bounded heartbeat calls in the background.
+    pub(crate) fn after_permit_purge(self: &Arc<Self>, keys: &Arc<LockKeys>, purged: Purged) {
+        waiters_evicted(purged.dropped);
+        if !purged.more {
+            return;
+        }
+        let state = Arc::clone(self);
+        let keys = Arc::clone(keys);
+        self.spawn(async move {
+            let channel_prefix = state.channel_prefix(&keys);
+            let call = PermitHeartbeat {
+                tag: &state.tag,
+                probe: "",
+                timings: &state.timings,
+                channel_prefix: &channel_prefix,
+            };
+            for _ in 0..MAX_PURGE_CALLS {
+                match state.run(&keys, &call).await {
+                    Ok(reply) => {
+                        waiters_evicted(reply.purged.dropped);
+                        if !reply.purged.more {
+                            return;
+                        }
+                    }
+                    Err(_) => return,
+                }
+            }
+        });
+    }
+
+    /// One heartbeat of this process's waiters on one permit set. If the
+    /// oldest is no longer queued (granted with its message lost, or
+    /// dropped), every waiter here re-runs acquire, which answers a grant
+    /// (with the waiter's own lease) or keeps or retakes its place.
+    pub(crate) async fn beat_permits(self: &Arc<Self>, lock: LockWaiters) {
+        let channel_prefix = self.channel_prefix(&lock.keys);
+        let call = PermitHeartbeat {
+            tag: &self.tag,
+            probe: &lock.probe,
+            timings: &self.timings,
+            channel_prefix: &channel_prefix,
+        };
+        match self.run(&lock.keys, &call).await {
+            Ok(reply) => {
+                self.after_permit_purge(&lock.keys, reply.purged);
+                if !reply.probe_queued {
+                    self.waiters.recheck_lock(lock.keys.owner());
+                }
+            }
+            Err(error) => {
+                tracing::warn!(set = lock.keys.owner(), %error, "fairlock permit heartbeat failed")
+            }
+        }
+    }
+
+    /// Renews or checks several permits of one slot in one call.
+    pub(crate) async fn renew_permits(
+        &self,
+        batch: &PermitRenewBatch<'_>,
+    ) -> Result<Vec<RenewStatus>> {
+        self.check_open()?;
+        let args = batch.args().into_iter().map(String::into_bytes).collect();
+        let reply = Box::pin(self.redis.eval(
+            Lane::Holders,
+            PermitRenewBatch::script().as_source(),
+            &batch.keys(),
+            args,
+        ))
+        .await?;
+        Ok(PermitRenewBatch::decode(reply)?)
+    }
+}

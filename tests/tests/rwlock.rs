@@ -1,0 +1,261 @@
+//! The fair read-write lock (issue 13): no reader beside a writer, never
+//! two writers, strict FIFO (a waiting writer blocks later readers, so a
+//! stream of readers never starves it; the readers at the head are granted
+//! together), a write token above every read token before it, and a
+//! writer that gives up letting the readers behind it in. Invariants
+//! only, never wall-clock timings.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fairlock::{LockOptions, Permit};
+use fairlock_core::{KeyPrefix, LockKeys, LockName, PermitFamily};
+use fairlock_tests::*;
+
+/// A bound for waits that must end; never reached unless a grant is lost.
+const LIVENESS: Duration = Duration::from_secs(20);
+
+fn rw_keys(name: &str) -> LockKeys {
+    LockKeys::permits(
+        &KeyPrefix::default(),
+        &LockName::new(name).expect("name"),
+        PermitFamily::ReadWrite,
+    )
+}
+
+fn zcard(server: &RedisServer, key: &str) -> i64 {
+    server
+        .cmd(&["ZCARD", key])
+        .expect("ZCARD")
+        .as_int()
+        .expect("int")
+}
+
+async fn until_queued(server: &RedisServer, name: &str, count: i64) {
+    let queue = rw_keys(name).queue().to_owned();
+    for _ in 0..4000 {
+        if zcard(server, &queue) >= count {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("{count} waiters never queued on {name}");
+}
+
+async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(LIVENESS, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish: a grant was lost"))
+}
+
+/// Readers and writers inside their holds, checked and changed atomically.
+#[derive(Default)]
+struct Inside {
+    readers: usize,
+    writers: usize,
+    most_readers: usize,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_share_and_writers_hold_alone_under_a_swarm() {
+    let server = server();
+    let name = "swarm";
+    let inside = Arc::new(Mutex::new(Inside::default()));
+    let mut tasks = Vec::new();
+    for (c, client) in clients(&server, 4).await.into_iter().enumerate() {
+        for t in 0..3 {
+            let rw = client.rw_lock(name).expect("rw");
+            let inside = Arc::clone(&inside);
+            let writer = (c + t) % 3 == 0;
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..10 {
+                    let hold = if writer {
+                        rw.write().await
+                    } else {
+                        rw.read().await
+                    }
+                    .expect("hold");
+                    {
+                        let mut now = inside.lock().expect("inside");
+                        assert_eq!(now.writers, 0, "a holder beside a writer");
+                        if writer {
+                            assert_eq!(now.readers, 0, "a writer beside readers");
+                            now.writers += 1;
+                        } else {
+                            now.readers += 1;
+                            now.most_readers = now.most_readers.max(now.readers);
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    {
+                        let mut now = inside.lock().expect("inside");
+                        if writer {
+                            now.writers -= 1;
+                        } else {
+                            now.readers -= 1;
+                        }
+                    }
+                    hold.release().await.expect("release");
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        within("the swarm", task).await.expect("task");
+    }
+    assert!(
+        inside.lock().expect("inside").most_readers >= 2,
+        "readers shared the lock"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_writer_blocks_later_readers_and_the_readers_behind_it_go_together() {
+    let server = server();
+    let client = client(&server).await;
+    let others = clients(&server, 2).await;
+    let name = "fifo";
+    let keys = rw_keys(name);
+    let rw = client.rw_lock(name).expect("rw");
+    let first_read = rw.read().await.expect("read");
+    let second_read = rw.try_read().await.expect("try").expect("readers share");
+    let read_tokens = [first_read.token().value(), second_read.token().value()];
+
+    let writer = {
+        let rw = others[0].rw_lock(name).expect("rw");
+        tokio::spawn(async move { rw.write().await.expect("write") })
+    };
+    until_queued(&server, name, 1).await;
+    // Readers that come after the writer wait behind it: no barging.
+    assert!(rw.try_read().await.expect("try").is_none());
+    let mut readers = Vec::new();
+    for i in 0..5i64 {
+        let rw = others[(i % 2) as usize].rw_lock(name).expect("rw");
+        readers.push(tokio::spawn(async move {
+            let read: Permit = rw.read().await.expect("read");
+            read
+        }));
+        until_queued(&server, name, i + 2).await;
+    }
+    first_read.release().await.expect("release");
+    assert_eq!(zcard(&server, keys.queue()), 6, "one reader still holds");
+    second_read.release().await.expect("release");
+    let write = within("the writer", writer).await.expect("writer");
+    assert_eq!(zcard(&server, keys.owner()), 1, "the writer holds alone");
+    assert_eq!(zcard(&server, keys.queue()), 5, "the readers wait behind");
+    let write_token = write.token().value();
+    assert!(read_tokens.iter().all(|&read| write_token > read));
+
+    write.release().await.expect("release");
+    // One release granted all five readers at the head together.
+    assert_eq!(zcard(&server, keys.owner()), 5);
+    assert_eq!(zcard(&server, keys.queue()), 0);
+    let mut reads = Vec::new();
+    for reader in readers {
+        reads.push(within("a reader", reader).await.expect("reader"));
+    }
+    for read in &reads {
+        assert!(read.token().value() > write_token, "tokens increase");
+    }
+    for read in reads {
+        read.release().await.expect("release");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_tokens_exceed_the_read_tokens_before_them() {
+    let server = server();
+    let client = client(&server).await;
+    let rw = client.rw_lock("tokens").expect("rw");
+    let mut last_read = 0;
+    for _ in 0..3 {
+        let a = rw.read().await.expect("read");
+        let b = rw.read().await.expect("read");
+        last_read = last_read.max(a.token().value()).max(b.token().value());
+        a.release().await.expect("release");
+        b.release().await.expect("release");
+        let write = rw.write().await.expect("write");
+        assert!(write.token().value() > last_read);
+        last_read = write.token().value();
+        write.release().await.expect("release");
+    }
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_is_not_starved_by_a_stream_of_readers() {
+    let server = server();
+    let readers_client = client(&server).await;
+    let writer_client = fairlock_tests::client(&server).await;
+    let name = "stream";
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicUsize::new(0));
+    let mut stream = Vec::new();
+    for _ in 0..4 {
+        let rw = readers_client.rw_lock(name).expect("rw");
+        let (stop, reads) = (Arc::clone(&stop), Arc::clone(&reads));
+        stream.push(tokio::spawn(async move {
+            // Overlapping reads: at every moment some reader holds.
+            while !stop.load(Ordering::SeqCst) {
+                let read = rw.read().await.expect("read");
+                reads.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(4)).await;
+                read.release().await.expect("release");
+            }
+        }));
+    }
+    while reads.load(Ordering::SeqCst) < 20 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let rw = writer_client.rw_lock(name).expect("rw");
+    // A wait timeout only to turn starvation into a failure, not a timing.
+    let write = rw
+        .write_with(LockOptions::new().wait_timeout(LIVENESS))
+        .await
+        .expect("the writer got its turn");
+    let during = reads.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        reads.load(Ordering::SeqCst),
+        during,
+        "no read while the writer holds"
+    );
+    write.release().await.expect("release");
+    stop.store(true, Ordering::SeqCst);
+    for reader in stream {
+        within("a reader", reader).await.expect("reader");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_that_gives_up_lets_the_readers_behind_it_in() {
+    let server = server();
+    let client = client(&server).await;
+    let other = fairlock_tests::client(&server).await;
+    let name = "give-up";
+    let rw = client.rw_lock(name).expect("rw");
+    let read = rw.read().await.expect("read");
+    let writer = {
+        let rw = other.rw_lock(name).expect("rw");
+        tokio::spawn(async move {
+            rw.write_with(LockOptions::new().wait_timeout(Duration::from_millis(300)))
+                .await
+        })
+    };
+    until_queued(&server, name, 1).await;
+    let late_reader = {
+        let rw = other.rw_lock(name).expect("rw");
+        tokio::spawn(async move { rw.read().await.expect("read") })
+    };
+    until_queued(&server, name, 2).await;
+    let gave_up = within("the writer", writer).await.expect("writer");
+    assert!(matches!(gave_up, Err(fairlock::Error::WaitTimeout { .. })));
+    // Its cancel granted the reader behind it, beside the first reader.
+    let late = within("the late reader", late_reader)
+        .await
+        .expect("reader");
+    assert_eq!(zcard(&server, rw_keys(name).owner()), 2);
+    late.release().await.expect("release");
+    read.release().await.expect("release");
+}

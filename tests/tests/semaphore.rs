@@ -1,0 +1,348 @@
+//! The fair semaphore (issue 13): at most `permits` holders under a swarm
+//! that kills holders, grants in ticket order, a dead holder's permit back
+//! only once its lease ran out, and a defined run-time permit change.
+//! Every check is an invariant (counts, orders, server-time deadlines),
+//! never a wall-clock timing.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fairlock::{LockOptions, Permit, Semaphore};
+use fairlock_core::{KeyPrefix, LockKeys, LockName, PermitFamily};
+use fairlock_tests::*;
+
+/// A bound for waits that must end; never reached unless a grant is lost.
+const LIVENESS: Duration = Duration::from_secs(20);
+
+fn sem_keys(name: &str) -> LockKeys {
+    LockKeys::permits(
+        &KeyPrefix::default(),
+        &LockName::new(name).expect("name"),
+        PermitFamily::Semaphore,
+    )
+}
+
+fn zcard(server: &RedisServer, key: &str) -> i64 {
+    server
+        .cmd(&["ZCARD", key])
+        .expect("ZCARD")
+        .as_int()
+        .expect("int")
+}
+
+/// Server time in ms.
+fn server_ms(server: &RedisServer) -> i64 {
+    let time = server.cmd(&["TIME"]).expect("TIME");
+    let parts = time.as_array().expect("array");
+    let secs: i64 = parts[0].as_str().expect("secs").parse().expect("secs");
+    let micros: i64 = parts[1].as_str().expect("us").parse().expect("us");
+    secs * 1000 + micros / 1000
+}
+
+/// Waits (bounded) until `count` members are queued on `name`.
+async fn until_queued(server: &RedisServer, name: &str, count: i64) {
+    let queue = sem_keys(name).queue().to_owned();
+    for _ in 0..4000 {
+        if zcard(server, &queue) >= count {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("{count} waiters never queued on {name}");
+}
+
+async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(LIVENESS, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish: a grant was lost"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_more_than_permits_holders_under_a_swarm_that_kills_holders() {
+    const PERMITS: u32 = 3;
+    let server = Arc::new(server());
+    let name = "swarm";
+    let active = Arc::new(AtomicI64::new(0));
+    let most = Arc::new(AtomicI64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+
+    // Redis's own view, polled throughout: the holders set never has more
+    // members than permits (expired ones not yet removed included).
+    let poller = {
+        let server = Arc::clone(&server);
+        let stop = Arc::clone(&stop);
+        let holders = sem_keys(name).owner().to_owned();
+        std::thread::spawn(move || {
+            let mut most = 0;
+            while !stop.load(Ordering::SeqCst) {
+                most = most.max(zcard(&server, &holders));
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            most
+        })
+    };
+
+    let mut tasks = Vec::new();
+    for worker in clients(&server, 4).await {
+        for _ in 0..2 {
+            let sem = worker.semaphore(name, PERMITS).expect("semaphore");
+            let (active, most) = (Arc::clone(&active), Arc::clone(&most));
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..12 {
+                    let permit = sem.acquire().await.expect("acquire");
+                    let now = active.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    active.fetch_sub(1, Ordering::SeqCst);
+                    permit.release().await.expect("release");
+                }
+            }));
+        }
+    }
+    // Holders that die holding: their process stops without a release, so
+    // their permit can only come back through its 1 s lease.
+    for victim in clients(&server, 3).await {
+        let sem = victim.semaphore(name, PERMITS).expect("semaphore");
+        let (active, most) = (Arc::clone(&active), Arc::clone(&most));
+        tasks.push(tokio::spawn(async move {
+            let permit = sem
+                .acquire_with(LockOptions::new().lease(Duration::from_secs(1)))
+                .await
+                .expect("victim acquire");
+            // Counted only for the moment it works: after its death it
+            // still holds in Redis, so `active` undercounts from then on,
+            // which the Redis-side poller covers.
+            let now = active.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            active.fetch_sub(1, Ordering::SeqCst);
+            victim.shutdown().await;
+            // The release on drop fails: the client is closed.
+            drop(permit);
+        }));
+    }
+    for task in tasks {
+        within("the swarm", task).await.expect("task");
+    }
+    stop.store(true, Ordering::SeqCst);
+    let most_in_redis = poller.join().expect("poller");
+    assert!(
+        most.load(Ordering::SeqCst) <= i64::from(PERMITS),
+        "{} holders at once",
+        most.load(Ordering::SeqCst)
+    );
+    assert!(
+        most_in_redis <= i64::from(PERMITS),
+        "Redis held {most_in_redis} permits at once"
+    );
+    assert!(most.load(Ordering::SeqCst) >= 2, "permits were shared");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_follow_ticket_order() {
+    let server = server();
+    let client = client(&server).await;
+    let others = clients(&server, 3).await;
+    let name = "fifo";
+    let sem = client.semaphore(name, 2).expect("semaphore");
+    let first = sem.acquire().await.expect("first");
+    let second = sem.acquire().await.expect("second");
+    assert!(sem.try_acquire().await.expect("try").is_none(), "full");
+
+    let grants = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..12usize {
+        let sem: Semaphore = others[i % others.len()]
+            .semaphore(name, 2)
+            .expect("semaphore");
+        let grants = Arc::clone(&grants);
+        waiters.push(tokio::spawn(async move {
+            let permit = sem.acquire().await.expect("acquire");
+            grants
+                .lock()
+                .expect("grants")
+                .push((permit.token().value(), permit.ticket().expect("it waited")));
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            permit.release().await.expect("release");
+        }));
+        // Queue them one after another, so tickets are spread out.
+        until_queued(&server, name, i as i64 + 1).await;
+    }
+    // No barging: a newcomer does not get a permit past the queue, even
+    // once one is free.
+    first.release().await.expect("release");
+    assert!(sem.try_acquire().await.expect("try").is_none());
+    second.release().await.expect("release");
+    for waiter in waiters {
+        within("a waiter", waiter).await.expect("waiter");
+    }
+    let mut grants = grants.lock().expect("grants").clone();
+    grants.sort();
+    let tickets: Vec<u64> = grants.iter().map(|&(_, ticket)| ticket).collect();
+    let mut sorted = tickets.clone();
+    sorted.sort();
+    assert_eq!(tickets, sorted, "grant order (by token) is ticket order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_holders_permit_returns_only_when_its_lease_ends() {
+    let server = server();
+    let doomed = client(&server).await;
+    let survivor = client(&server).await;
+    let name = "dead-holder";
+    let keys = sem_keys(name);
+    let sem = doomed.semaphore(name, 2).expect("semaphore");
+    let a = sem.acquire().await.expect("a");
+    let b = sem.acquire().await.expect("b");
+    // Each permit has its own watchdog: both outlive their 3 s lease.
+    tokio::time::sleep(Duration::from_millis(4_000)).await;
+    assert!(a.is_held().await.expect("a held") && !a.is_lost());
+    assert!(b.is_held().await.expect("b held") && !b.is_lost());
+    let owners = [a.owner_id().to_owned(), b.owner_id().to_owned()];
+
+    // The holder's process stops without releasing.
+    doomed.shutdown().await;
+    std::mem::forget((a, b));
+    let deadline = owners
+        .iter()
+        .map(|owner| {
+            server
+                .cmd(&["ZSCORE", keys.owner(), owner])
+                .expect("ZSCORE")
+                .as_str()
+                .expect("still a holder")
+                .parse::<i64>()
+                .expect("deadline")
+        })
+        .min()
+        .expect("two");
+    let other = survivor.semaphore(name, 2).expect("semaphore");
+    if server_ms(&server) < deadline {
+        assert!(
+            other.try_acquire().await.expect("try").is_none(),
+            "no permit comes back while the dead holders' leases run"
+        );
+    }
+    let permit = within("the returned permit", other.acquire())
+        .await
+        .expect("acquire");
+    assert!(
+        server_ms(&server) >= deadline,
+        "the permit came back before the dead holder's lease ended"
+    );
+    permit.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changing_permits_at_run_time_is_defined() {
+    let server = server();
+    let client = client(&server).await;
+    let other = fairlock_tests::client(&server).await;
+    let name = "resize";
+    let keys = sem_keys(name);
+    let one = client.semaphore(name, 1).expect("semaphore");
+    let held = one.acquire().await.expect("held");
+
+    // A waiter under the old count of 1.
+    let granted = Arc::new(AtomicUsize::new(0));
+    let waiter = {
+        let sem = other.semaphore(name, 1).expect("semaphore");
+        let granted = Arc::clone(&granted);
+        tokio::spawn(async move {
+            let permit = sem.acquire().await.expect("acquire");
+            granted.fetch_add(1, Ordering::SeqCst);
+            permit
+        })
+    };
+    until_queued(&server, name, 1).await;
+
+    // Raising to 3 grants the queued waiter at once, then the caller.
+    let three = one.clone().with_permits(3).expect("3");
+    let raised = three.try_acquire().await.expect("try").expect("a permit");
+    let waited: Permit = within("the queued waiter", waiter).await.expect("waiter");
+    assert_eq!(granted.load(Ordering::SeqCst), 1);
+    assert_eq!(zcard(&server, keys.owner()), 3);
+
+    // Lowering to 1 revokes nobody; new grants wait until fewer than 1 hold.
+    let lowered = one.clone().with_permits(1).expect("1");
+    assert!(lowered.try_acquire().await.expect("try").is_none());
+    for permit in [&held, &raised, &waited] {
+        assert!(permit.is_held().await.expect("held"), "nobody is revoked");
+    }
+    let late = {
+        let lowered = lowered.clone();
+        tokio::spawn(async move { lowered.acquire().await.expect("late") })
+    };
+    until_queued(&server, name, 1).await;
+    held.release().await.expect("release");
+    raised.release().await.expect("release");
+    // One holder is left and the count is 1: the release granted nobody.
+    assert_eq!(zcard(&server, keys.queue()), 1, "still waiting");
+    waited.release().await.expect("release");
+    let late = within("the late waiter", late).await.expect("late");
+    assert_eq!(zcard(&server, keys.owner()), 1);
+    late.release().await.expect("release");
+
+    assert!(client.semaphore(name, 0).is_err(), "0 permits is refused");
+    assert!(client.semaphore("", 1).is_err(), "the name is checked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_and_a_lock_of_one_name_are_independent() {
+    let server = server();
+    let client = client(&server).await;
+    let guard = client.lock("shared-name").await.expect("lock");
+    let sem = client.semaphore("shared-name", 1).expect("semaphore");
+    let permit = sem.try_acquire().await.expect("try").expect("free");
+    assert!(client
+        .try_lock("shared-name")
+        .await
+        .expect("try lock")
+        .is_none());
+    permit.release().await.expect("release");
+    guard.release().await.expect("release");
+    // A timed-out wait leaves the queue.
+    let held = sem.acquire().await.expect("held");
+    let timeout = sem
+        .acquire_with(LockOptions::new().wait_timeout(Duration::from_millis(200)))
+        .await;
+    assert!(matches!(timeout, Err(fairlock::Error::WaitTimeout { .. })));
+    assert_eq!(zcard(&server, sem_keys("shared-name").queue()), 0);
+    held.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_whose_message_is_lost_still_arrive_with_their_own_lease() {
+    let server = server();
+    let holder = client(&server).await;
+    let waiting = fairlock_tests::client(&server).await;
+    let name = "lost-message";
+    let sem = holder.semaphore(name, 1).expect("semaphore");
+    let first = sem.acquire().await.expect("first");
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        let sem = waiting.semaphore(name, 1).expect("semaphore");
+        waiters.push(tokio::spawn(async move {
+            let permit = sem.acquire().await.expect("acquire");
+            // Past the 1 s lease an unheard grant gets: still held, so the
+            // waiter set its own lease when it learned of the grant.
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            assert!(permit.is_held().await.expect("is_held"), "lease confirmed");
+            assert!(!permit.is_lost());
+            permit.release().await.expect("release");
+        }));
+        until_queued(&server, name, i + 1).await;
+    }
+    // The waiters' subscriber is cut just before each handoff, so grant
+    // messages may reach nobody; the heartbeat's probe finds the grant.
+    server
+        .cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])
+        .expect("CLIENT KILL");
+    first.release().await.expect("release");
+    for waiter in waiters {
+        server
+            .cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])
+            .expect("CLIENT KILL");
+        within("a waiter", waiter).await.expect("waiter");
+    }
+}
