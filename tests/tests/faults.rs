@@ -346,6 +346,7 @@ async fn a_draining_queue_costs_no_rechecks() {
     // One release per waiter, plus the heartbeat and watchdog rounds of
     // the drain; a recheck round alone would add another WAITERS.
     let evalsha = calls(&server, "evalsha");
+    eprintln!("{evalsha} script calls to drain {WAITERS} waiters");
     assert!(
         evalsha < WAITERS as u64 + WAITERS as u64 / 2,
         "{evalsha} script calls to drain {WAITERS} waiters"

@@ -368,3 +368,64 @@ async fn an_evicting_server_is_reported_at_connect() {
         Err(Error::UnsafeServer(_))
     ));
 }
+
+/// A heartbeat whose probe was granted while the call was on its way
+/// still keeps the process alive. The client probes with its oldest
+/// waiter, which in a fast drain is often the one being granted; the
+/// script used to refresh the process's deadline only for a queued probe,
+/// so under load a draining process could miss enough refreshes to be
+/// taken for dead and have its live waiters skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_whose_probe_was_just_granted_keeps_the_process_alive() {
+    let server = server();
+    let client = client(&server).await;
+    let name = "probe-granted";
+    let tag = "00000000000000c3";
+    let member = "c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3.00000000000000c3.60000";
+    let timings = Timings::default();
+    // The waiter's process listens, so the handoff is heard.
+    let _process = listener(&server, &format!("test:c3:{tag}")).await;
+    let holder = client.lock(name).await.expect("holder");
+    let queued = raw(
+        &server,
+        name,
+        &Acquire {
+            member,
+            mode: AcquireMode::Wait,
+            timings: &timings,
+            channel_prefix: "test:c3:",
+        },
+    );
+    assert!(matches!(queued, AcquireReply::Queued { .. }), "{queued:?}");
+    holder
+        .release()
+        .await
+        .expect("release hands the lock to the waiter");
+    let alive = keys(name).all()[2].clone();
+    let deadline = |server: &RedisServer| {
+        server
+            .cmd(&["ZSCORE", &alive, tag])
+            .expect("ZSCORE")
+            .as_str()
+            .and_then(|s| s.parse::<u64>().ok())
+            .expect("the process has a deadline")
+    };
+    let before = deadline(&server);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let beat = raw(
+        &server,
+        name,
+        &fairlock_core::Heartbeat {
+            tag,
+            probe: member,
+            timings: &timings,
+            channel_prefix: "test:c3:",
+        },
+    );
+    assert_eq!(beat.holder.as_ref().map(|(m, _)| m.as_str()), Some(member));
+    assert!(!beat.probe_queued, "the probe holds the lock now");
+    assert!(
+        deadline(&server) > before,
+        "the process's deadline moved on"
+    );
+}

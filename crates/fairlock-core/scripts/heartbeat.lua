@@ -14,6 +14,8 @@
 -- ARGV[5] channel_prefix  waiters are woken on channel_prefix .. client tag
 -- ARGV[6] probe           the process's oldest waiter on this lock, or ""
 --
+-- The process's deadline moves on when the probe is queued or holds the lock.
+--
 -- Reply: {holder, token, probe_queued, dropped, more}
 --   holder and token of the lock after this call ("" and 0 when free);
 --   probe_queued 1 if the probe is in the queue (if 0, the process checks
@@ -29,8 +31,12 @@ local probe_queued = 0
 if probe ~= '' and redis.call('ZSCORE', KEYS[2], probe) then
   probe_queued = 1
 end
+-- A probe that holds the lock was granted while this call was on its way
+-- (the client probes with its oldest waiter, the next to be granted): its
+-- process is alive all the same.
+local probe_holds = probe ~= '' and held and parse_owner(held) == probe
 local now_ms = math.floor(now_us() / 1000)
-if probe_queued == 1 then
+if probe_queued == 1 or probe_holds then
   redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[2]), tag)
   redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[3]))
   redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[3]))

@@ -597,7 +597,9 @@ impl Model {
 
     fn heartbeat(&mut self, tag: &str, probe: &str) -> Reply {
         let probe_queued = !probe.is_empty() && self.state.queue.iter().any(|(m, _)| m == probe);
-        if probe_queued {
+        let probe_holds =
+            !probe.is_empty() && self.state.owner.as_ref().is_some_and(|o| o.member == probe);
+        if probe_queued || probe_holds {
             self.state.alive.insert(tag.to_owned(), true);
             self.refreshed.push(tag.to_owned());
         }
