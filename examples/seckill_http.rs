@@ -1,6 +1,9 @@
 //! The flash sale as an HTTP service: `POST /seckill/{item}` through the
-//! item's fairlock, `POST /seckill-atomic/{item}` through one Lua script,
-//! `GET /stock/{item}`, `GET /stats` (answers per status code).
+//! item's fairlock, `POST /seckill-semaphore/{item}` through a permit of
+//! the item's checkout semaphore and then the Lua script,
+//! `POST /seckill-atomic/{item}` through the Lua script alone,
+//! `GET /stock/{item}`, `GET /stats` (answers per status code, most
+//! buyers in checkout at once).
 //!
 //! ```sh
 //! cargo run --release -p fairlock-examples --example seckill_http
@@ -10,8 +13,10 @@
 //!
 //! Environment: `PORT` (8080, on 127.0.0.1), `STOCK` (10,000 units of
 //! each item, each way, seeded at start), `ITEMS` (`1`), `WAIT_MS` (1,000:
-//! a request that waits longer for the lock is answered 429), `LEASE_MS`
-//! (5,000), `REDIS_URL` (unset: a throwaway redis-server on 127.0.0.1).
+//! a request that waits longer for the lock or a permit is answered 429),
+//! `PERMITS` (8 per item's checkout semaphore), `PAYMENT_MS` (0: a pause
+//! under the permit standing in for a payment API), `LEASE_MS` (5,000),
+//! `ADMISSION` (1: deadline-aware admission on the lock path), `REDIS_URL` (unset: a throwaway redis-server on 127.0.0.1).
 //! `examples/seckill_load.sh` loads it with `ab` and checks for oversell.
 //! Stops on SIGINT or SIGTERM.
 
@@ -47,13 +52,14 @@ async fn run() -> Result<(), BoxError> {
     let mut terminate = signal(SignalKind::terminate())?;
     println!("redis: {url}");
     println!(
-        "seckill: listening on http://{addr}: {} units of item(s) {} each way, lock wait timeout {} ms",
+        "seckill: listening on http://{addr}: {} units of item(s) {} each way, wait timeout {} ms, {} checkout permits per item",
         config.stock,
         config.items.join(","),
-        config.wait_timeout.as_millis()
+        config.wait_timeout.as_millis(),
+        config.permits
     );
     println!(
-        "  POST /seckill/{{item}}  POST /seckill-atomic/{{item}}  GET /stock/{{item}}  GET /stats"
+        "  POST /seckill/{{item}}  POST /seckill-semaphore/{{item}}  POST /seckill-atomic/{{item}}  GET /stock/{{item}}  GET /stats"
     );
     let shutdown = async move {
         tokio::select! {

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Loads the seckill HTTP service (examples/seckill_http.rs) with ApacheBench,
-# once through the lock endpoint and once through the atomic-script endpoint,
-# and checks each run for oversell against Redis.
+# once through each endpoint (the lock, the checkout semaphore, the atomic
+# script), and checks each run for oversell against Redis.
 #
 #   examples/seckill_load.sh
 #   CONCURRENCY=200 REQUESTS=5000 STOCK=2000 examples/seckill_load.sh
 #
 # Environment: CONCURRENCY (1000), REQUESTS (20000), STOCK (10000),
-# WAIT_MS (1000: lock wait before a 429), PORT (18080), ITEM (1),
+# WAIT_MS (1000: lock or permit wait before a 429), PERMITS (8: checkout
+# permits of the semaphore endpoint), PORT (18080), ITEM (1),
 # OUT_DIR (target/seckill-load: ab's full reports and the server log).
 #
 # It builds the example in release mode, installs `ab` (apache2-utils) with
@@ -21,6 +22,7 @@ CONCURRENCY=${CONCURRENCY:-1000}
 REQUESTS=${REQUESTS:-20000}
 STOCK=${STOCK:-10000}
 WAIT_MS=${WAIT_MS:-1000}
+PERMITS=${PERMITS:-8}
 PORT=${PORT:-18080}
 ITEM=${ITEM:-1}
 
@@ -120,7 +122,8 @@ BIN="$TARGET_DIR/release/examples/seckill_http"
 mkdir -p "$OUT_DIR"
 LOG="$OUT_DIR/server.log"
 # REDIS_URL is left unset on purpose: the service starts its own redis-server.
-env -u REDIS_URL PORT="$PORT" STOCK="$STOCK" WAIT_MS="$WAIT_MS" ITEMS="$ITEM" "$BIN" >"$LOG" 2>&1 &
+env -u REDIS_URL PORT="$PORT" STOCK="$STOCK" WAIT_MS="$WAIT_MS" PERMITS="$PERMITS" ITEMS="$ITEM" \
+    "$BIN" >"$LOG" 2>&1 &
 SERVER=$!
 cleanup() {
     restore_sysctls
@@ -152,6 +155,13 @@ count() {
     local obj
     obj=$(printf '%s' "$1" | grep -o "\"$3\":{[^}]*}")
     printf '%s' "$obj" | sed -n "s/.*\"$2\":\([0-9]*\).*/\1/p"
+}
+
+# max_in_checkout JSON: the most buyers in the item's checkout at once, from
+# /stats ("checkout":{"permits":N,"max_in_checkout":{"<item>":M}}).
+max_in_checkout() {
+    printf '%s' "$1" | grep -o '"max_in_checkout":{[^}]*}' |
+        sed -n "s/.*\"$ITEM\":\([0-9]*\).*/\1/p"
 }
 
 # redis_read KEY-KIND VARIANT: the stock or the order count, read from Redis
@@ -249,10 +259,18 @@ load() { # load VARIANT PATH
     fi
     check "no server errors (500=${got[500]} 503=${got[503]} other=${got[other]})" \
         [ $((got[500] + got[503] + got[other])) -eq 0 ]
+    if [ "$variant" = semaphore ]; then
+        local most
+        most=$(max_in_checkout "$after")
+        echo "  in checkout at once (this process): at most ${most:-?} of $PERMITS permits"
+        check "never more buyers in checkout than permits (${most:-?} <= $PERMITS)" \
+            [ "${most:-999999999}" -le "$PERMITS" ]
+    fi
 }
 
 echo "machine: $(nproc) cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1), $(redis-server --version 2>/dev/null | awk '{ print $3 }')"
 load lock /seckill
+load semaphore /seckill-semaphore
 load atomic /seckill-atomic
 
 echo

@@ -1,6 +1,8 @@
-//! The seckill examples, small: zero oversell through the per-item lock and
-//! through the atomic script, in the library-level swarm and in the HTTP
-//! service, and the status-code accounting of the service.
+//! The seckill examples, small: zero oversell through the per-item lock,
+//! through the per-item checkout semaphore and through the atomic script,
+//! in the library-level swarm and in the HTTP service; never more buyers
+//! in checkout at once than the semaphore's permits; and the status-code
+//! accounting of the service.
 //!
 //! The examples' own code runs here (the `fairlock-examples` library), so
 //! a change that breaks an example's invariant breaks this test.
@@ -23,13 +25,33 @@ const STOCK: i64 = 200;
 
 fn assert_passed(report: &Report) {
     assert_swarm_passed(report);
+    if report.variant == Variant::Semaphore {
+        let max = report
+            .max_in_checkout
+            .expect("the semaphore run measures checkout");
+        assert!(
+            (1..=u64::from(report.config.permits)).contains(&max),
+            "{max} buyers in checkout at once with {} permits",
+            report.config.permits
+        );
+    }
 }
 
-/// Checks the swarm's invariants both ways: sold = min(stock, attempts),
+/// The path of the HTTP endpoint that sells the `variant` way.
+fn endpoint(variant: Variant) -> &'static str {
+    match variant {
+        Variant::Lock => "/seckill",
+        Variant::Semaphore => "/seckill-semaphore",
+        Variant::Atomic => "/seckill-atomic",
+    }
+}
+
+/// Checks the swarm's invariants every way: sold = min(stock, attempts),
 /// stock never below zero, final stock = stock - sold, one order per sale,
-/// every attempt answered.
+/// every attempt answered, and (semaphore) never more buyers in checkout
+/// than permits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn swarm_sells_exactly_the_stock_both_ways() {
+async fn swarm_sells_exactly_the_stock_every_way() {
     let server = server();
     let config = SwarmConfig {
         stock: STOCK,
@@ -71,6 +93,34 @@ async fn swarm_with_fewer_attempts_than_stock_leaves_the_rest() {
         assert_passed(&report);
         assert_eq!((report.sold, report.final_stock), (30, Some(20)));
     }
+}
+
+/// The semaphore's cap, under pressure: 24 buyers on 3 clients for 3
+/// permits, each holding its permit through a 5 ms stand-in payment call,
+/// so that a cap that let more in would show. The gauge of buyers in
+/// checkout never goes above the permits, and the sale is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_swarm_never_has_more_buyers_in_checkout_than_permits() {
+    let server = server();
+    let config = SwarmConfig {
+        stock: 150,
+        attempts: 240,
+        clients: 3,
+        workers: 24,
+        permits: 3,
+        payment: Duration::from_millis(5),
+        wait_timeout: Duration::from_secs(60),
+        ..SwarmConfig::default()
+    };
+    let report = swarm::run(&server.url(), &config, Variant::Semaphore)
+        .await
+        .expect("swarm run");
+    assert_passed(&report);
+    let max = report.max_in_checkout.expect("measured");
+    assert!(max <= 3, "{max} buyers in checkout at once with 3 permits");
+    assert_eq!((report.sold, report.final_stock), (150, Some(0)));
+    assert_eq!(report.busy, 0, "a 60 s wait budget is never used up");
+    assert_eq!(report.late_releases, 0, "every permit was still held");
 }
 
 /// A holder paused past its lease is refused by the item's fence at its
@@ -183,7 +233,7 @@ async fn http(addr: SocketAddr, method: &str, path: &str) -> Answer {
     }
 }
 
-/// 300 concurrent POSTs for 100 units, each way: exactly 100 answers 200
+/// 300 concurrent POSTs for 100 units, every way: exactly 100 answers 200
 /// (each with its own order id, each unit sold once), 200 answers 410,
 /// the orders in Redis are the ids answered, and `/stats` counted it all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -194,12 +244,13 @@ async fn http_service_sells_exactly_the_stock_under_concurrent_posts() {
     let (service, addr, serving) = serve_item(&server, UNITS, Duration::from_secs(60)).await;
     let shop = Shop::connect(&server.url()).await.expect("shop");
 
-    for (variant, path) in [
-        (Variant::Lock, "/seckill/1"),
-        (Variant::Atomic, "/seckill-atomic/1"),
-    ] {
+    for variant in Variant::ALL {
+        let path = format!("{}/1", endpoint(variant));
         let posts: Vec<_> = (0..REQUESTS)
-            .map(|_| tokio::spawn(async move { http(addr, "POST", path).await }))
+            .map(|_| {
+                let path = path.clone();
+                tokio::spawn(async move { http(addr, "POST", &path).await })
+            })
             .collect();
         let mut answers = Vec::with_capacity(REQUESTS);
         for post in posts {
@@ -247,7 +298,19 @@ async fn http_service_sells_exactly_the_stock_under_concurrent_posts() {
     let stock = http(addr, "GET", "/stock/1").await;
     assert_eq!(stock.status, 200);
     assert_eq!(stock.body["lock"]["stock"], 0);
+    assert_eq!(stock.body["semaphore"]["stock"], 0);
     assert_eq!(stock.body["atomic"]["orders"], UNITS);
+    let stats = http(addr, "GET", "/stats").await;
+    let permits = ServiceConfig::default().permits;
+    assert_eq!(stats.body["checkout"]["permits"], permits);
+    let max = stats.body["checkout"]["max_in_checkout"]["1"]
+        .as_u64()
+        .expect("max in checkout");
+    assert!(
+        (1..=u64::from(permits)).contains(&max),
+        "{max} buyers in checkout at once with {permits} permits"
+    );
+    assert_eq!(service.max_in_checkout("1"), Some(max));
 
     serving.abort();
     service.close().await;
@@ -255,7 +318,9 @@ async fn http_service_sells_exactly_the_stock_under_concurrent_posts() {
 
 /// A request that cannot reach the front of the item's queue within the
 /// wait timeout is answered 429 with a JSON body and `Retry-After`, and
-/// sells nothing; unknown and malformed items are 404 and 400.
+/// sells nothing, through the lock and through the checkout semaphore
+/// (all its permits held by another process); unknown and malformed items
+/// are 404 and 400.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_wait_timeout_is_429_and_sells_nothing() {
     let server = server();
@@ -284,6 +349,51 @@ async fn http_wait_timeout_is_429_and_sells_nothing() {
     assert_eq!(sold.status, 200);
     assert_eq!(sold.body["stock_left"], 4);
 
+    // Every checkout permit held elsewhere: the semaphore path waits its
+    // budget and answers 429, selling nothing; one permit back, it sells.
+    let permits = ServiceConfig::default().permits;
+    let checkout = other_process
+        .semaphore("checkout:1", permits)
+        .expect("the service's checkout semaphore");
+    let mut held = Vec::new();
+    for _ in 0..permits {
+        held.push(
+            checkout
+                .try_acquire()
+                .await
+                .expect("try_acquire")
+                .expect("a free permit"),
+        );
+    }
+    let busy = http(addr, "POST", "/seckill-semaphore/1").await;
+    assert_eq!(busy.status, 429, "{}", busy.body);
+    assert_eq!(busy.body["status"], "busy");
+    assert_eq!(
+        busy.headers.get("retry-after").map(String::as_str),
+        Some("1")
+    );
+    let stock = http(addr, "GET", "/stock/1").await;
+    assert_eq!(stock.body["semaphore"]["stock"], 5, "a 429 sold nothing");
+    assert_eq!(stock.body["semaphore"]["orders"], 0);
+    assert_eq!(service.max_in_checkout("1"), Some(0), "nobody got in");
+    held.pop()
+        .expect("a held permit")
+        .release()
+        .await
+        .expect("release a permit");
+    let sold = http(addr, "POST", "/seckill-semaphore/1").await;
+    assert_eq!(sold.status, 200, "{}", sold.body);
+    assert_eq!(sold.body["stock_left"], 4);
+    assert_eq!(service.max_in_checkout("1"), Some(1));
+    for permit in held {
+        permit.release().await.expect("release a permit");
+    }
+    let semaphore_counts = service.status_counts(Variant::Semaphore);
+    assert_eq!(
+        [&semaphore_counts["200"], &semaphore_counts["429"]],
+        [&1, &1]
+    );
+
     assert_eq!(http(addr, "POST", "/seckill/2").await.status, 404);
     assert_eq!(http(addr, "POST", "/seckill/a%7Bb%7D").await.status, 400);
     let counts = service.status_counts(Variant::Lock);
@@ -302,12 +412,13 @@ async fn http_wait_timeout_is_429_and_sells_nothing() {
 }
 
 /// The load script's check at CI size: the real ApacheBench (`ab -c 500
-/// -n 2000`, installed with apt-get when root) against the service, both
-/// ways, 1,000 units each. Every request is answered, exactly the stock is
-/// sold (1,000 × 200, 1,000 × 410, no 429 with a 60 s wait budget), and
-/// Redis agrees: stock 0, 1,000 orders.
+/// -n 2000`, installed with apt-get when root) against the service, every
+/// way, 1,000 units each. Every request is answered, exactly the stock is
+/// sold (1,000 × 200, 1,000 × 410, no 429 with a 60 s wait budget), Redis
+/// agrees (stock 0, 1,000 orders), and the semaphore path never had more
+/// buyers in checkout at once than permits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ab_at_500_concurrent_sells_exactly_the_stock_both_ways() {
+async fn ab_at_500_concurrent_sells_exactly_the_stock_every_way() {
     const UNITS: i64 = 1_000;
     const REQUESTS: i64 = 2_000;
     const CONCURRENCY: usize = 500;
@@ -322,11 +433,8 @@ async fn ab_at_500_concurrent_sells_exactly_the_stock_both_ways() {
     let (service, addr, serving) = serve_item(&server, UNITS, Duration::from_secs(60)).await;
     let shop = Shop::connect(&server.url()).await.expect("shop");
 
-    for (variant, path) in [
-        (Variant::Lock, "/seckill/1"),
-        (Variant::Atomic, "/seckill-atomic/1"),
-    ] {
-        let url = format!("http://{addr}{path}");
+    for variant in Variant::ALL {
+        let url = format!("http://{addr}{}/1", endpoint(variant));
         let run = tokio::process::Command::new(&ab)
             .args(["-l", "-r", "-s", "60", "-c"])
             .arg(CONCURRENCY.to_string())
@@ -367,6 +475,12 @@ async fn ab_at_500_concurrent_sells_exactly_the_stock_both_ways() {
         assert_eq!(audit.stock, Some(0), "{variant:?}: stock in Redis");
         assert_eq!(audit.orders.len(), UNITS as usize, "{variant:?}: orders");
     }
+    let permits = u64::from(ServiceConfig::default().permits);
+    let max = service.max_in_checkout("1").expect("item 1 on sale");
+    assert!(
+        (1..=permits).contains(&max),
+        "{max} buyers in checkout at once with {permits} permits"
+    );
     serving.abort();
     service.close().await;
 }

@@ -1,18 +1,19 @@
-//! The flash sale as an HTTP service (axum), both ways side by side.
+//! The flash sale as an HTTP service (axum), three ways side by side.
 //!
 //! | request | answer |
 //! |---|---|
 //! | `POST /seckill/{item}` | through the item's fairlock: 200 `{"order_id": ...}`, 410 sold out, 429 when the wait for the lock runs out |
+//! | `POST /seckill-semaphore/{item}` | through a permit of the item's checkout semaphore, then the Lua script: 200, 410, 429 when the wait for a permit runs out |
 //! | `POST /seckill-atomic/{item}` | through one Lua script, no lock: 200 or 410 |
 //! | `GET /stock/{item}` | units left and orders, per way, read from Redis |
-//! | `GET /stats` | how many answers of each status code each way gave |
+//! | `GET /stats` | how many answers of each status code each way gave, and the most buyers in checkout at once per item |
 //!
 //! Every answer has a JSON body with a `status` field (`sold`,
 //! `sold_out`, `busy`, `no_such_item`, `bad_item`, `lease_lost`,
 //! `error`) and, unless sold, a `message` for a person. An optional
 //! `x-buyer` header names the buyer in the order.
 //!
-//! The two ways keep separate stock for each item (see
+//! The three ways keep separate stock for each item (see
 //! [`super::Item`]): mixing them on one key would let the script sell
 //! between the locked path's read and its write.
 
@@ -29,12 +30,13 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use fairlock::{LockClient, LockOptions, MAX_DURATION};
+use fairlock::{LockClient, LockOptions, MAX_DURATION, MAX_PERMITS};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use super::shop::{buy_with_lock, BuyError, Item, Sale, Shop, Variant};
+use super::checkout::Checkout;
+use super::shop::{buy_with_lock, buy_with_semaphore, BuyError, Item, Sale, Shop, Variant};
 use super::{env_or, BoxError};
 
 /// The status codes counted one by one; anything else counts as `other`.
@@ -47,9 +49,15 @@ pub struct ServiceConfig {
     pub stock: i64,
     /// The item ids on sale (`ITEMS`, comma-separated, default `1`).
     pub items: Vec<String>,
-    /// How long a request queues for the item's lock before it is
-    /// answered 429 (`WAIT_MS`, default 1,000).
+    /// How long a request queues for the item's lock or a checkout permit
+    /// before it is answered 429 (`WAIT_MS`, default 1,000).
     pub wait_timeout: Duration,
+    /// Permits of each item's checkout semaphore: buyers in checkout at
+    /// once on the semaphore path (`PERMITS`, default 8).
+    pub permits: u32,
+    /// A pause under the checkout permit before the sale, standing in for
+    /// a rate-limited payment API (`PAYMENT_MS`, default 0).
+    pub payment: Duration,
     /// Deadline-aware admission on the lock path (`ADMISSION`, default on).
     pub admission: bool,
     /// Fixed lease of each grant (`LEASE_MS`, default 5,000).
@@ -62,6 +70,8 @@ impl Default for ServiceConfig {
             stock: 10_000,
             items: vec!["1".to_owned()],
             wait_timeout: Duration::from_secs(1),
+            permits: 8,
+            payment: Duration::ZERO,
             admission: true,
             lease: Duration::from_secs(5),
         }
@@ -83,6 +93,8 @@ impl ServiceConfig {
                 .map(str::to_owned)
                 .collect(),
             wait_timeout: Duration::from_millis(env_or("WAIT_MS", 1_000)?),
+            permits: env_or("PERMITS", d.permits)?,
+            payment: Duration::from_millis(env_or("PAYMENT_MS", 0)?),
             admission: env_or("ADMISSION", 1)? != 0,
             lease: Duration::from_millis(env_or("LEASE_MS", 5_000)?),
         })
@@ -122,7 +134,10 @@ struct Inner {
     shop: Shop,
     config: ServiceConfig,
     items: HashMap<(Variant, String), Item>,
+    /// Each item's checkout semaphore and gauge, by item id.
+    checkouts: HashMap<String, Checkout>,
     lock_counts: StatusCounts,
+    semaphore_counts: StatusCounts,
     atomic_counts: StatusCounts,
 }
 
@@ -177,6 +192,12 @@ impl Service {
         if config.wait_timeout > MAX_DURATION {
             return Err("WAIT_MS must be at most 86400000".into());
         }
+        if !(1..=MAX_PERMITS).contains(&config.permits) {
+            return Err(format!("PERMITS={} must be 1..={MAX_PERMITS}", config.permits).into());
+        }
+        if config.payment > MAX_DURATION {
+            return Err("PAYMENT_MS must be at most 86400000".into());
+        }
         let mut items = HashMap::new();
         for id in &config.items {
             for variant in Variant::ALL {
@@ -188,13 +209,25 @@ impl Service {
             shop.seed(item, config.stock).await?;
         }
         let lock = LockClient::connect(url).await?;
+        let mut checkouts = HashMap::new();
+        for ((variant, id), item) in &items {
+            if *variant == Variant::Semaphore {
+                let semaphore = lock.semaphore(&item.checkout, config.permits)?;
+                checkouts.insert(
+                    id.clone(),
+                    Checkout::new(semaphore).with_payment(config.payment),
+                );
+            }
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 lock,
                 shop,
                 config,
                 items,
+                checkouts,
                 lock_counts: StatusCounts::default(),
+                semaphore_counts: StatusCounts::default(),
                 atomic_counts: StatusCounts::default(),
             }),
         })
@@ -204,6 +237,7 @@ impl Service {
     pub fn router(&self) -> Router {
         Router::new()
             .route("/seckill/{item}", post(seckill_lock))
+            .route("/seckill-semaphore/{item}", post(seckill_semaphore))
             .route("/seckill-atomic/{item}", post(seckill_atomic))
             .route("/stock/{item}", get(stock))
             .route("/stats", get(stats))
@@ -237,6 +271,12 @@ impl Service {
         self.counts(variant).snapshot()
     }
 
+    /// The most buyers that were in item `id`'s checkout at once since the
+    /// service started (semaphore path; `None` for an item not on sale).
+    pub fn max_in_checkout(&self, id: &str) -> Option<u64> {
+        self.inner.checkouts.get(id).map(|c| c.gauge.max())
+    }
+
     /// Closes the Redis connections.
     pub async fn close(&self) {
         self.inner.lock.shutdown().await;
@@ -246,6 +286,7 @@ impl Service {
     fn counts(&self, variant: Variant) -> &StatusCounts {
         match variant {
             Variant::Lock => &self.inner.lock_counts,
+            Variant::Semaphore => &self.inner.semaphore_counts,
             Variant::Atomic => &self.inner.atomic_counts,
         }
     }
@@ -276,6 +317,29 @@ impl Service {
                     .wait_timeout(self.inner.config.wait_timeout)
                     .admission(self.inner.config.admission);
                 match buy_with_lock(&self.inner.lock, item, &order_id, buyer, options).await {
+                    Ok(purchase) => (Ok(purchase.sale), Some(purchase.waited)),
+                    Err(error) => (Err(error), None),
+                }
+            }
+            Variant::Semaphore => {
+                let Some(checkout) = self.inner.checkouts.get(id) else {
+                    return unknown_item(variant, id);
+                };
+                // Deadline-aware admission does not apply to semaphores:
+                // a buyer waits for a permit up to the whole budget.
+                let options = LockOptions::new()
+                    .lease(self.inner.config.lease)
+                    .wait_timeout(self.inner.config.wait_timeout);
+                match buy_with_semaphore(
+                    checkout,
+                    &self.inner.shop,
+                    item,
+                    &order_id,
+                    buyer,
+                    options,
+                )
+                .await
+                {
                     Ok(purchase) => (Ok(purchase.sale), Some(purchase.waited)),
                     Err(error) => (Err(error), None),
                 }
@@ -364,6 +428,14 @@ async fn seckill_lock(
     service.buy(Variant::Lock, &item, &headers).await
 }
 
+async fn seckill_semaphore(
+    State(service): State<Service>,
+    Path(item): Path<String>,
+    headers: HeaderMap,
+) -> Answer {
+    service.buy(Variant::Semaphore, &item, &headers).await
+}
+
 async fn seckill_atomic(
     State(service): State<Service>,
     Path(item): Path<String>,
@@ -396,8 +468,19 @@ async fn stock(State(service): State<Service>, Path(id): Path<String>) -> Answer
 }
 
 async fn stats(State(service): State<Service>) -> Json<Value> {
+    let max_in_checkout: BTreeMap<&str, u64> = service
+        .inner
+        .checkouts
+        .iter()
+        .map(|(id, checkout)| (id.as_str(), checkout.gauge.max()))
+        .collect();
     Json(json!({
         "lock": service.status_counts(Variant::Lock),
+        "semaphore": service.status_counts(Variant::Semaphore),
         "atomic": service.status_counts(Variant::Atomic),
+        "checkout": {
+            "permits": service.inner.config.permits,
+            "max_in_checkout": max_in_checkout,
+        },
     }))
 }

@@ -1,7 +1,7 @@
 //! Seckill: a flash sale under real load, with zero oversell.
 //!
-//! One item, `S` units in Redis, far more buyers than units. Two ways to
-//! sell it, side by side, so the numbers can be compared honestly:
+//! One item, `S` units in Redis, far more buyers than units. Three ways
+//! to sell it, side by side, so the numbers can be compared honestly:
 //!
 //! * **Lock** ([`buy_with_lock`]): a per-item fairlock guards a
 //!   multi-step critical section (read the stock, write the new stock,
@@ -9,6 +9,12 @@
 //!   fencing token. This is the shape of every sale that must do more
 //!   than one thing (reserve a payment, call a warehouse, write a second
 //!   store), and the shape that a lock exists for.
+//! * **Semaphore** ([`buy_with_semaphore`]): a per-item fair semaphore
+//!   with a few permits (8 by default) caps how many buyers are in
+//!   checkout at once, as a rate-limited payment API behind the sale
+//!   would need; under a permit the atomic script sells. The cap is
+//!   checked: [`CheckoutGauge`] records the most buyers in checkout at
+//!   once, which must not exceed the permits.
 //! * **Atomic** ([`Shop::buy_atomic`]): one Lua script checks and
 //!   decrements the stock and writes the order in a single `EVALSHA`, no
 //!   lock. When the whole sale is one Redis key update, this beats any
@@ -16,20 +22,24 @@
 //!
 //! The modules:
 //!
-//! * [`shop`]: the item's keys, both ways to buy, seeding and the audit;
+//! * [`shop`]: the item's keys, the three ways to buy, seeding and the audit;
+//! * [`checkout`]: the gauge of buyers in checkout at once;
 //! * [`swarm`]: many workers on several clients buy concurrently, then
 //!   the run is audited against Redis (`examples/seckill.rs`);
-//! * [`http`]: the same two ways behind an axum service
+//! * [`http`]: the same three ways behind an axum service
 //!   (`examples/seckill_http.rs`, loaded by `examples/seckill_load.sh`);
 //! * [`stats`]: percentiles and Jain's fairness index.
 
+pub mod checkout;
 pub mod http;
 pub mod shop;
 pub mod stats;
 pub mod swarm;
 
+pub use checkout::{Checkout, CheckoutGauge, CheckoutPass};
 pub use shop::{
-    buy_with_lock, sell_one, Audit, BuyError, Item, Purchase, Sale, Shop, ShopError, Step, Variant,
+    buy_with_lock, buy_with_semaphore, sell_one, Audit, BuyError, Item, Purchase, Sale, Shop,
+    ShopError, Step, Variant,
 };
 pub use swarm::{print_comparison, Check, Report, SwarmConfig};
 

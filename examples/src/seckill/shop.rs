@@ -5,6 +5,11 @@
 //! held in Redis: every read and write of the critical section is a fenced
 //! call carrying the grant's fencing token, so a holder that was paused
 //! past its lease cannot act on a stale read after a newer holder started.
+//!
+//! The semaphore path caps how many buyers are in checkout at once (a
+//! per-item fair semaphore) and sells under a permit with the atomic
+//! script, so the cap needs no fencing: the script alone keeps the stock
+//! right, the permit only limits concurrency.
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -15,6 +20,8 @@ use fred::prelude::{
     Builder, Client, ClientLike, Config, Error as FredError, HashesInterface, KeysInterface,
     LuaInterface, ReconnectPolicy,
 };
+
+use super::checkout::Checkout;
 
 /// Limit for connecting to Redis and for every data command.
 const REDIS_TIMEOUT: Duration = Duration::from_secs(5);
@@ -27,25 +34,35 @@ const ATOMIC_BUY: &str = include_str!("atomic_buy.lua");
 static ATOMIC_BUY_SHA1: LazyLock<String> =
     LazyLock::new(|| sha1_smol::Sha1::from(ATOMIC_BUY).digest().to_string());
 
-/// The two ways to sell, kept in separate keys so they never share stock.
+/// The ways to sell, kept in separate keys so they never share stock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Variant {
     /// A per-item fairlock around a multi-step critical section.
     Lock,
+    /// A per-item fair semaphore caps the buyers in checkout; under a
+    /// permit, the atomic script sells.
+    Semaphore,
     /// One Lua script, no lock.
     Atomic,
 }
 
 impl Variant {
-    /// Both variants, lock first.
-    pub const ALL: [Variant; 2] = [Variant::Lock, Variant::Atomic];
+    /// Every variant: lock, semaphore, atomic.
+    pub const ALL: [Variant; 3] = [Variant::Lock, Variant::Semaphore, Variant::Atomic];
 
-    /// `lock` or `atomic`.
+    /// `lock`, `semaphore` or `atomic`.
     pub fn name(self) -> &'static str {
         match self {
             Variant::Lock => "lock",
+            Variant::Semaphore => "semaphore",
             Variant::Atomic => "atomic",
         }
+    }
+
+    /// Whether a buyer of this variant waits in a fairlock queue (and can
+    /// be answered "busy" when the wait runs out).
+    pub fn queues(self) -> bool {
+        matches!(self, Variant::Lock | Variant::Semaphore)
     }
 }
 
@@ -59,6 +76,9 @@ pub struct Item {
     pub variant: Variant,
     /// The per-item lock's name, `item:<id>` (used by [`Variant::Lock`]).
     pub lock: String,
+    /// The per-item semaphore's name, `checkout:<id>` (used by
+    /// [`Variant::Semaphore`]).
+    pub checkout: String,
     /// String: units left.
     pub stock: String,
     /// Hash: order id -> buyer.
@@ -85,6 +105,7 @@ impl Item {
             id: id.to_owned(),
             variant,
             lock: format!("item:{id}"),
+            checkout: format!("checkout:{id}"),
             stock: format!("{tag}:stock"),
             orders: format!("{tag}:orders"),
             fence: format!("{tag}:fence"),
@@ -110,14 +131,14 @@ pub enum Sale {
     DuplicateOrder,
 }
 
-/// A purchase through the lock path.
+/// A purchase through the lock or the semaphore path.
 #[derive(Debug)]
 pub struct Purchase {
     /// What happened to the stock.
     pub sale: Sale,
-    /// How long the buyer queued for the item's lock.
+    /// How long the buyer queued for the item's lock or permit.
     pub waited: Duration,
-    /// Releasing the lock failed, e.g. [`LockError::NotOwner`] when the
+    /// Releasing the lock or permit failed, e.g. [`LockError::NotOwner`] when the
     /// lease had run out by then. The sale above stands either way: each
     /// of its writes was accepted under a token no newer holder had used.
     pub release_error: Option<LockError>,
@@ -138,8 +159,9 @@ pub enum Step {
 /// Why a purchase attempt did not get an answer from the stock.
 #[derive(Debug, thiserror::Error)]
 pub enum BuyError {
-    /// The wait for the item's lock ran out; nothing was sold.
-    #[error("waited {waited:?} for the lock on item {item} without reaching the front of the queue; retry later")]
+    /// The wait for the item's lock or checkout permit ran out; nothing
+    /// was sold.
+    #[error("waited {waited:?} in the queue for item {item} without being served; retry later")]
     Busy {
         /// The item.
         item: String,
@@ -160,7 +182,7 @@ pub enum BuyError {
         source: LockError,
     },
     /// Any other fairlock error.
-    #[error("lock on item {item}: {source}")]
+    #[error("lock or semaphore of item {item}: {source}")]
     Lock {
         /// The item.
         item: String,
@@ -381,6 +403,57 @@ pub async fn buy_with_lock(
     })
 }
 
+/// Buys one unit under a permit of the item's checkout semaphore: waits
+/// in its FIFO queue (at most the wait timeout in `options`), then,
+/// holding a permit and counted in the checkout's gauge, pauses for the
+/// stand-in payment call (if any), runs the atomic script
+/// ([`Shop::buy_atomic`]), and gives the permit back.
+///
+/// The permit only caps how many buyers are in checkout at once; the
+/// stock is kept right by the script, so a permit whose lease ran out
+/// (reported in [`Purchase::release_error`]) cannot oversell.
+pub async fn buy_with_semaphore(
+    checkout: &Checkout,
+    shop: &Shop,
+    item: &Item,
+    order_id: &str,
+    buyer: &str,
+    options: LockOptions,
+) -> Result<Purchase, BuyError> {
+    let asked = Instant::now();
+    let permit = match checkout.semaphore.acquire_with(options).await {
+        Ok(permit) => permit,
+        Err(LockError::WaitTimeout { waited, .. }) => {
+            return Err(BuyError::Busy {
+                item: item.id.clone(),
+                waited,
+            })
+        }
+        Err(source) => {
+            return Err(BuyError::Lock {
+                item: item.id.clone(),
+                source,
+            })
+        }
+    };
+    let waited = asked.elapsed();
+    let sale = {
+        // In checkout from the grant until just before the release, so
+        // the gauge never counts a buyer whose permit is already back.
+        let _in_checkout = checkout.gauge.enter();
+        if !checkout.payment.is_zero() {
+            tokio::time::sleep(checkout.payment).await;
+        }
+        shop.buy_atomic(item, order_id, buyer).await
+    };
+    let released = permit.release().await;
+    Ok(Purchase {
+        sale: sale?,
+        waited,
+        release_error: released.err(),
+    })
+}
+
 /// The critical section of the lock path alone, for a caller that holds
 /// the item's lock itself: `token` is its guard's fencing token. Every
 /// step is refused with [`BuyError::LeaseLost`] once a newer holder has
@@ -475,6 +548,14 @@ mod tests {
         assert_eq!(item.fence, "seckill:{lock:sku-42}:fence");
         let atomic = Item::new(Variant::Atomic, "sku-42").expect("valid id");
         assert_ne!(atomic.stock, item.stock);
+        let semaphore = Item::new(Variant::Semaphore, "sku-42").expect("valid id");
+        assert_eq!(semaphore.stock, "seckill:{semaphore:sku-42}:stock");
+        assert_eq!(semaphore.orders, "seckill:{semaphore:sku-42}:orders");
+        assert_eq!(semaphore.checkout, "checkout:sku-42");
+        for other in [&item, &atomic] {
+            assert_ne!(semaphore.stock, other.stock);
+            assert_ne!(semaphore.orders, other.orders);
+        }
     }
 
     #[test]

@@ -11,10 +11,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fairlock::{LockClient, LockOptions, MAX_DURATION};
+use fairlock::{LockClient, LockOptions, MAX_DURATION, MAX_PERMITS};
 use tokio::task::JoinHandle;
 
-use super::shop::{buy_with_lock, BuyError, Item, Purchase, Sale, Shop, Variant};
+use super::checkout::{Checkout, CheckoutGauge};
+use super::shop::{
+    buy_with_lock, buy_with_semaphore, BuyError, Item, Purchase, Sale, Shop, Variant,
+};
 use super::stats::{jain_index, millis, percentile, summary};
 use super::{env_or, BoxError};
 
@@ -25,14 +28,21 @@ pub struct SwarmConfig {
     pub stock: i64,
     /// Purchase attempts in total (`ATTEMPTS`, default 20,000).
     pub attempts: u64,
-    /// Lock clients (lock path) or data connections (atomic path) the
-    /// workers are spread over (`CLIENTS`, default 4).
+    /// Lock clients (lock path), lock clients each with a data connection
+    /// (semaphore path) or data connections (atomic path) the workers are
+    /// spread over (`CLIENTS`, default 4).
     pub clients: usize,
     /// Concurrent buyers (`WORKERS`, default 64).
     pub workers: usize,
-    /// How long a buyer queues for the lock before giving up (`WAIT_MS`,
-    /// default 30,000).
+    /// How long a buyer queues for the lock or a checkout permit before
+    /// giving up (`WAIT_MS`, default 30,000).
     pub wait_timeout: Duration,
+    /// Permits of the item's checkout semaphore: buyers in checkout at
+    /// once on the semaphore path (`PERMITS`, default 8).
+    pub permits: u32,
+    /// A pause under the checkout permit before the sale, standing in for
+    /// a rate-limited payment API (`PAYMENT_MS`, default 0).
+    pub payment: Duration,
     /// Fixed lease of each grant (`LEASE_MS`, default 5,000): the critical
     /// section takes milliseconds, and fencing covers an overrun.
     pub lease: Duration,
@@ -50,6 +60,8 @@ impl Default for SwarmConfig {
             clients: 4,
             workers: 64,
             wait_timeout: Duration::from_secs(30),
+            permits: 8,
+            payment: Duration::ZERO,
             lease: Duration::from_secs(5),
             item: "1".to_owned(),
             progress: false,
@@ -68,6 +80,8 @@ impl SwarmConfig {
             clients: env_or("CLIENTS", d.clients)?,
             workers: env_or("WORKERS", d.workers)?,
             wait_timeout: Duration::from_millis(env_or("WAIT_MS", 30_000)?),
+            permits: env_or("PERMITS", d.permits)?,
+            payment: Duration::from_millis(env_or("PAYMENT_MS", 0)?),
             lease: Duration::from_millis(env_or("LEASE_MS", 5_000)?),
             item: env_or("ITEM", d.item)?,
             progress: d.progress,
@@ -94,6 +108,18 @@ impl SwarmConfig {
             return Err(format!(
                 "LEASE_MS={} must be 1..=86400000",
                 self.lease.as_millis()
+            ));
+        }
+        if !(1..=MAX_PERMITS).contains(&self.permits) {
+            return Err(format!(
+                "PERMITS={} must be 1..={MAX_PERMITS}",
+                self.permits
+            ));
+        }
+        if self.payment > MAX_DURATION {
+            return Err(format!(
+                "PAYMENT_MS={} must be at most 86400000",
+                self.payment.as_millis()
             ));
         }
         if self.wait_timeout > MAX_DURATION {
@@ -131,7 +157,7 @@ pub struct Report {
     pub sold: u64,
     /// Attempts answered "sold out".
     pub sold_out: u64,
-    /// Attempts whose wait for the lock ran out.
+    /// Attempts whose wait for the lock or a checkout permit ran out.
     pub busy: u64,
     /// Attempts refused by the fence (the lease ran out mid-sale).
     pub lease_lost: u64,
@@ -154,7 +180,10 @@ pub struct Report {
     pub phantom_orders: u64,
     /// Sales reported to a worker whose order is not in Redis.
     pub missing_orders: u64,
-    /// Time queued for the lock per attempt that got it, sorted.
+    /// The most buyers in checkout at once (semaphore path only): never
+    /// more than the permits.
+    pub max_in_checkout: Option<u64>,
+    /// Time queued for the lock or permit per attempt that got it, sorted.
     pub waits: Vec<Duration>,
     /// Time per attempt, end to end, sorted.
     pub latencies: Vec<Duration>,
@@ -224,6 +253,11 @@ impl Tally {
 #[derive(Clone)]
 enum Way {
     Lock(LockClient),
+    Semaphore {
+        lock: LockClient,
+        shop: Shop,
+        checkout: Checkout,
+    },
     Atomic(Shop),
 }
 
@@ -244,11 +278,28 @@ pub async fn run(url: &str, config: &SwarmConfig, variant: Variant) -> Result<Re
     admin.seed(&item, config.stock).await?;
 
     // The lock path talks to Redis through the lock clients only (its data
-    // calls are fenced calls); the atomic path through plain connections.
+    // calls are fenced calls); the atomic path through plain connections;
+    // the semaphore path takes permits through a lock client and sells
+    // through a plain connection. All the semaphore handles share one
+    // gauge: the cap holds across the clients.
+    let gauge = Arc::new(CheckoutGauge::default());
     let mut ways = Vec::with_capacity(config.clients);
     for _ in 0..config.clients {
         ways.push(match variant {
             Variant::Lock => Way::Lock(LockClient::connect(url).await?),
+            Variant::Semaphore => {
+                let lock = LockClient::connect(url).await?;
+                let checkout = Checkout {
+                    semaphore: lock.semaphore(&item.checkout, config.permits)?,
+                    gauge: Arc::clone(&gauge),
+                    payment: config.payment,
+                };
+                Way::Semaphore {
+                    lock,
+                    shop: Shop::connect(url).await?,
+                    checkout,
+                }
+            }
             Variant::Atomic => Way::Atomic(Shop::connect(url).await?),
         });
     }
@@ -281,6 +332,9 @@ pub async fn run(url: &str, config: &SwarmConfig, variant: Variant) -> Result<Re
                 let asked = Instant::now();
                 let result = match &way {
                     Way::Lock(lock) => buy_with_lock(lock, &item, &order_id, &buyer, options).await,
+                    Way::Semaphore { shop, checkout, .. } => {
+                        buy_with_semaphore(checkout, shop, &item, &order_id, &buyer, options).await
+                    }
                     Way::Atomic(shop) => {
                         shop.buy_atomic(&item, &order_id, &buyer)
                             .await
@@ -315,11 +369,19 @@ pub async fn run(url: &str, config: &SwarmConfig, variant: Variant) -> Result<Re
     for way in &ways {
         match way {
             Way::Lock(lock) => lock.shutdown().await,
+            Way::Semaphore { lock, shop, .. } => {
+                lock.shutdown().await;
+                shop.quit().await;
+            }
             Way::Atomic(shop) => shop.quit().await,
         }
     }
     admin.quit().await;
-    Ok(merge(variant, config, elapsed, tallies, audit))
+    let mut report = merge(variant, config, elapsed, tallies, audit);
+    if variant == Variant::Semaphore {
+        report.max_in_checkout = Some(gauge.max());
+    }
+    Ok(report)
 }
 
 fn merge(
@@ -346,6 +408,7 @@ fn merge(
         orders_in_redis: audit.orders.len() as u64,
         phantom_orders: 0,
         missing_orders: 0,
+        max_in_checkout: None,
         waits: Vec::new(),
         latencies: Vec::new(),
         attempts_per_worker: Vec::with_capacity(tallies.len()),
@@ -454,6 +517,18 @@ impl Report {
                 ),
             },
         ];
+        if self.variant == Variant::Semaphore {
+            let permits = u64::from(self.config.permits);
+            checks.push(Check {
+                name: "never more buyers in checkout than permits",
+                ok: self.max_in_checkout.is_some_and(|max| max <= permits),
+                detail: format!(
+                    "at most {} at once, permits {permits}",
+                    self.max_in_checkout
+                        .map_or_else(|| "not measured".to_owned(), |m| m.to_string())
+                ),
+            });
+        }
         checks.push(Check {
             name: "no errors, no stale writes",
             ok: self.errors == 0 && self.lease_lost == 0,
@@ -485,6 +560,7 @@ impl Report {
             c.clients,
             match self.variant {
                 Variant::Lock => "lock clients",
+                Variant::Semaphore => "lock clients + connections",
                 Variant::Atomic => "connections",
             },
             self.elapsed.as_secs_f64(),
@@ -494,8 +570,22 @@ impl Report {
             "  sold {}, sold out {}, gave up waiting {}, late releases {}",
             self.sold, self.sold_out, self.busy, self.late_releases
         );
-        if self.variant == Variant::Lock {
-            println!("  wait for the lock: {}", summary(&self.waits));
+        match self.variant {
+            Variant::Lock => println!("  wait for the lock: {}", summary(&self.waits)),
+            Variant::Semaphore => {
+                println!("  wait for a permit: {}", summary(&self.waits));
+                println!(
+                    "  in checkout at once: at most {} of {} permits{}",
+                    self.max_in_checkout.unwrap_or(0),
+                    c.permits,
+                    if c.payment.is_zero() {
+                        String::new()
+                    } else {
+                        format!(" (payment pause {} ms)", c.payment.as_millis())
+                    }
+                );
+            }
+            Variant::Atomic => {}
         }
         println!("  purchase latency:  {}", summary(&self.latencies));
         let min = self.attempts_per_worker.iter().min().copied().unwrap_or(0);
@@ -516,60 +606,76 @@ impl Report {
 
     fn title(&self) -> &'static str {
         match self.variant {
-            Variant::Lock => "lock   (per-item fairlock, fenced read + 2 fenced writes)",
-            Variant::Atomic => "atomic (one Lua script, no lock)",
+            Variant::Lock => "lock      (per-item fairlock, fenced read + 2 fenced writes)",
+            Variant::Semaphore => {
+                "semaphore (per-item fair semaphore, atomic script under a permit)"
+            }
+            Variant::Atomic => "atomic    (one Lua script, no lock)",
         }
     }
 }
 
-/// Prints the two runs side by side.
-pub fn print_comparison(lock: &Report, atomic: &Report) {
-    let row = |name: &str, a: String, b: String| println!("  {name:<22} {a:>16} {b:>16}");
+/// Prints the runs side by side, one column each.
+pub fn print_comparison(reports: &[Report]) {
+    let row = |name: &str, cells: Vec<String>| {
+        let cells: String = cells.iter().map(|c| format!(" {c:>16}")).collect();
+        println!("  {name:<22}{cells}");
+    };
+    let each = |f: &dyn Fn(&Report) -> String| reports.iter().map(f).collect::<Vec<_>>();
     println!("side by side:");
-    row("", "lock".into(), "atomic script".into());
     row(
-        "attempts/s",
-        format!("{:.0}", lock.throughput()),
-        format!("{:.0}", atomic.throughput()),
+        "",
+        each(&|r| {
+            match r.variant {
+                Variant::Lock => "lock",
+                Variant::Semaphore => "semaphore",
+                Variant::Atomic => "atomic script",
+            }
+            .to_owned()
+        }),
     );
+    row("attempts/s", each(&|r| format!("{:.0}", r.throughput())));
     for (name, p) in [
         ("latency p50", 0.5),
         ("latency p99", 0.99),
         ("latency max", 1.0),
     ] {
-        row(
-            name,
-            millis(percentile(&lock.latencies, p)),
-            millis(percentile(&atomic.latencies, p)),
-        );
+        row(name, each(&|r| millis(percentile(&r.latencies, p))));
     }
     row(
-        "lock wait p99",
-        millis(percentile(&lock.waits, 0.99)),
-        "-".into(),
+        "queue wait p99",
+        each(&|r| {
+            if r.variant.queues() {
+                millis(percentile(&r.waits, 0.99))
+            } else {
+                "-".into()
+            }
+        }),
+    );
+    row(
+        "in checkout at once",
+        each(&|r| {
+            r.max_in_checkout
+                .map_or_else(|| "-".into(), |m| format!("{m} / {}", r.config.permits))
+        }),
     );
     row(
         "sold / stock",
-        format!("{} / {}", lock.sold, lock.config.stock),
-        format!("{} / {}", atomic.sold, atomic.config.stock),
-    );
-    let stock = |r: &Report| {
-        r.final_stock
-            .map_or_else(|| "missing".into(), |s| s.to_string())
-    };
-    row("final stock", stock(lock), stock(atomic));
-    row(
-        "orders in Redis",
-        lock.orders_in_redis.to_string(),
-        atomic.orders_in_redis.to_string(),
+        each(&|r| format!("{} / {}", r.sold, r.config.stock)),
     );
     row(
-        "Jain's index",
-        format!("{:.3}", lock.fairness()),
-        format!("{:.3}", atomic.fairness()),
+        "final stock",
+        each(&|r| {
+            r.final_stock
+                .map_or_else(|| "missing".into(), |s| s.to_string())
+        }),
     );
-    let verdict = |r: &Report| if r.passed() { "all passed" } else { "FAILED" }.to_owned();
-    row("checks", verdict(lock), verdict(atomic));
+    row("orders in Redis", each(&|r| r.orders_in_redis.to_string()));
+    row("Jain's index", each(&|r| format!("{:.3}", r.fairness())));
+    row(
+        "checks",
+        each(&|r| if r.passed() { "all passed" } else { "FAILED" }.to_owned()),
+    );
 }
 
 fn spawn_progress(
