@@ -259,3 +259,32 @@ pub fn assert_swarm_passed(report: &fairlock_examples::seckill::Report) {
         report.variant
     );
 }
+
+/// The keys of permit set `name` (a semaphore or a read-write lock).
+pub fn permit_keys(name: &str, family: fairlock_core::PermitFamily) -> LockKeys {
+    LockKeys::permits(
+        &KeyPrefix::default(),
+        &LockName::new(name).expect("valid test set name"),
+        family,
+    )
+}
+
+/// `ZCARD key` through the admin connection.
+pub fn zcard(server: &RedisServer, key: &str) -> i64 {
+    server
+        .cmd(&["ZCARD", key])
+        .expect("ZCARD")
+        .as_int()
+        .expect("int")
+}
+
+/// A client of a local Redis Cluster with fast test timings.
+pub async fn cluster_client(cluster: &fairlock_testkit::RedisCluster) -> LockClient {
+    let mut config = ClientConfig::new(cluster.url());
+    config.heartbeat_interval = Duration::from_millis(100);
+    config.waiter_timeout = Duration::from_secs(1);
+    config.watchdog_lease = Duration::from_secs(3);
+    LockClient::with_config(config)
+        .await
+        .expect("client connects to the cluster")
+}

@@ -6,24 +6,14 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fairlock::{ClientConfig, Error, FencedOp, LockClient, LockOptions, Reply};
+use fairlock::{Error, FencedOp, LockClient, LockOptions, Reply};
 use fairlock_core::{Acquire, AcquireMode, AcquireReply, Timings};
 use fairlock_examples::seckill::{swarm, SwarmConfig, Variant};
 use fairlock_testkit::RedisCluster;
-use fairlock_tests::{assert_swarm_passed, raw, wait_for_queue_len};
+use fairlock_tests::{assert_swarm_passed, cluster_client, raw, wait_for_queue_len};
 
 /// Hang guard.
 const LONG: Duration = Duration::from_secs(30);
-
-async fn cluster_client(cluster: &RedisCluster) -> LockClient {
-    let mut config = ClientConfig::new(cluster.url());
-    config.heartbeat_interval = Duration::from_millis(100);
-    config.waiter_timeout = Duration::from_secs(1);
-    config.watchdog_lease = Duration::from_secs(3);
-    LockClient::with_config(config)
-        .await
-        .expect("client connects to the cluster")
-}
 
 /// Lock names whose keys land on each of the three primaries.
 fn names_on_every_primary(cluster: &RedisCluster) -> Vec<String> {

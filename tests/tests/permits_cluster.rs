@@ -7,22 +7,12 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fairlock::{ClientConfig, LockClient};
 use fairlock_core::{KeyPrefix, LockKeys, LockName, PermitFamily};
 use fairlock_testkit::RedisCluster;
+use fairlock_tests::cluster_client;
 
 /// Hang guard.
 const LONG: Duration = Duration::from_secs(30);
-
-async fn cluster_client(cluster: &RedisCluster) -> LockClient {
-    let mut config = ClientConfig::new(cluster.url());
-    config.heartbeat_interval = Duration::from_millis(100);
-    config.waiter_timeout = Duration::from_secs(1);
-    config.watchdog_lease = Duration::from_secs(3);
-    LockClient::with_config(config)
-        .await
-        .expect("client connects to the cluster")
-}
 
 /// Set names whose keys land on each of the three primaries.
 fn names_on_every_primary(cluster: &RedisCluster) -> Vec<String> {

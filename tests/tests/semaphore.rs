@@ -9,26 +9,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fairlock::{LockOptions, Permit, Semaphore};
-use fairlock_core::{KeyPrefix, LockKeys, LockName, PermitFamily};
+use fairlock_core::{LockKeys, PermitFamily};
 use fairlock_tests::*;
 
 /// A bound for waits that must end; never reached unless a grant is lost.
 const LIVENESS: Duration = Duration::from_secs(20);
 
 fn sem_keys(name: &str) -> LockKeys {
-    LockKeys::permits(
-        &KeyPrefix::default(),
-        &LockName::new(name).expect("name"),
-        PermitFamily::Semaphore,
-    )
-}
-
-fn zcard(server: &RedisServer, key: &str) -> i64 {
-    server
-        .cmd(&["ZCARD", key])
-        .expect("ZCARD")
-        .as_int()
-        .expect("int")
+    permit_keys(name, PermitFamily::Semaphore)
 }
 
 /// Server time in ms.
