@@ -180,6 +180,24 @@ async fn waiters_re_register_with_the_new_primary_and_are_granted() {
         Some(WAITERS as i64),
         "the new primary has the queue"
     );
+    // Acknowledgement by both replicas needs both attached to the new
+    // primary: the demoted one resyncs first.
+    let primary_node = group.node(&primary).expect("primary node");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let replicas = group.replica_addrs().expect("replicas");
+        let synced = replicas.len() == 2
+            && replicas.iter().all(|addr| {
+                group
+                    .node(addr)
+                    .and_then(|node| node.caught_up_with(primary_node))
+                    .unwrap_or(false)
+            });
+        if synced || std::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     let holder_token = holder.token().value();
     let released = tokio::time::timeout(Duration::from_secs(30), holder.release())
