@@ -288,3 +288,23 @@ pub async fn cluster_client(cluster: &fairlock_testkit::RedisCluster) -> LockCli
         .await
         .expect("client connects to the cluster")
 }
+
+/// Waits (bounded, 20 s) until zset `key` has at least `count` members.
+pub async fn wait_for_zcard(server: &RedisServer, key: &str, count: i64) {
+    for _ in 0..4000 {
+        if zcard(server, key) >= count {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("{key} never reached {count} members");
+}
+
+/// Awaits `future`, failing the test if it takes longer than 20 s: a
+/// liveness bound for waits that end unless a grant was lost, not a
+/// timing assertion.
+pub async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(20), future)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish: a grant was lost"))
+}

@@ -256,18 +256,6 @@ async fn the_config_builder_checks_every_value_before_any_connection() {
     guard.release().await.expect("release");
 }
 
-/// Polls until lock `name` has `waiters` queue entries; panics if that
-/// does not happen within 10 s (a liveness bound, not a timing assertion).
-async fn until_queued(client: &fairlock::LockClient, name: &str, waiters: u64) {
-    for _ in 0..1_000 {
-        if client.inspect(name).await.expect("inspect").queue_len == waiters {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("lock {name} never had {waiters} waiters");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn try_lock_with_waits_up_to_its_wait_timeout_in_the_queue() {
     let server = server();
@@ -303,13 +291,13 @@ async fn try_lock_with_waits_up_to_its_wait_timeout_in_the_queue() {
         let waiter = waiter.clone();
         tokio::spawn(async move { waiter.lock(name).await.expect("first waiter") })
     };
-    until_queued(trier, name, 1).await;
+    wait_for_queue_len(trier, name, 1).await;
     let second = {
         let trier = trier.clone();
         let long = LockOptions::new().wait_timeout(Duration::from_secs(30));
         tokio::spawn(async move { trier.try_lock_with(name, long).await })
     };
-    until_queued(trier, name, 2).await;
+    wait_for_queue_len(trier, name, 2).await;
     held.release().await.expect("release");
     // If the try overtook the earlier waiter, that waiter would wait for
     // the try's unreleased guard: bounded, so the test fails, not hangs.

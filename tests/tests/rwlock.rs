@@ -21,20 +21,7 @@ fn rw_keys(name: &str) -> LockKeys {
 }
 
 async fn until_queued(server: &RedisServer, name: &str, count: i64) {
-    let queue = rw_keys(name).queue().to_owned();
-    for _ in 0..4000 {
-        if zcard(server, &queue) >= count {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("{count} waiters never queued on {name}");
-}
-
-async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(LIVENESS, future)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish: a grant was lost"))
+    wait_for_zcard(server, rw_keys(name).queue(), count).await;
 }
 
 /// Readers and writers inside their holds, checked and changed atomically.

@@ -12,9 +12,6 @@ use fairlock::{LockOptions, Permit, Semaphore};
 use fairlock_core::{LockKeys, PermitFamily};
 use fairlock_tests::*;
 
-/// A bound for waits that must end; never reached unless a grant is lost.
-const LIVENESS: Duration = Duration::from_secs(20);
-
 fn sem_keys(name: &str) -> LockKeys {
     permit_keys(name, PermitFamily::Semaphore)
 }
@@ -30,20 +27,7 @@ fn server_ms(server: &RedisServer) -> i64 {
 
 /// Waits (bounded) until `count` members are queued on `name`.
 async fn until_queued(server: &RedisServer, name: &str, count: i64) {
-    let queue = sem_keys(name).queue().to_owned();
-    for _ in 0..4000 {
-        if zcard(server, &queue) >= count {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("{count} waiters never queued on {name}");
-}
-
-async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(LIVENESS, future)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish: a grant was lost"))
+    wait_for_zcard(server, sem_keys(name).queue(), count).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
