@@ -119,10 +119,11 @@ impl ClientState {
         let Some(acks) = self.config.replica_acks else {
             return Ok(());
         };
-        let acked = self
-            .redis
-            .wait_replicas(acks.replicas, acks.timeout)
-            .await?;
+        // Boxed like every Redis call here: WAIT on both lanes is a large
+        // future, and `release()` would otherwise carry it inline (a
+        // user's task that awaits `lock()` then `release()` would be
+        // ~10 KiB for its whole wait).
+        let acked = Box::pin(self.redis.wait_replicas(acks.replicas, acks.timeout)).await?;
         if acked < acks.replicas {
             return Err(Error::NotReplicated {
                 acked,

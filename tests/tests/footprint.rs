@@ -1,0 +1,47 @@
+//! What waiting costs the caller's memory. A task that awaits `lock()` and
+//! then `release()` carries both futures in its state for its whole wait,
+//! so both must be small: ten thousand waiting tasks should cost a few
+//! KiB each, not ten. (An unboxed replica-acknowledgement wait once made
+//! `release()` 10,896 bytes, and every waiting task with it.)
+
+use std::mem::size_of_val;
+
+use fairlock_tests::*;
+
+/// Bounds with room for debug builds, far below the regression above.
+const LOCK_FUTURE_MAX: usize = 2048;
+const RELEASE_FUTURE_MAX: usize = 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_futures_a_waiting_task_carries_are_small() {
+    let server = server();
+    let client = client(&server).await;
+    let guard = client.lock("footprint:a").await.expect("lock");
+
+    let lock = client.lock("footprint:b");
+    let lock_size = size_of_val(&lock);
+    drop(lock);
+    let release = guard.release();
+    let release_size = size_of_val(&release);
+    release.await.expect("release");
+    eprintln!("lock() future {lock_size} B, release() future {release_size} B");
+    assert!(
+        lock_size <= LOCK_FUTURE_MAX,
+        "lock() future is {lock_size} B"
+    );
+    assert!(
+        release_size <= RELEASE_FUTURE_MAX,
+        "release() future is {release_size} B"
+    );
+
+    let semaphore = client.semaphore("footprint:s", 2).expect("semaphore");
+    let permit = semaphore.acquire().await.expect("permit");
+    let release = permit.release();
+    let permit_release_size = size_of_val(&release);
+    release.await.expect("permit release");
+    eprintln!("permit release() future {permit_release_size} B");
+    assert!(
+        permit_release_size <= RELEASE_FUTURE_MAX,
+        "permit release() future is {permit_release_size} B"
+    );
+}
