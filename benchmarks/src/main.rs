@@ -45,6 +45,9 @@ usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]...
   --out DIR    where to write results (default: benchmarks/results)
   --impl NAME  only this implementation (repeatable): fairlock, spin-10ms,
                spin-100ms, rslock, rslock-10ms
+  --cell C:H   only this one-hot-lock cell, C contenders holding H ms
+               (repeatable; e.g. --cell 1:0 --cell 64:1), for a look at
+               one spot; the report then covers these cells only
 ";
 
 /// What the command line asked for.
@@ -53,6 +56,20 @@ struct Options {
     topologies: bool,
     out: PathBuf,
     impls: Vec<Implementation>,
+    /// Cells asked for with `--cell` (empty: the mode's matrix).
+    cells: Vec<(usize, Duration)>,
+}
+
+/// `C:H` of `--cell`: contenders and hold in milliseconds.
+fn parse_cell(text: &str) -> std::result::Result<(usize, Duration), String> {
+    let bad = || format!("--cell wants C:H (contenders:hold ms), not {text:?}");
+    let (c, h) = text.split_once(':').ok_or_else(bad)?;
+    let contenders: usize = c.parse().map_err(|_| bad())?;
+    let hold: u64 = h.parse().map_err(|_| bad())?;
+    if contenders == 0 || contenders > 100_000 || hold > 10_000 {
+        return Err(bad());
+    }
+    Ok((contenders, Duration::from_millis(hold)))
 }
 
 fn parse_args() -> std::result::Result<Options, String> {
@@ -61,6 +78,7 @@ fn parse_args() -> std::result::Result<Options, String> {
         topologies: false,
         out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results"),
         impls: Vec::new(),
+        cells: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -76,6 +94,10 @@ fn parse_args() -> std::result::Result<Options, String> {
                     Implementation::from_label(&name)
                         .ok_or_else(|| format!("unknown implementation {name:?}"))?,
                 );
+            }
+            "--cell" => {
+                let cell = args.next().ok_or("--cell needs C:H")?;
+                options.cells.push(parse_cell(&cell)?);
             }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
@@ -101,10 +123,21 @@ struct Plan {
     many_locks: usize,
     many_contenders: usize,
     many_measure: Duration,
+    /// Only the cells named with `--cell`: no waiters probe, no 1,000 locks.
+    only_cells: bool,
 }
 
 impl Plan {
     fn new(options: &Options) -> Plan {
+        let mut plan = Plan::for_mode(options);
+        if !options.cells.is_empty() {
+            plan.cells = options.cells.clone();
+            plan.only_cells = true;
+        }
+        plan
+    }
+
+    fn for_mode(options: &Options) -> Plan {
         let ms = Duration::from_millis;
         if options.quick {
             Plan {
@@ -119,6 +152,7 @@ impl Plan {
                 many_locks: 1000,
                 many_contenders: 2000,
                 many_measure: ms(1000),
+                only_cells: false,
             }
         } else {
             let mut cells = Vec::new();
@@ -139,6 +173,7 @@ impl Plan {
                 many_locks: 1000,
                 many_contenders: 2000,
                 many_measure: ms(6000),
+                only_cells: false,
             }
         }
     }
@@ -258,7 +293,7 @@ async fn run(options: &Options) -> Result<bool> {
         results.costs.push((imp.label().to_owned(), costs));
     }
 
-    if plan.impls.contains(&Implementation::Fairlock) {
+    if plan.impls.contains(&Implementation::Fairlock) && !plan.only_cells {
         progress.step(&format!("{} waiters on one lock", plan.waiters), 5.0);
         let cost = probes::fairlock_waiters(&admin, plan.waiters, &progress).await?;
         results.waiters = Some(WaitersRecord::from(&cost));
@@ -278,7 +313,12 @@ async fn run(options: &Options) -> Result<bool> {
     }
 
     let many = plan.many_locks_plan();
-    for &imp in &plan.impls {
+    let many_impls = if plan.only_cells {
+        &[][..]
+    } else {
+        &plan.impls[..]
+    };
+    for &imp in many_impls {
         progress.step(
             &format!("{} locks: {}", many.locks, imp.label()),
             Plan::cell_seconds(&many),
