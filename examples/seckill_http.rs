@@ -16,7 +16,10 @@
 //! a request that waits longer for the lock or a permit is answered 429),
 //! `PERMITS` (8 per item's checkout semaphore), `PAYMENT_MS` (0: a pause
 //! under the permit standing in for a payment API), `LEASE_MS` (5,000),
-//! `ADMISSION` (1: deadline-aware admission on the lock path), `REDIS_URL` (unset: a throwaway redis-server on 127.0.0.1).
+//! `ADMISSION` (1: deadline-aware admission on the lock path), `LINE` (1:
+//! the service's own bounded line per item), `MAX_IN_LINE` (0: adaptive
+//! size), `SALE_THREADS` (2: threads of the sales' own runtime),
+//! `REDIS_URL` (unset: a throwaway redis-server on 127.0.0.1).
 //! `examples/seckill_load.sh` loads it with `ab` and checks for oversell.
 //! Stops on SIGINT or SIGTERM.
 

@@ -8,7 +8,8 @@
 #
 # Environment: CONCURRENCY (1000), REQUESTS (20000), STOCK (10000),
 # WAIT_MS (1000: lock or permit wait before a 429), PERMITS (8: checkout
-# permits of the semaphore endpoint), PORT (18080), ITEM (1),
+# permits of the semaphore endpoint), PORT (18080), ITEM (1), and the
+# service's LINE, MAX_IN_LINE and SALE_THREADS (see docs/SECKILL.md),
 # OUT_DIR (target/seckill-load: ab's full reports and the server log).
 #
 # It builds the example in release mode, installs `ab` (apache2-utils) with
@@ -188,6 +189,15 @@ redis_cpu() {
         awk -F: '$1 == "used_cpu_user" || $1 == "used_cpu_sys" { s += $2 } END { printf "%.2f", s }'
 }
 
+# redis_calls: commands Redis has run so far (INFO commandstats, summed;
+# Redis 7 counts the commands inside scripts too), or nothing without
+# redis-cli.
+redis_calls() {
+    command -v redis-cli >/dev/null 2>&1 && [ -n "$REDIS_URL" ] || return 0
+    redis-cli -u "$REDIS_URL" INFO commandstats | tr -d '\r' |
+        sed -n 's/.*:calls=\([0-9]*\),.*/\1/p' | awk '{ s += $1 } END { print s + 0 }'
+}
+
 listen_overflows() {
     awk '$1 == "TcpExt:" { if (!seen) { for (i = 2; i <= NF; i++) name[i] = $i; seen = 1 }
         else { for (i = 2; i <= NF; i++) if (name[i] == "ListenOverflows") print $i } }' \
@@ -211,10 +221,11 @@ load() { # load VARIANT PATH
     local variant=$1 path=$2 report="$OUT_DIR/ab-$1.txt"
     echo
     echo "== $variant: ab -l -r -s 60 -c $CONCURRENCY -n $REQUESTS -p /dev/null $BASE$path/$ITEM"
-    local before after overflows cpu_before cpu_after
+    local before after overflows cpu_before cpu_after calls_before calls_after
     before=$(curl -sf "$BASE/stats")
     overflows=$(listen_overflows)
     cpu_before=$(redis_cpu)
+    calls_before=$(redis_calls)
     if ! ab -l -r -s 60 -c "$CONCURRENCY" -n "$REQUESTS" -p /dev/null -T application/json \
         "$BASE$path/$ITEM" >"$report" 2>&1; then
         cat "$report" >&2
@@ -222,6 +233,7 @@ load() { # load VARIANT PATH
     fi
     after=$(curl -sf "$BASE/stats")
     cpu_after=$(redis_cpu)
+    calls_after=$(redis_calls)
     overflows=$(($(listen_overflows) - ${overflows:-0}))
 
     grep -E '^(Complete requests|Failed requests|Requests per second|Time taken for tests):' "$report" | sed 's/^/  /'
@@ -232,6 +244,9 @@ load() { # load VARIANT PATH
     echo
     if [ -n "$cpu_before" ] && [ -n "$cpu_after" ]; then
         echo "  redis CPU during the run (INFO cpu, user+sys): $(awk -v a="$cpu_after" -v b="$cpu_before" 'BEGIN { printf "%.2f", a - b }') s"
+    fi
+    if [ -n "$calls_before" ] && [ -n "$calls_after" ]; then
+        echo "  redis commands during the run (INFO commandstats, with those inside scripts): $((calls_after - calls_before)), $(awk -v a="$calls_after" -v b="$calls_before" -v n="$REQUESTS" 'BEGIN { printf "%.2f", (a - b) / n }') per request"
     fi
     echo "  accept-queue overflows (machine-wide; each one is a 1 s SYN retry): $overflows"
 
@@ -244,6 +259,10 @@ load() { # load VARIANT PATH
         [ "$n" -gt 0 ] && line="$line $code=$n"
     done
     echo "$line"
+    # The service's own answer times (handler start to answer), beside
+    # ab's (which start at connect, so they include the accept queue).
+    curl -sf "$BASE/answer-times/$variant" | sed 's/^/  service time (ms), status /'
+    printf '%s' "$after" | grep -o "\"$variant:$ITEM\":{[^}]*}" | sed 's/^/  line: /'  || true
 
     local stock orders
     stock=$(redis_read stock "$variant")

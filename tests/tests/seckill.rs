@@ -411,6 +411,70 @@ async fn http_wait_timeout_is_429_and_sells_nothing() {
     service.close().await;
 }
 
+/// The service's own line: with the item's lock held elsewhere and room
+/// for 4 in line, 4 of 20 concurrent buyers queue in Redis and wait their
+/// budget; the other 16 are answered 429 at once, and none of them ever
+/// reaches the lock's queue. Without the line, all 20 queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_a_full_line_answers_429_before_the_queue() {
+    const BUYERS: usize = 20;
+    const ROOM: u64 = 4;
+    let server = server();
+    let queue = keys("item:1").queue().to_owned();
+    for (line, expected_queue, expected_shed) in [(true, ROOM, 16), (false, BUYERS as u64, 0)] {
+        let config = ServiceConfig {
+            stock: 5,
+            items: vec!["1".into()],
+            wait_timeout: Duration::from_secs(3),
+            line,
+            max_in_line: ROOM,
+            ..ServiceConfig::default()
+        };
+        let service = Service::start(&server.url(), config)
+            .await
+            .expect("service");
+        let (addr, serving) = service.spawn_local().await.expect("listen");
+        let other_process = client(&server).await;
+        let holder = other_process.lock("item:1").await.expect("hold the item");
+
+        let buyers: Vec<_> = (0..BUYERS)
+            .map(|_| tokio::spawn(async move { http(addr, "POST", "/seckill/1").await }))
+            .collect();
+        wait_for_zcard(&server, &queue, expected_queue as i64).await;
+        // Give any buyer the line let through time to reach the queue.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            zcard(&server, &queue),
+            expected_queue as i64,
+            "line {line}: buyers in the lock's queue"
+        );
+        holder.release().await.expect("release");
+        let mut turned_away = 0;
+        for buyer in buyers {
+            let answer = within("a buyer's answer", buyer).await.expect("buyer task");
+            let message = answer.body["message"].as_str().unwrap_or_default();
+            if message.contains("already in line") {
+                assert_eq!(answer.status, 429, "{}", answer.body);
+                assert_eq!(answer.body["waited_ms"], 0);
+                turned_away += 1;
+            }
+        }
+        assert_eq!(
+            turned_away, expected_shed,
+            "line {line}: turned away at once"
+        );
+        let stats = http(addr, "GET", "/stats").await;
+        if line {
+            assert_eq!(stats.body["line"]["lock:1"]["shed"], expected_shed);
+            assert_eq!(stats.body["line"]["lock:1"]["most"], ROOM);
+        } else {
+            assert_eq!(stats.body["line"], serde_json::json!({}));
+        }
+        serving.abort();
+        service.close().await;
+    }
+}
+
 /// The load script's check at CI size: the real ApacheBench (`ab -c 500
 /// -n 2000`, installed with apt-get when root) against the service, every
 /// way, 1,000 units each. Every request is answered, exactly the stock is

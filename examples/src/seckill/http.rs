@@ -23,7 +23,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -35,8 +35,13 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+use super::answer_times::AnswerTimes;
 use super::checkout::Checkout;
-use super::shop::{buy_with_lock, buy_with_semaphore, BuyError, Item, Sale, Shop, Variant};
+use super::line::{Line, LineFull};
+use super::sale_runtime::SaleRuntime;
+use super::shop::{
+    buy_with_lock, buy_with_semaphore, BuyError, Item, Purchase, Sale, Shop, Variant,
+};
 use super::{env_or, BoxError};
 
 /// The status codes counted one by one; anything else counts as `other`.
@@ -62,6 +67,18 @@ pub struct ServiceConfig {
     pub admission: bool,
     /// Fixed lease of each grant (`LEASE_MS`, default 5,000).
     pub lease: Duration,
+    /// The service's own line per item in front of the lock and the
+    /// semaphore (`LINE`, default on): a buyer who arrives when more are
+    /// in line than the wait budget can serve is answered 429 at once,
+    /// without a Redis call (see [`Line`]).
+    pub line: bool,
+    /// A fixed size for that line instead of the adaptive one
+    /// (`MAX_IN_LINE`, default 0: adaptive).
+    pub max_in_line: u64,
+    /// Worker threads of the runtime the sales run on, apart from the
+    /// HTTP runtime (`SALE_THREADS`, default 2; 0 runs the sales on the
+    /// HTTP runtime's tasks, see [`SaleRuntime`]).
+    pub sale_threads: usize,
 }
 
 impl Default for ServiceConfig {
@@ -74,6 +91,9 @@ impl Default for ServiceConfig {
             payment: Duration::ZERO,
             admission: true,
             lease: Duration::from_secs(5),
+            line: true,
+            max_in_line: 0,
+            sale_threads: 2,
         }
     }
 }
@@ -97,19 +117,24 @@ impl ServiceConfig {
             payment: Duration::from_millis(env_or("PAYMENT_MS", 0)?),
             admission: env_or("ADMISSION", 1)? != 0,
             lease: Duration::from_millis(env_or("LEASE_MS", 5_000)?),
+            line: env_or("LINE", 1)? != 0,
+            max_in_line: env_or("MAX_IN_LINE", d.max_in_line)?,
+            sale_threads: env_or("SALE_THREADS", d.sale_threads)?,
         })
     }
 }
 
-/// Answers counted per status code, for one way of selling.
+/// Answers counted and timed per status code, for one way of selling.
 #[derive(Default)]
 struct StatusCounts {
     counted: [AtomicU64; COUNTED.len()],
     other: AtomicU64,
+    times: AnswerTimes,
 }
 
 impl StatusCounts {
-    fn add(&self, status: StatusCode) {
+    fn add(&self, status: StatusCode, took: Duration) {
+        self.times.record(status.as_u16(), took);
         let slot = COUNTED
             .iter()
             .position(|&code| code == status.as_u16())
@@ -136,9 +161,15 @@ struct Inner {
     items: HashMap<(Variant, String), Item>,
     /// Each item's checkout semaphore and gauge, by item id.
     checkouts: HashMap<String, Checkout>,
+    /// The service's line in front of each item's lock and semaphore
+    /// (when `config.line`).
+    lines: HashMap<(Variant, String), Arc<Line>>,
     lock_counts: StatusCounts,
     semaphore_counts: StatusCounts,
     atomic_counts: StatusCounts,
+    /// The runtime the sales run on (none: the HTTP runtime). Declared
+    /// last, so it is dropped after the clients whose tasks it runs.
+    sales: Option<SaleRuntime>,
 }
 
 /// The running service: its Redis connections, items and counters.
@@ -204,11 +235,38 @@ impl Service {
                 items.insert((variant, id.clone()), Item::new(variant, id)?);
             }
         }
-        let shop = Shop::connect(url).await?;
+        // The clients connect on the sale runtime, so their socket tasks
+        // (and the tasks their replies wake) run there.
+        let sales = match config.sale_threads {
+            0 => None,
+            threads => Some(SaleRuntime::start(threads)?),
+        };
+        let connect = {
+            let url = url.to_owned();
+            async move {
+                let shop = Shop::connect(&url).await?;
+                let lock = LockClient::connect(&url).await?;
+                Ok::<_, BoxError>((shop, lock))
+            }
+        };
+        let (shop, lock) = match &sales {
+            Some(sales) => sales.run(connect).await??,
+            None => connect.await?,
+        };
         for item in items.values() {
             shop.seed(item, config.stock).await?;
         }
-        let lock = LockClient::connect(url).await?;
+        let mut lines = HashMap::new();
+        if config.line {
+            let line = |parallel| match config.max_in_line {
+                0 => Arc::new(Line::new(config.wait_timeout, parallel)),
+                fixed => Arc::new(Line::fixed(fixed)),
+            };
+            for id in &config.items {
+                lines.insert((Variant::Lock, id.clone()), line(1));
+                lines.insert((Variant::Semaphore, id.clone()), line(config.permits));
+            }
+        }
         let mut checkouts = HashMap::new();
         for ((variant, id), item) in &items {
             if *variant == Variant::Semaphore {
@@ -226,9 +284,11 @@ impl Service {
                 config,
                 items,
                 checkouts,
+                lines,
                 lock_counts: StatusCounts::default(),
                 semaphore_counts: StatusCounts::default(),
                 atomic_counts: StatusCounts::default(),
+                sales,
             }),
         })
     }
@@ -241,6 +301,7 @@ impl Service {
             .route("/seckill-atomic/{item}", post(seckill_atomic))
             .route("/stock/{item}", get(stock))
             .route("/stats", get(stats))
+            .route("/answer-times/{way}", get(answer_times))
             .with_state(self.clone())
     }
 
@@ -291,21 +352,63 @@ impl Service {
         }
     }
 
-    async fn buy(&self, variant: Variant, id: &str, headers: &HeaderMap) -> Answer {
-        let answer = self.sell(variant, id, headers).await;
-        self.counts(variant).add(answer.status);
-        answer
+    /// The item's line for `variant`, if the service keeps one.
+    fn line(&self, variant: Variant, id: &str) -> Option<&Arc<Line>> {
+        self.inner.lines.get(&(variant, id.to_owned()))
     }
 
-    async fn sell(&self, variant: Variant, id: &str, headers: &HeaderMap) -> Answer {
-        let Some(item) = self.inner.items.get(&(variant, id.to_owned())) else {
-            return unknown_item(variant, id);
-        };
+    async fn buy(&self, variant: Variant, id: String, headers: &HeaderMap) -> Answer {
+        let started = Instant::now();
         let buyer = headers
             .get("x-buyer")
             .and_then(|v| v.to_str().ok())
             .filter(|b| !b.is_empty() && b.len() <= 64)
-            .unwrap_or("anonymous");
+            .unwrap_or("anonymous")
+            .to_owned();
+        // The service's own line, checked here on the HTTP task: a buyer
+        // turned away costs Redis nothing and the sale runtime nothing.
+        let place = match self.line(variant, &id).map(Line::join) {
+            Some(Err(full)) => {
+                let answer = line_full(&id, full);
+                self.counts(variant).add(answer.status, started.elapsed());
+                return answer;
+            }
+            Some(Ok(place)) => Some(place),
+            None => None,
+        };
+        let service = self.clone();
+        let sale = async move {
+            let answer = service.sell(variant, &id, &buyer).await;
+            drop(place);
+            answer
+        };
+        // Sales that hold a lock or a permit across their round trips run
+        // on the sale runtime; the atomic script holds nothing and runs
+        // here.
+        let sales = self
+            .inner
+            .sales
+            .as_ref()
+            .filter(|_| variant != Variant::Atomic);
+        let answer = match sales {
+            Some(sales) => sales.run(sale).await.unwrap_or_else(|error| {
+                Answer::failed(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "error",
+                    "",
+                    format!("the sale did not finish: {error}"),
+                )
+            }),
+            None => sale.await,
+        };
+        self.counts(variant).add(answer.status, started.elapsed());
+        answer
+    }
+
+    async fn sell(&self, variant: Variant, id: &str, buyer: &str) -> Answer {
+        let Some(item) = self.inner.items.get(&(variant, id.to_owned())) else {
+            return unknown_item(variant, id);
+        };
         let order_id = uuid::Uuid::new_v4().simple().to_string();
         let (result, waited) = match variant {
             Variant::Lock => {
@@ -316,10 +419,9 @@ impl Service {
                     .lease(self.inner.config.lease)
                     .wait_timeout(self.inner.config.wait_timeout)
                     .admission(self.inner.config.admission);
-                match buy_with_lock(&self.inner.lock, item, &order_id, buyer, options).await {
-                    Ok(purchase) => (Ok(purchase.sale), Some(purchase.waited)),
-                    Err(error) => (Err(error), None),
-                }
+                let purchase =
+                    buy_with_lock(&self.inner.lock, item, &order_id, buyer, options).await;
+                self.served(variant, id, purchase)
             }
             Variant::Semaphore => {
                 let Some(checkout) = self.inner.checkouts.get(id) else {
@@ -330,19 +432,10 @@ impl Service {
                 let options = LockOptions::new()
                     .lease(self.inner.config.lease)
                     .wait_timeout(self.inner.config.wait_timeout);
-                match buy_with_semaphore(
-                    checkout,
-                    &self.inner.shop,
-                    item,
-                    &order_id,
-                    buyer,
-                    options,
-                )
-                .await
-                {
-                    Ok(purchase) => (Ok(purchase.sale), Some(purchase.waited)),
-                    Err(error) => (Err(error), None),
-                }
+                let purchase =
+                    buy_with_semaphore(checkout, &self.inner.shop, item, &order_id, buyer, options)
+                        .await;
+                self.served(variant, id, purchase)
             }
             Variant::Atomic => (
                 self.inner.shop.buy_atomic(item, &order_id, buyer).await,
@@ -408,6 +501,43 @@ impl Service {
     }
 }
 
+impl Service {
+    /// Teaches the item's line how long this buyer held the lock or permit;
+    /// the sale and the wait, for the answer.
+    fn served(
+        &self,
+        variant: Variant,
+        id: &str,
+        purchase: Result<Purchase, BuyError>,
+    ) -> (Result<Sale, BuyError>, Option<Duration>) {
+        match purchase {
+            Ok(purchase) => {
+                if let Some(line) = self.line(variant, id) {
+                    line.served(purchase.held);
+                }
+                (Ok(purchase.sale), Some(purchase.waited))
+            }
+            Err(error) => (Err(error), None),
+        }
+    }
+}
+
+/// 429 from the service's own line: nothing was asked of Redis.
+fn line_full(id: &str, full: LineFull) -> Answer {
+    Answer::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        json!({
+            "status": "busy",
+            "item": id,
+            "waited_ms": 0,
+            "message": format!(
+                "{} buyers are already in line for item {id}, as many as can be served within the wait budget; nothing was sold, retry later",
+                full.in_line
+            ),
+        }),
+    )
+}
+
 fn unknown_item(variant: Variant, id: &str) -> Answer {
     match Item::new(variant, id) {
         Err(error) => Answer::failed(StatusCode::BAD_REQUEST, "bad_item", id, error.to_string()),
@@ -425,7 +555,7 @@ async fn seckill_lock(
     Path(item): Path<String>,
     headers: HeaderMap,
 ) -> Answer {
-    service.buy(Variant::Lock, &item, &headers).await
+    service.buy(Variant::Lock, item, &headers).await
 }
 
 async fn seckill_semaphore(
@@ -433,7 +563,7 @@ async fn seckill_semaphore(
     Path(item): Path<String>,
     headers: HeaderMap,
 ) -> Answer {
-    service.buy(Variant::Semaphore, &item, &headers).await
+    service.buy(Variant::Semaphore, item, &headers).await
 }
 
 async fn seckill_atomic(
@@ -441,7 +571,7 @@ async fn seckill_atomic(
     Path(item): Path<String>,
     headers: HeaderMap,
 ) -> Answer {
-    service.buy(Variant::Atomic, &item, &headers).await
+    service.buy(Variant::Atomic, item, &headers).await
 }
 
 async fn stock(State(service): State<Service>, Path(id): Path<String>) -> Answer {
@@ -467,6 +597,26 @@ async fn stock(State(service): State<Service>, Path(id): Path<String>) -> Answer
     Answer::new(StatusCode::OK, body)
 }
 
+/// The service's answer times for one way (`lock`, `semaphore`,
+/// `atomic`), one line per status code, as plain text for the load script:
+/// `429 n=19000 p50=0.21 p99=3.10 max=12.00` (milliseconds).
+async fn answer_times(State(service): State<Service>, Path(way): Path<String>) -> Response {
+    let Some(variant) = Variant::ALL.into_iter().find(|v| v.name() == way) else {
+        return (StatusCode::NOT_FOUND, format!("no way named {way:?}\n")).into_response();
+    };
+    let summary = service.counts(variant).times.summary();
+    let mut text = String::new();
+    if let Value::Object(by_status) = summary {
+        for (status, t) in by_status {
+            text.push_str(&format!(
+                "{status} n={} p50={} p99={} max={}\n",
+                t["n"], t["p50"], t["p99"], t["max"]
+            ));
+        }
+    }
+    text.into_response()
+}
+
 async fn stats(State(service): State<Service>) -> Json<Value> {
     let max_in_checkout: BTreeMap<&str, u64> = service
         .inner
@@ -474,6 +624,25 @@ async fn stats(State(service): State<Service>) -> Json<Value> {
         .iter()
         .map(|(id, checkout)| (id.as_str(), checkout.gauge.max()))
         .collect();
+    let lines: BTreeMap<String, Value> = service
+        .inner
+        .lines
+        .iter()
+        .map(|((variant, id), line)| {
+            (
+                format!("{}:{id}", variant.name()),
+                json!({
+                    "capacity": line.capacity(),
+                    "pass_ms": line.pass().as_secs_f64() * 1000.0,
+                    "most": line.most(),
+                    "shed": line.shed(),
+                }),
+            )
+        })
+        .collect();
+    // serde_json sorts the keys; the load script's greps rely on "lock",
+    // "semaphore" and "atomic" appearing at the top level before
+    // "service_ms", which has the same names inside.
     Json(json!({
         "lock": service.status_counts(Variant::Lock),
         "semaphore": service.status_counts(Variant::Semaphore),
@@ -481,6 +650,12 @@ async fn stats(State(service): State<Service>) -> Json<Value> {
         "checkout": {
             "permits": service.inner.config.permits,
             "max_in_checkout": max_in_checkout,
+        },
+        "line": lines,
+        "service_ms": {
+            "lock": service.inner.lock_counts.times.summary(),
+            "semaphore": service.inner.semaphore_counts.times.summary(),
+            "atomic": service.inner.atomic_counts.times.summary(),
         },
     }))
 }

@@ -28,10 +28,18 @@
 //!   the run is audited against Redis (`examples/seckill.rs`);
 //! * [`http`]: the same three ways behind an axum service
 //!   (`examples/seckill_http.rs`, loaded by `examples/seckill_load.sh`);
+//! * [`line`]: the HTTP service's own bounded line per item, which
+//!   answers 429 before a buyer costs Redis anything;
+//! * [`sale_runtime`]: the runtime the service's sales run on, apart
+//!   from the one serving HTTP;
+//! * [`answer_times`]: the service's own answer times per status code;
 //! * [`stats`]: percentiles and Jain's fairness index.
 
+pub mod answer_times;
 pub mod checkout;
 pub mod http;
+pub mod line;
+pub mod sale_runtime;
 pub mod shop;
 pub mod stats;
 pub mod swarm;

@@ -138,6 +138,9 @@ pub struct Purchase {
     pub sale: Sale,
     /// How long the buyer queued for the item's lock or permit.
     pub waited: Duration,
+    /// How long the buyer held the lock or permit: from the grant until
+    /// its release returned.
+    pub held: Duration,
     /// Releasing the lock or permit failed, e.g. [`LockError::NotOwner`] when the
     /// lease had run out by then. The sale above stands either way: each
     /// of its writes was accepted under a token no newer holder had used.
@@ -399,6 +402,7 @@ pub async fn buy_with_lock(
     Ok(Purchase {
         sale: sale?,
         waited,
+        held: asked.elapsed().saturating_sub(waited),
         release_error: released.err(),
     })
 }
@@ -450,6 +454,7 @@ pub async fn buy_with_semaphore(
     Ok(Purchase {
         sale: sale?,
         waited,
+        held: asked.elapsed().saturating_sub(waited),
         release_error: released.err(),
     })
 }

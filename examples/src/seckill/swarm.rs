@@ -341,6 +341,7 @@ pub async fn run(url: &str, config: &SwarmConfig, variant: Variant) -> Result<Re
                             .map(|sale| Purchase {
                                 sale,
                                 waited: Duration::ZERO,
+                                held: Duration::ZERO,
                                 release_error: None,
                             })
                     }
