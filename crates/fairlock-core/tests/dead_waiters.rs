@@ -21,7 +21,7 @@ use support::{commandstats, eval, load_scripts, run_script, Subscriber};
 const DEAD: u64 = 10_000;
 /// "At most a few hundred commands inside the script" (issue 10).
 const MAX_COMMANDS_PER_CALL: u64 = 300;
-/// Entries one call may look at: `SCAN_WINDOW * SCAN_ROUNDS` in
+/// Entries one call may look at: the sum of `SCAN_WINDOWS` in
 /// `includes/common.lua`.
 const SCANNED_PER_CALL: u64 = 256;
 const CHANNEL_PREFIX: &str = "dead:notify:";

@@ -144,11 +144,13 @@ local function grant(now, member, idle_ms)
   return token
 end
 
--- How many queue entries one call looks at, and in how many windows,
--- when it searches for the oldest live waiter. Bounds the work of one
--- script however many dead waiters the queue holds.
-local SCAN_WINDOW = 128
-local SCAN_ROUNDS = 2
+-- How many queue entries one call looks at, window by window, when it
+-- searches for the oldest live waiter. The head is almost always alive,
+-- so the first window is one entry: a handoff reads one member, not a
+-- hundred. Wider windows follow only past dead waiters. Bounds the work
+-- of one script however many dead waiters the queue holds: 256 entries
+-- in all, and the search stops at the first window that is not full.
+local SCAN_WINDOWS = {1, 127, 128}
 
 -- The oldest waiter whose process is alive, removed from the queue, or
 -- false. Dead waiters passed on the way are removed in the same ZREM.
@@ -159,8 +161,8 @@ local SCAN_ROUNDS = 2
 local function pop_live_head()
   local dropped = 0
   local now = false
-  for _ = 1, SCAN_ROUNDS do
-    local window = redis.call('ZRANGE', KEYS[2], 0, SCAN_WINDOW - 1)
+  for _, size in ipairs(SCAN_WINDOWS) do
+    local window = redis.call('ZRANGE', KEYS[2], 0, size - 1)
     if #window == 0 then
       return false, dropped, false, now
     end
@@ -196,7 +198,7 @@ local function pop_live_head()
       return head, dropped + #remove - 1, false, now
     end
     dropped = dropped + #remove
-    if #window < SCAN_WINDOW then
+    if #window < size then
       return false, dropped, false, now
     end
   end

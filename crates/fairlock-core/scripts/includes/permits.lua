@@ -137,12 +137,17 @@ end
 -- Returns the grants as a flat list {member, token, ...}, the number of
 -- dead waiters dropped, and whether the search stopped with entries left
 -- to look at (the caller's client then goes on with heartbeat calls).
+-- Windows grow like a lock's (256 entries in all): a release usually
+-- grants the head and finds the next one blocked, so the first window
+-- holds two entries, not a hundred to parse.
+local PERMIT_SCAN_WINDOWS = {2, 14, 112, 128}
+
 local function grant_waiting(now, idle_ms, channel_prefix, unheard_ms)
   local granted, dropped = {}, 0
   local now_ms = math.floor(now / 1000)
   local stored = redis.call('HGET', KEYS[5], 'limit')
-  for _ = 1, SCAN_ROUNDS do
-    local window = redis.call('ZRANGE', KEYS[2], 0, SCAN_WINDOW - 1)
+  for _, size in ipairs(PERMIT_SCAN_WINDOWS) do
+    local window = redis.call('ZRANGE', KEYS[2], 0, size - 1)
     if #window == 0 then
       return granted, dropped, false
     end
@@ -185,7 +190,7 @@ local function grant_waiting(now, idle_ms, channel_prefix, unheard_ms)
     if #remove > 0 then
       redis.call('ZREM', KEYS[2], unpack(remove))
     end
-    if blocked or #window < SCAN_WINDOW then
+    if blocked or #window < size then
       return granted, dropped, false
     end
   end
