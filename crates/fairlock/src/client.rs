@@ -2,6 +2,7 @@
 //! server's settings, subscribes the process's one grant channel, starts
 //! the background tasks, and offers the lock operations.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use fairlock_core::{
@@ -9,7 +10,7 @@ use fairlock_core::{
     LockName, LockState, RenewBatch, RenewItem, RenewStatus, Reply, ScriptSource,
 };
 
-use crate::acquire::{acquire, waited_grant, Mode};
+use crate::acquire::{acquire, acquire_keys, waited_grant, Mode};
 use crate::config::{millis, ClientConfig, EvictionCheck, LockOptions};
 use crate::error::{Error, Result};
 use crate::grants::spawn_router;
@@ -150,7 +151,7 @@ impl LockClient {
     ) -> Result<T>
     where
         F: FnOnce(Held) -> Fut,
-        Fut: std::future::Future<Output = T>,
+        Fut: Future<Output = T>,
     {
         let guard = self.lock_with(name, options).await?;
         run_while_held(guard, body).await
@@ -195,20 +196,33 @@ impl LockClient {
     ///
     /// Waiters are granted in arrival order. Not reentrant: a task that
     /// already holds `name` through another guard waits for itself.
-    pub async fn lock(&self, name: impl AsRef<[u8]>) -> Result<LockGuard> {
-        self.lock_with(name, LockOptions::default()).await
+    ///
+    /// The name is checked when this is called; the future then carries
+    /// only the checked name, not the caller's name value (a waiting task
+    /// holds this future for its whole wait, so it is kept small).
+    pub fn lock(
+        &self,
+        name: impl AsRef<[u8]>,
+    ) -> impl Future<Output = Result<LockGuard>> + Send + '_ {
+        self.lock_with(name, LockOptions::default())
     }
 
     /// Waits until the lock is granted, with a lease and wait timeout from
     /// `options`. A wait that runs out fails with [`Error::WaitTimeout`]
     /// and leaves the queue.
-    pub async fn lock_with(
+    pub fn lock_with(
         &self,
         name: impl AsRef<[u8]>,
         options: LockOptions,
-    ) -> Result<LockGuard> {
-        let held = waited_grant(acquire(self.state(), name, options, Mode::Wait).await?)?;
-        Ok(LockGuard::new(Arc::clone(self.state()), held))
+    ) -> impl Future<Output = Result<LockGuard>> + Send + '_ {
+        let name = LockName::new(name);
+        let state = self.state();
+        async move {
+            let name = name?;
+            let keys = state.keys_of(&name);
+            let held = waited_grant(acquire_keys(state, &name, keys, options, Mode::Wait).await?)?;
+            Ok(LockGuard::new(Arc::clone(state), held))
+        }
     }
 
     /// Takes the lock only if it is free and nobody is queued for it

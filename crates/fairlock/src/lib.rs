@@ -45,6 +45,7 @@ mod guard;
 mod handle;
 mod heartbeat;
 mod held;
+mod key_cache;
 mod owner;
 mod permit;
 mod permit_acquire;

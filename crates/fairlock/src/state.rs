@@ -26,6 +26,7 @@ use crate::admission::GrantRates;
 use crate::config::ClientConfig;
 use crate::error::{Error, Result};
 use crate::held::{HeldLock, HeldLocks};
+use crate::key_cache::KeyCache;
 use crate::redis::{Lane, RedisConnection};
 use crate::telemetry::waiters_evicted;
 use crate::waiters::{WaiterEvent, WaiterRegistry};
@@ -53,6 +54,8 @@ pub(crate) struct ClientState {
     pub(crate) held: HeldLocks,
     /// Time per grant per lock, for deadline-aware admission.
     pub(crate) grant_rates: GrantRates,
+    /// The keys of the locks in use, one set per name.
+    key_cache: KeyCache,
     /// Asks the heartbeat for a round now (after a reconnect or lost messages).
     pub(crate) heartbeat_now: Notify,
     runtime: Handle,
@@ -73,6 +76,7 @@ impl ClientState {
             waiters: WaiterRegistry::default(),
             held: HeldLocks::default(),
             grant_rates: GrantRates::default(),
+            key_cache: KeyCache::default(),
             heartbeat_now: Notify::new(),
             runtime: Handle::current(),
             closed: AtomicBool::new(false),
@@ -172,7 +176,7 @@ impl ClientState {
 
     /// The keys of lock `name`, checked already.
     pub(crate) fn keys_of(&self, name: &LockName) -> Arc<LockKeys> {
-        Arc::new(LockKeys::new(&self.config.prefix, name))
+        self.key_cache.keys(&self.config.prefix, name)
     }
 
     /// Runs a lock script call on the waiters' lane, refusing once the

@@ -81,9 +81,12 @@ pub(crate) struct LockWaiters {
 
 #[derive(Default)]
 struct State {
-    waiters: HashMap<String, Waiter>,
+    /// Member → its waiter. The member string is shared with `by_lock`
+    /// (one allocation per waiter, not two: a process may have ten
+    /// thousand).
+    waiters: HashMap<Arc<str>, Waiter>,
     /// Lock (owner key) → members waiting on it.
-    by_lock: HashMap<String, (Arc<LockKeys>, HashSet<String>)>,
+    by_lock: HashMap<String, (Arc<LockKeys>, HashSet<Arc<str>>)>,
     /// Lock (owner key) → members whose cancel failed, to retry.
     cancels: HashMap<String, (Arc<LockKeys>, HashSet<String>)>,
 }
@@ -105,9 +108,10 @@ impl WaiterRegistry {
     /// published the moment it is queued is not missed.
     pub(crate) fn register(&self, member: &str, keys: &Arc<LockKeys>) -> Arc<WaiterSlot> {
         let slot = Arc::new(WaiterSlot::default());
+        let member: Arc<str> = Arc::from(member);
         let mut state = self.state();
         state.waiters.insert(
-            member.to_owned(),
+            Arc::clone(&member),
             Waiter {
                 keys: Arc::clone(keys),
                 slot: Arc::clone(&slot),
@@ -119,7 +123,7 @@ impl WaiterRegistry {
             .entry(keys.owner().to_owned())
             .or_insert_with(|| (Arc::clone(keys), HashSet::new()))
             .1
-            .insert(member.to_owned());
+            .insert(member);
         slot
     }
 
@@ -194,7 +198,7 @@ impl WaiterRegistry {
             .by_lock
             .values()
             .filter_map(|(keys, members)| {
-                let mut probe: Option<(u64, &String)> = None;
+                let mut probe: Option<(u64, &Arc<str>)> = None;
                 for member in members {
                     if let Some(ticket) = state.waiters.get(member).and_then(|w| w.ticket) {
                         if probe.is_none_or(|(oldest, _)| ticket < oldest) {
@@ -204,7 +208,7 @@ impl WaiterRegistry {
                 }
                 probe.map(|(_, probe)| LockWaiters {
                     keys: Arc::clone(keys),
-                    probe: probe.clone(),
+                    probe: probe.to_string(),
                 })
             })
             .collect()
