@@ -75,7 +75,7 @@ pub(crate) async fn acquire_keys(
             Mode::Try => "try",
         },
     );
-    let outcome = acquire_validated(state, name, keys, options, mode)
+    let outcome = acquire_validated(state, name, keys, &options, mode)
         .instrument(span)
         .await;
     match outcome {
@@ -88,7 +88,10 @@ async fn acquire_validated(
     state: &Arc<ClientState>,
     name: &LockName,
     keys: Arc<LockKeys>,
-    options: LockOptions,
+    // By reference: a by-value argument is kept twice in the future's
+    // state (the argument and the local), and a waiting task holds this
+    // future for its whole wait.
+    options: &LockOptions,
     mode: Mode,
 ) -> Result<Option<Arc<HeldLock>>> {
     let telemetry = state.config.metrics_lock_label.labels(name.as_str());
@@ -98,7 +101,7 @@ async fn acquire_validated(
         Lease::Watchdog => state.config.watchdog_lease,
     };
     let member = state.new_member(millis(lease_len));
-    let mut pending = PendingAcquire::new(state, &keys, &member, mode, telemetry.clone());
+    let mut pending = PendingAcquire::new(state, &keys, &member, mode, &telemetry);
     let deadline = options
         .wait_timeout
         .filter(|_| mode == Mode::Wait)
@@ -166,7 +169,7 @@ async fn acquire_validated(
                         at: sent_at,
                     };
                     if let Some(error) =
-                        admission_refused(state, &keys, name, options, join, started)
+                        admission_refused(state, &keys, name, *options, join, started)
                     {
                         Box::pin(pending.cancel_now()).await;
                         telemetry.acquire_ended("refused", started);
@@ -174,7 +177,7 @@ async fn acquire_validated(
                     }
                     if options.admission && options.wait_timeout.is_some() {
                         recheck = Some(Box::pin(admission_recheck(
-                            state, &keys, name, options, join, started,
+                            state, &keys, name, *options, join, started,
                         )));
                     }
                     telemetry.contended(position, queued_with);
@@ -366,7 +369,7 @@ struct PendingAcquire<'a> {
     member: &'a str,
     events: Option<Arc<WaiterSlot>>,
     started: Instant,
-    telemetry: LockTelemetry,
+    telemetry: &'a LockTelemetry,
     done: bool,
 }
 
@@ -376,7 +379,7 @@ impl<'a> PendingAcquire<'a> {
         keys: &'a Arc<LockKeys>,
         member: &'a str,
         mode: Mode,
-        telemetry: LockTelemetry,
+        telemetry: &'a LockTelemetry,
     ) -> Self {
         // Register before the first script call: the grant may be published
         // the instant the script queues us.
