@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! fairlock-chaos [--long] [--seed N] [--fault-secs N] [--workers N] [--only KIND] [--out DIR]
-//! fairlock-chaos soak [--long] [--minutes N] [--out DIR]
+//! fairlock-chaos soak [--long] [--minutes N] [--locks N] [--waiters N] [--out DIR]
 //! ```
 //!
 //! Worker processes contend on a few locks and, under each grant, do a
@@ -130,9 +130,11 @@ fn soak_main(args: &[String]) -> ExitCode {
     };
     let parsed = number(args, "--minutes").and_then(|minutes| {
         let out = flag_value(args, "--out")?;
-        Ok((minutes, out))
+        let locks = number(args, "--locks")?;
+        let waiters = number(args, "--waiters")?;
+        Ok((minutes, out, locks, waiters))
     });
-    let (minutes, out) = match parsed {
+    let (minutes, out, locks, waiters) = match parsed {
         Ok(parsed) => parsed,
         Err(e) => {
             eprintln!("fairlock-chaos soak: {e}");
@@ -141,6 +143,24 @@ fn soak_main(args: &[String]) -> ExitCode {
     };
     if let Some(minutes) = minutes {
         config.duration = Duration::from_secs(minutes * 60);
+    }
+    // Bounded so a typo cannot ask for more tasks than memory holds.
+    match (locks, waiters) {
+        (Some(0), _) | (_, Some(0)) => {
+            eprintln!("fairlock-chaos soak: --locks and --waiters must be at least 1");
+            return ExitCode::from(2);
+        }
+        (Some(n), _) | (_, Some(n)) if n > 1_000_000 => {
+            eprintln!("fairlock-chaos soak: at most 1,000,000 locks or waiters, not {n}");
+            return ExitCode::from(2);
+        }
+        _ => {}
+    }
+    if let Some(locks) = locks {
+        config.locks = locks as usize;
+    }
+    if let Some(waiters) = waiters {
+        config.waiters = waiters as usize;
     }
     match soak::run(&config) {
         Ok(report) => {
