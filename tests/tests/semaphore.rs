@@ -318,3 +318,40 @@ async fn grants_whose_message_is_lost_still_arrive_with_their_own_lease() {
         within("a waiter", waiter).await.expect("waiter");
     }
 }
+
+/// Draining a long permit queue costs one release per waiter plus the
+/// background rounds: a heartbeat whose probe (the oldest waiter) was
+/// granted while the call was on its way must not make every waiter of
+/// the process run acquire again. (It did: the heartbeat answered "probe
+/// not queued", and the client rechecked all its waiters, round after
+/// round, while the queue drained.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_permit_queue_costs_no_rechecks() {
+    const WAITERS: usize = 1_000;
+    let server = server();
+    let client = client(&server).await;
+    let semaphore = client.semaphore("drain", 1).expect("semaphore");
+    let holder = semaphore.acquire().await.expect("holder");
+    let mut tasks = Vec::new();
+    for _ in 0..WAITERS {
+        let semaphore = semaphore.clone();
+        tasks.push(tokio::spawn(async move {
+            let permit = semaphore.acquire().await.expect("waiter");
+            // Long enough for several heartbeats to run during the drain.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            permit.release().await.expect("release");
+        }));
+    }
+    until_queued(&server, "drain", WAITERS as i64).await;
+    server.cmd(&["CONFIG", "RESETSTAT"]).expect("reset stats");
+    holder.release().await.expect("release");
+    for task in tasks {
+        within("a waiter", task).await.expect("task");
+    }
+    let evalsha = calls(&server, "evalsha");
+    eprintln!("{evalsha} script calls to drain {WAITERS} permit waiters");
+    assert!(
+        evalsha < WAITERS as u64 + WAITERS as u64 / 2,
+        "{evalsha} script calls to drain {WAITERS} permit waiters"
+    );
+}

@@ -13,10 +13,18 @@
 -- ARGV[5] channel_prefix  waiters are woken on channel_prefix .. client tag
 -- ARGV[6] probe           the process's oldest waiter on this set, or ""
 --
--- Reply: {probe_queued, dropped, more}
---   probe_queued 0: the probe is not queued (granted, with its message
---   lost, or dropped): the process has each of its waiters run
---   permit_acquire again, which answers a grant or keeps or retakes a place.
+-- The process's deadline moves on when the probe is queued or holds a
+-- permit (it was granted while this call was on its way: the client
+-- probes with its oldest waiter, the next to be granted).
+--
+-- Reply: {probe_queued, dropped, more, probe_holds}
+--   probe_queued 0 and probe_holds 0: the probe is neither queued nor
+--   holding (dropped, or granted and released already): if it still
+--   waits, the process has each of its waiters run permit_acquire again,
+--   which answers a grant or keeps or retakes a place.
+--   probe_holds 1: the probe holds a permit; if its task still waits (the
+--   grant's message was lost or is on its way), only the probe runs
+--   permit_acquire again.
 
 local tag = ARGV[1]
 local probe = ARGV[6]
@@ -31,9 +39,14 @@ read_key(3, 'ZCARD')
 read_key(5, 'HGET', 'limit')
 local now = now_us()
 local now_ms = math.floor(now / 1000)
-local probe_queued = 0
-if queued then
-  probe_queued = 1
+-- A holder whose lease ran out (not yet removed below) holds nothing.
+local holds = false
+if probe ~= '' and not queued then
+  local deadline = tonumber(redis.call('ZSCORE', KEYS[1], probe))
+  holds = deadline ~= nil and deadline > now_ms
+end
+local probe_queued = queued and 1 or 0
+if queued or holds then
   redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[2]), tag)
   redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[3]))
   redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[3]))
@@ -47,4 +60,4 @@ end
 
 expire_holders(now_ms)
 local _, dropped, more = grant_waiting(now, tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[2]))
-return {probe_queued, dropped, more and 1 or 0}
+return {probe_queued, dropped, more and 1 or 0, holds and 1 or 0}

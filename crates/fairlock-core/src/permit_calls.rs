@@ -226,11 +226,16 @@ pub struct PermitHeartbeat<'a> {
 /// What [`PermitHeartbeat`] answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PermitHeartbeatReply {
-    /// Whether the probe is queued; if not, each waiter of the process runs
-    /// [`PermitAcquire`] again.
+    /// Whether the probe is queued; if it is neither queued nor holding
+    /// and still waits, each waiter of the process runs [`PermitAcquire`]
+    /// again.
     pub probe_queued: bool,
     /// Dead waiters removed on the way.
     pub purged: Purged,
+    /// Whether the probe holds a permit (granted while the call was on its
+    /// way); if its task still waits, only the probe runs
+    /// [`PermitAcquire`] again.
+    pub probe_holds: bool,
 }
 
 impl crate::ScriptCall for PermitHeartbeat<'_> {
@@ -253,6 +258,7 @@ impl crate::ScriptCall for PermitHeartbeat<'_> {
         Ok(PermitHeartbeatReply {
             probe_queued: f.int()? == 1,
             purged: purged(&mut f)?,
+            probe_holds: f.int()? == 1,
         })
     }
 }

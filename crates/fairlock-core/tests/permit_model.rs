@@ -265,12 +265,17 @@ impl Case<'_> {
                     channel_prefix: CHANNEL_PREFIX,
                 })?;
                 let queued = self.model.queue.contains(&probe);
-                if queued {
+                // A probe granted while the call was on its way keeps its
+                // process alive too.
+                let holds = !queued && self.model.holders.contains_key(&probe);
+                if queued || holds {
                     self.model.alive[process] = true;
                 }
                 let (granted, dropped) = self.model.grant_waiting();
                 check(
-                    reply.probe_queued == queued && reply.purged.dropped == dropped,
+                    reply.probe_queued == queued
+                        && reply.probe_holds == holds
+                        && reply.purged.dropped == dropped,
                     format!("heartbeat {process}/{probe}: {reply:?}"),
                 )?;
                 self.bind_new_grants(&granted)

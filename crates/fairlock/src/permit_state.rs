@@ -135,7 +135,11 @@ impl ClientState {
         match self.run(&lock.keys, &call).await {
             Ok(reply) => {
                 self.after_permit_purge(&lock.keys, reply.purged);
-                if !reply.probe_queued {
+                if reply.probe_holds {
+                    // Granted while the call was on its way, or its
+                    // message was lost: only the probe may need to hear.
+                    self.waiters.deliver(&lock.probe, WaiterEvent::Recheck);
+                } else if !reply.probe_queued && self.waiters.is_waiting(&lock.probe) {
                     self.waiters.recheck_lock(lock.keys.owner());
                 }
             }
