@@ -28,9 +28,8 @@ local waiter_ttl_ms = tonumber(ARGV[3])
 local queue_ttl_ms = tonumber(ARGV[4])
 local idle_ms = tonumber(ARGV[5])
 local channel_prefix = ARGV[6]
-local tag = tag_of(member)
-local lease_ms = lease_of(member)
-if not tag or not usable_lease(member) then
+local tag, lease_ms = parse_member(member)
+if not tag or not usable(lease_ms) then
   return redis.error_reply('ERR fairlock acquire: malformed member ' .. member)
 end
 

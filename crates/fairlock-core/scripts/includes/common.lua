@@ -46,9 +46,15 @@ end
 -- is dropped like a dead one instead of failing the grant.
 local MAX_LEASE_MS = 86400000
 
-local function usable_lease(member)
-  local lease = lease_of(member)
+local function usable(lease)
   return lease ~= nil and lease >= 1 and lease <= MAX_LEASE_MS
+end
+
+-- A member's tag and lease in one pattern match (each match costs Redis
+-- time on every call; the hot paths parse a member once).
+local function parse_member(member)
+  local tag, lease = string.match(member, '^%x+%.(%x+)%.(%d+)$')
+  return tag, tonumber(lease)
 end
 
 -- The owner value "<member> <token>": its member and token.
@@ -132,15 +138,15 @@ end
 -- On a cluster the channel prefix carries a hash tag in the lock's own
 -- slot and the message goes by SPUBLISH, so it never crosses the cluster
 -- bus. Returns how many subscribers received it.
-local function publish(channel_prefix, member, what)
+local function publish(channel_prefix, member, what, tag)
   local command = string.find(channel_prefix, '{', 1, true) and 'SPUBLISH' or 'PUBLISH'
-  return redis.call(command, channel_prefix .. tag_of(member), member .. ' ' .. what .. ' ' .. KEYS[1])
+  return redis.call(command, channel_prefix .. (tag or tag_of(member)), member .. ' ' .. what .. ' ' .. KEYS[1])
 end
 
 -- Make `member` the owner with a fresh token and its own lease.
-local function grant(now, member, idle_ms)
+local function grant(now, member, idle_ms, lease)
   local token = next_seq(now, idle_ms)
-  redis.call('SET', KEYS[1], member .. ' ' .. digits(token), 'PX', lease_of(member))
+  redis.call('SET', KEYS[1], member .. ' ' .. digits(token), 'PX', lease or lease_of(member))
   return token
 end
 
@@ -157,7 +163,8 @@ local SCAN_WINDOWS = {1, 127, 128}
 -- Server time is read only once the queue turns out not to be empty.
 -- Returns the head (or false), how many dead waiters were dropped,
 -- whether the search stopped with dead waiters left to look at (the
--- caller's client then calls again), and the time read (or false).
+-- caller's client then calls again), the time read (or false), and the
+-- head's tag and lease.
 local function pop_live_head()
   local dropped = 0
   local now = false
@@ -168,11 +175,14 @@ local function pop_live_head()
     end
     now = now or now_us()
     local now_ms = math.floor(now / 1000)
-    -- One pattern match per member: the tag is kept for the second pass.
-    local tags, seen, tag_at = {}, {}, {}
+    -- One pattern match per member: tag and lease are kept for the
+    -- second pass and for the grant.
+    local tags, seen, tag_at, lease_at = {}, {}, {}, {}
     for i, member in ipairs(window) do
-      local tag = tag_of(member) or '-'
+      local tag, lease = parse_member(member)
+      tag = tag or '-'
       tag_at[i] = tag
+      lease_at[i] = lease
       if not seen[tag] then
         seen[tag] = true
         tags[#tags + 1] = tag
@@ -185,17 +195,17 @@ local function pop_live_head()
       alive[tag] = deadline ~= nil and deadline >= now_ms
     end
     local remove = {}
-    local head = false
+    local head, head_at = false, 0
     for i, member in ipairs(window) do
       remove[#remove + 1] = member
-      if alive[tag_at[i]] and usable_lease(member) then
-        head = member
+      if alive[tag_at[i]] and usable(lease_at[i]) then
+        head, head_at = member, i
         break
       end
     end
     redis.call('ZREM', KEYS[2], unpack(remove))
     if head then
-      return head, dropped + #remove - 1, false, now
+      return head, dropped + #remove - 1, false, now, tag_at[head_at], lease_at[head_at]
     end
     dropped = dropped + #remove
     if #window < size then
@@ -217,12 +227,12 @@ end
 -- Returns the new owner (or false), its token, dead waiters dropped, and
 -- whether dead waiters are left to purge before a live one can be found.
 local function grant_next(idle_ms, channel_prefix, unheard_ms)
-  local head, dropped, more, now = pop_live_head()
+  local head, dropped, more, now, tag, lease = pop_live_head()
   if not head then
     return false, 0, dropped, more
   end
-  local token = grant(now, head, idle_ms)
-  if publish(channel_prefix, head, digits(token)) == 0 and unheard_ms < lease_of(head) then
+  local token = grant(now, head, idle_ms, lease)
+  if publish(channel_prefix, head, digits(token), tag) == 0 and unheard_ms < lease then
     redis.call('PEXPIRE', KEYS[1], unheard_ms)
   end
   return head, token, dropped, false
