@@ -441,6 +441,18 @@ async fn http_a_full_line_answers_429_before_the_queue() {
             .map(|_| tokio::spawn(async move { http(addr, "POST", "/seckill/1").await }))
             .collect();
         wait_for_zcard(&server, &queue, expected_queue as i64).await;
+        if line {
+            // Every buyer has been answered or queued before the release:
+            // the 16 the line turned away are counted.
+            within("the line turns 16 buyers away", async {
+                while http(addr, "GET", "/stats").await.body["line"]["lock:1"]["shed"]
+                    != expected_shed
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await;
+        }
         // Give any buyer the line let through time to reach the queue.
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(
