@@ -16,7 +16,21 @@ async fn mutual_exclusion_loses_no_update() {
     const TASKS: usize = 32;
     const CYCLES: usize = 50;
     let server = server();
-    let clients = clients(&server, CLIENTS).await;
+    // A 10 s watchdog lease instead of the fast 3 s one: this test checks
+    // mutual exclusion under contention, not leases (tests/leases.rs does),
+    // and one CI run (Valkey pass, debug build, 2 loaded cores) saw a
+    // holder's 3 s lease run out before its release (NotOwner) without
+    // any fault injected.
+    let mut clients = Vec::with_capacity(CLIENTS);
+    for _ in 0..CLIENTS {
+        let mut config = fast_config(&server);
+        config.watchdog_lease = Duration::from_secs(10);
+        clients.push(
+            fairlock::LockClient::with_config(config)
+                .await
+                .expect("connect"),
+        );
+    }
     let data = data_client(&server).await;
     let tokens = Arc::new(Mutex::new(Vec::with_capacity(CLIENTS * TASKS * CYCLES)));
 
