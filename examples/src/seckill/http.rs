@@ -352,6 +352,25 @@ impl Service {
         }
     }
 
+    /// Teaches the item's line how long this buyer held the lock or permit;
+    /// the sale and the wait, for the answer.
+    fn served(
+        &self,
+        variant: Variant,
+        id: &str,
+        purchase: Result<Purchase, BuyError>,
+    ) -> (Result<Sale, BuyError>, Option<Duration>) {
+        match purchase {
+            Ok(purchase) => {
+                if let Some(line) = self.line(variant, id) {
+                    line.served(purchase.held);
+                }
+                (Ok(purchase.sale), Some(purchase.waited))
+            }
+            Err(error) => (Err(error), None),
+        }
+    }
+
     /// The item's line for `variant`, if the service keeps one.
     fn line(&self, variant: Variant, id: &str) -> Option<&Arc<Line>> {
         self.inner.lines.get(&(variant, id.to_owned()))
@@ -377,8 +396,9 @@ impl Service {
             None => None,
         };
         let service = self.clone();
+        let item = id.clone();
         let sale = async move {
-            let answer = service.sell(variant, &id, &buyer).await;
+            let answer = service.sell(variant, &item, &buyer).await;
             drop(place);
             answer
         };
@@ -395,7 +415,7 @@ impl Service {
                 Answer::failed(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "error",
-                    "",
+                    &id,
                     format!("the sale did not finish: {error}"),
                 )
             }),
@@ -497,27 +517,6 @@ impl Service {
                 id,
                 error.to_string(),
             ),
-        }
-    }
-}
-
-impl Service {
-    /// Teaches the item's line how long this buyer held the lock or permit;
-    /// the sale and the wait, for the answer.
-    fn served(
-        &self,
-        variant: Variant,
-        id: &str,
-        purchase: Result<Purchase, BuyError>,
-    ) -> (Result<Sale, BuyError>, Option<Duration>) {
-        match purchase {
-            Ok(purchase) => {
-                if let Some(line) = self.line(variant, id) {
-                    line.served(purchase.held);
-                }
-                (Ok(purchase.sale), Some(purchase.waited))
-            }
-            Err(error) => (Err(error), None),
         }
     }
 }
