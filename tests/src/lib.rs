@@ -308,3 +308,38 @@ pub async fn within<T>(what: &str, future: impl std::future::Future<Output = T>)
         .await
         .unwrap_or_else(|_| panic!("{what} did not finish: a grant was lost"))
 }
+
+/// Keeps every pub/sub subscriber of `server` away while it lives: it
+/// kills them and lowers `maxclients` below the connections left, so none
+/// can reconnect. Grant messages published meanwhile reach nobody. Drop it
+/// to let them back.
+pub struct SubscribersCutOff<'a> {
+    server: &'a RedisServer,
+}
+
+/// Cuts every subscriber of `server` off (see [`SubscribersCutOff`]).
+pub fn cut_off_subscribers(server: &RedisServer) -> SubscribersCutOff<'_> {
+    let list = server.cmd_ok(&["CLIENT", "LIST"]).expect("CLIENT LIST");
+    let connected = list.as_str().expect("CLIENT LIST text").lines().count();
+    let subscribers = list
+        .as_str()
+        .expect("CLIENT LIST text")
+        .lines()
+        .filter(|line| line.contains(" sub=") && !line.contains(" sub=0 "))
+        .count();
+    assert!(subscribers > 0, "no subscriber to cut off");
+    let limit = (connected - subscribers).to_string();
+    server
+        .cmd_ok(&["CONFIG", "SET", "maxclients", &limit])
+        .expect("maxclients");
+    server
+        .cmd_ok(&["CLIENT", "KILL", "TYPE", "pubsub"])
+        .expect("kill the subscribers");
+    SubscribersCutOff { server }
+}
+
+impl Drop for SubscribersCutOff<'_> {
+    fn drop(&mut self) {
+        let _ = self.server.cmd(&["CONFIG", "SET", "maxclients", "10000"]);
+    }
+}

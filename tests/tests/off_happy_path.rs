@@ -44,6 +44,87 @@ async fn a_handoff_grants_the_waiters_own_lease() {
     guard.release().await.expect("release");
 }
 
+/// Fault 1, the in-process path: a release whose grant message reaches
+/// nobody (the next owner's pub/sub connection is down) gives the grant
+/// only the short waiter TTL. When the next owner waits in the releasing
+/// process it is woken straight from the release reply, and it must then
+/// set its own lease, as a grant found by a heartbeat does; it used to
+/// take the grant as announced and keep the 1 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unheard_grant_woken_in_process_keeps_the_waiters_own_lease() {
+    let server = server();
+    let client = client(&server).await;
+    let holder = client.lock("unheard").await.expect("holder");
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .lock_with("unheard", LockOptions::new().lease(Duration::from_secs(60)))
+                .await
+        })
+    };
+    wait_for_queue_len(&client, "unheard", 1).await;
+    // The subscriber is down and cannot come back before the release: its
+    // grant message reaches nobody.
+    let cut_off = cut_off_subscribers(&server);
+    let published = calls(&server, "publish");
+    holder.release().await.expect("release");
+    let guard = granted(waiter, "woken by its own process's release").await;
+    let left = pttl(&server, keys("unheard").owner());
+    drop(cut_off);
+    assert_eq!(
+        calls(&server, "publish"),
+        published + 1,
+        "one grant message"
+    );
+    assert!(
+        left > 55_000,
+        "the unheard grant's lease is {left} ms, asked 60 s"
+    );
+    guard.release().await.expect("release");
+}
+
+/// The same on the acquire path: a waiter that runs acquire again (a
+/// re-check) after the holder's lease ran out is granted in that call's
+/// reply. Its grant message reaches nobody, yet the caller learns of the
+/// grant from the reply, so the grant keeps the caller's own lease, not
+/// the waiter TTL an unheard grant gets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_granted_in_its_own_acquire_reply_keeps_its_own_lease() {
+    let server = server();
+    let timings = Timings::default();
+    let acquire = |member: &'static str| Acquire {
+        member,
+        mode: AcquireMode::Wait,
+        timings: &timings,
+        channel_prefix: "test:nobody:",
+    };
+    const HOLDER: &str = "aa000000000000000000000000000000.00000000000000a1.30000";
+    const WAITER: &str = "bb000000000000000000000000000000.00000000000000b2.60000";
+    let name = "regrant";
+    assert!(matches!(
+        raw(&server, name, &acquire(HOLDER)),
+        AcquireReply::Granted { .. }
+    ));
+    assert!(matches!(
+        raw(&server, name, &acquire(WAITER)),
+        AcquireReply::Queued { .. }
+    ));
+    // The holder's lease runs out.
+    server
+        .cmd_ok(&["DEL", keys(name).owner()])
+        .expect("DEL owner");
+    assert!(matches!(
+        raw(&server, name, &acquire(WAITER)),
+        AcquireReply::Granted { .. }
+    ));
+    let left = pttl(&server, keys(name).owner());
+    assert!(
+        left > 55_000,
+        "the re-checked waiter's lease is {left} ms, asked 60 s"
+    );
+}
+
 /// Fault 2: every way a lease ends without release() reaches its holder,
 /// fixed leases included: the key vanishing, and a forced release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

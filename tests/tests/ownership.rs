@@ -405,14 +405,15 @@ async fn scripts_are_idempotent_on_retry() {
         channel_prefix: "test:nobody:",
     };
     let ReleaseReply::Released {
-        handed_to: Some((next, token)),
+        handed_to: Some(next),
         ..
     } = raw(&server, name, &release)
     else {
         panic!("the release hands the lock to BB");
     };
-    assert_eq!(next, BB);
-    assert!(token > 0);
+    assert_eq!(next.member, BB);
+    assert!(next.token > 0);
+    assert!(!next.unheard, "BB's process listens: {next:?}");
     let snapshot = dump(&server);
     assert_eq!(
         raw(&server, name, &release),

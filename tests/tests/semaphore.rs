@@ -319,6 +319,47 @@ async fn grants_whose_message_is_lost_still_arrive_with_their_own_lease() {
     }
 }
 
+/// A permit handed on by a release in the waiter's own process while that
+/// process's subscriber is down (its grant message reaches nobody, and the
+/// script cut the lease to the waiter TTL) keeps the waiter's own lease:
+/// the woken waiter sets it. It used to keep the 1 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unheard_permit_woken_in_process_keeps_the_waiters_own_lease() {
+    let server = server();
+    let client = client(&server).await;
+    let name = "unheard";
+    let sem = client.semaphore(name, 1).expect("semaphore");
+    let first = sem.acquire().await.expect("first");
+    let waiter = {
+        let sem = sem.clone();
+        tokio::spawn(async move {
+            sem.acquire_with(LockOptions::new().lease(Duration::from_secs(60)))
+                .await
+        })
+    };
+    until_queued(&server, name, 1).await;
+    let cut_off = cut_off_subscribers(&server);
+    first.release().await.expect("release");
+    let permit = within("the permit woken in process", waiter)
+        .await
+        .expect("task")
+        .expect("granted");
+    let deadline = server
+        .cmd(&["ZSCORE", sem_keys(name).owner(), permit.owner_id()])
+        .expect("ZSCORE");
+    let left = deadline
+        .as_str()
+        .and_then(|d| d.parse::<f64>().ok())
+        .expect("a holder's deadline") as i64
+        - server_ms(&server);
+    drop(cut_off);
+    assert!(
+        left > 55_000,
+        "the unheard permit's lease is {left} ms, asked 60 s"
+    );
+    permit.release().await.expect("release");
+}
+
 /// Draining a long permit queue costs one release per waiter plus the
 /// background rounds: a heartbeat whose probe (the oldest waiter) was
 /// granted while the call was on its way must not make every waiter of

@@ -120,9 +120,14 @@ local dropped, more = 0, false
 if not held then
   -- The holder vanished without a release (its lease ran out) while
   -- others wait: the oldest live waiter gets the lock, not the caller.
-  local head, head_token
-  head, head_token, dropped, more = grant_next(idle_ms, channel_prefix, waiter_ttl_ms)
+  local head, head_token, unheard
+  head, head_token, dropped, more, unheard = grant_next(idle_ms, channel_prefix, waiter_ttl_ms)
   if head == member then
+    if unheard then
+      -- The caller's own grant, unheard: its subscriber is down, but the
+      -- caller learns of it from this reply, so it keeps its own lease.
+      redis.call('PEXPIRE', KEYS[1], lease_ms)
+    end
     return {1, head_token}
   end
   if not head then

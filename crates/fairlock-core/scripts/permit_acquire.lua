@@ -63,7 +63,7 @@ end
 local granted, dropped, more = grant_waiting(now, idle_ms, ARGV[6], waiter_ttl_ms)
 local flags = more and 1 or 0
 if ticket then
-  for i = 1, #granted, 2 do
+  for i = 1, #granted, 3 do
     if granted[i] == member then
       return holding(granted[i + 1])
     end

@@ -9,11 +9,14 @@
 -- ARGV[4] waiter_ttl_ms   lease of a grant whose message reached nobody
 --
 -- Replies:
---   {1, dropped, more, member_1, token_1, ...}  released; the members now
---                holding by this release and their tokens, so a releaser
---                in the same process can wake them without waiting for
---                pub/sub; more: 1 if entries are left to look at (the
---                client goes on with heartbeat calls)
+--   {1, dropped, more, member_1, token_1, unheard_1, ...}  released; the
+--                members now holding by this release and their tokens, so
+--                a releaser in the same process can wake them without
+--                waiting for pub/sub; unheard: 1 if that grant's message
+--                reached nobody and its lease was cut to the waiter TTL
+--                (whoever wakes it must set its lease); more: 1 if
+--                entries are left to look at (the client goes on with
+--                heartbeat calls)
 --   {0}          refused: the caller holds no live permit; nothing changed
 --
 -- Holder-only. A resent release finds no permit and answers {0}; it never

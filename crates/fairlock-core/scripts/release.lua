@@ -9,30 +9,34 @@
 -- ARGV[4] waiter_ttl_ms   lease of a grant whose message reached nobody
 --
 -- Replies:
---   {1, dropped, more, next, token}  released; `next` is the member that now
+--   {1, dropped, more, next, token, unheard}
+--                            released; `next` is the member that now
 --                            owns the lock with fencing `token` ("" and 0 if
 --                            none), so a releaser in the same process can
---                            wake it without waiting for pub/sub; `more` is
---                            1 if dead waiters are left to purge before a
---                            live one can be found (the client goes on with
---                            heartbeat calls)
+--                            wake it without waiting for pub/sub; `unheard`
+--                            is 1 if the grant message reached nobody and
+--                            the new owner's lease was cut to the waiter
+--                            TTL (whoever wakes it must set its lease);
+--                            `more` is 1 if dead waiters are left to purge
+--                            before a live one can be found (the client
+--                            goes on with heartbeat calls)
 --   {0}                      refused: the caller does not own the lock
 --
 -- Cost: 4 commands with nobody waiting (GET, ZRANGE, DEL, SET freed); 9
 -- for a handoff to a live head.
 -- Owner-only: anyone but the owner changes nothing. Idempotent: a resent
--- release by the member that freed the lock last answers {1, 0, 0, "", 0}
+-- release by the member that freed the lock last answers {1, 0, 0, "", 0, 0}
 -- and changes nothing.
 
 local member = ARGV[1]
 local holder = parse_owner(redis.call('GET', KEYS[1]))
 if holder ~= member then
   if redis.call('GET', KEYS[5]) == member then
-    return {1, 0, 0, '', 0}
+    return {1, 0, 0, '', 0, 0}
   end
   return {0}
 end
 
-local next_owner, token, dropped, more =
+local next_owner, token, dropped, more, unheard =
   release_and_hand_on(member, tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]))
-return {1, dropped, more and 1 or 0, next_owner or '', token}
+return {1, dropped, more and 1 or 0, next_owner or '', token, unheard and 1 or 0}

@@ -201,13 +201,27 @@ pub struct Release<'a> {
     pub channel_prefix: &'a str,
 }
 
+/// A grant a release made: the waiter that now holds, its fencing token,
+/// and whether its grant message reached nobody.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handoff {
+    /// The waiter that now holds.
+    pub member: String,
+    /// Its fencing token.
+    pub token: u64,
+    /// The grant's message reached nobody, so the script cut the new
+    /// holder's lease to the waiter TTL: whoever wakes the holder by other
+    /// means (a release in its own process) must set its lease.
+    pub unheard: bool,
+}
+
 /// What [`Release`] answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReleaseReply {
     /// The lock was freed (or had been freed by this member already).
     Released {
-        /// The waiter that now owns the lock and its fencing token, if any.
-        handed_to: Option<(String, u64)>,
+        /// The waiter that now owns the lock, if any.
+        handed_to: Option<Handoff>,
         /// Dead waiters removed on the way.
         purged: Purged,
     },
@@ -233,10 +247,15 @@ impl ScriptCall for Release<'_> {
         match f.int()? {
             1 => {
                 let purged = Purged::read(&mut f)?;
-                let next = f.string()?;
+                let member = f.string()?;
                 let token = f.uint()?;
+                let unheard = f.int()? == 1;
                 Ok(ReleaseReply::Released {
-                    handed_to: (!next.is_empty()).then_some((next, token)),
+                    handed_to: (!member.is_empty()).then_some(Handoff {
+                        member,
+                        token,
+                        unheard,
+                    }),
                     purged,
                 })
             }

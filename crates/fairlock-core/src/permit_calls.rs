@@ -6,7 +6,7 @@
 //! `permit_renew.lua` takes two keys per permit of several sets and is run
 //! through [`PermitRenewBatch`].
 
-use crate::calls::{AcquireMode, AcquireReply, CancelReply, Purged, RenewStatus, Timings};
+use crate::calls::{AcquireMode, AcquireReply, CancelReply, Handoff, Purged, RenewStatus, Timings};
 use crate::keys::LockKeys;
 use crate::reply::{Fields, ProtocolError, Reply};
 use crate::script::{
@@ -135,8 +135,8 @@ pub struct PermitRelease<'a> {
 pub enum PermitReleaseReply {
     /// The permit was given back.
     Released {
-        /// The waiters that hold a permit by this release, with their tokens.
-        granted: Vec<(String, u64)>,
+        /// The waiters that hold a permit by this release.
+        granted: Vec<Handoff>,
         /// Dead waiters removed on the way.
         purged: Purged,
     },
@@ -162,10 +162,16 @@ impl crate::ScriptCall for PermitRelease<'_> {
         match f.int()? {
             1 => {
                 let purged = purged(&mut f)?;
-                let mut granted = Vec::with_capacity(f.remaining() / 2);
-                while f.remaining() >= 2 {
+                let mut granted = Vec::with_capacity(f.remaining() / 3);
+                while f.remaining() >= 3 {
                     let member = f.string()?;
-                    granted.push((member, f.uint()?));
+                    let token = f.uint()?;
+                    let unheard = f.int()? == 1;
+                    granted.push(Handoff {
+                        member,
+                        token,
+                        unheard,
+                    });
                 }
                 Ok(PermitReleaseReply::Released { granted, purged })
             }
@@ -332,13 +338,26 @@ mod tests {
             Reply::Int(0),
             Reply::Str("a.b.5.3".into()),
             Reply::Int(7),
+            Reply::Int(0),
             Reply::Str("c.d.5.3".into()),
             Reply::Int(8),
+            Reply::Int(1),
         ]);
         assert_eq!(
             PermitRelease::decode(reply),
             Ok(PermitReleaseReply::Released {
-                granted: vec![("a.b.5.3".into(), 7), ("c.d.5.3".into(), 8)],
+                granted: vec![
+                    Handoff {
+                        member: "a.b.5.3".into(),
+                        token: 7,
+                        unheard: false
+                    },
+                    Handoff {
+                        member: "c.d.5.3".into(),
+                        token: 8,
+                        unheard: true
+                    }
+                ],
                 purged: Purged {
                     dropped: 2,
                     more: false

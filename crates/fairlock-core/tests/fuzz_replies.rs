@@ -69,8 +69,9 @@ fn valid_replies() -> Vec<(&'static str, Vec<Reply>, usize)> {
                 Reply::Int(0),
                 s(MEMBER),
                 Reply::Int(9),
+                Reply::Int(1),
             ],
-            5,
+            6,
         ),
         ("release", ints(&[0]), 1),
         (
@@ -194,6 +195,7 @@ fn negative_counts_and_tokens_are_refused() {
         Reply::Int(-1),
         Reply::Int(0),
         s(""),
+        Reply::Int(0),
         Reply::Int(0)
     ]))
     .is_err());

@@ -572,7 +572,7 @@ impl Model {
         if self.holder() != Some(member) {
             if self.state.freed.as_deref() == Some(member) {
                 // A resend: answered as released, nothing changes.
-                return Reply::Array(vec![int(1), int(0), int(0), text(""), int(0)]);
+                return Reply::Array(vec![int(1), int(0), int(0), text(""), int(0), int(0)]);
             }
             return Reply::Array(vec![int(0)]);
         }
@@ -583,6 +583,10 @@ impl Model {
             flag(more),
             text(next.as_deref().unwrap_or("")),
             int(token),
+            // Never unheard: the model's pattern subscriber hears every
+            // grant (tests/ownership.rs and off_happy_path.rs cover the
+            // unheard case).
+            flag(false),
         ])
     }
 

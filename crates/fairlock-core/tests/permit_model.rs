@@ -213,17 +213,17 @@ impl Case<'_> {
                 else {
                     return check(false, format!("release by {who} refused"));
                 };
-                let got_who: Vec<usize> = got.iter().map(|(m, _)| self.who(m)).collect();
+                let got_who: Vec<usize> = got.iter().map(|g| self.who(&g.member)).collect();
                 check(
                     got_who == granted,
                     format!("release granted {got_who:?}, model {granted:?}"),
                 )?;
                 check(purged.dropped == dropped, format!("dropped {purged:?}"))?;
                 self.bind_new_grants(&granted)?;
-                for (member, token) in got {
-                    let who = self.who(&member);
+                for grant in got {
+                    let who = self.who(&grant.member);
                     check(
-                        self.model.holders.get(&who) == Some(&token),
+                        self.model.holders.get(&who) == Some(&grant.token),
                         format!("reply token of {who}"),
                     )?;
                 }

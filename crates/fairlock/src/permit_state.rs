@@ -57,15 +57,9 @@ impl ClientState {
         match self.run_on(Lane::Holders, keys, &call).await? {
             PermitReleaseReply::Released { granted, purged } => {
                 self.after_permit_purge(keys, purged);
-                for (next, token) in granted {
+                for next in &granted {
                     // Their messages still arrive and are then ignored.
-                    self.waiters.deliver(
-                        &next,
-                        WaiterEvent::Granted {
-                            token,
-                            confirm: false,
-                        },
-                    );
+                    self.waiters.deliver_handoff(next);
                 }
                 Ok(())
             }

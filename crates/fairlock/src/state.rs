@@ -29,7 +29,7 @@ use crate::held::{HeldLock, HeldLocks};
 use crate::key_cache::KeyCache;
 use crate::redis::{Lane, RedisConnection};
 use crate::telemetry::waiters_evicted;
-use crate::waiters::{WaiterEvent, WaiterRegistry};
+use crate::waiters::WaiterRegistry;
 
 /// How many purge calls one release may chain (each bounded in Redis) while
 /// dead waiters are left at the head of a queue: enough for 500,000 dead
@@ -262,17 +262,11 @@ impl ClientState {
         match reply {
             ReleaseReply::Released { handed_to, purged } => {
                 self.after_purge(keys, purged);
-                if let Some((next, token)) = handed_to {
+                if let Some(next) = handed_to {
                     // The next owner may wait in this very process: wake it
                     // now instead of after the pub/sub round trip. Its
                     // message still arrives and is then ignored.
-                    self.waiters.deliver(
-                        &next,
-                        WaiterEvent::Granted {
-                            token,
-                            confirm: false,
-                        },
-                    );
+                    self.waiters.deliver_handoff(&next);
                 }
                 Ok(())
             }

@@ -10,14 +10,15 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use fairlock_core::LockKeys;
+use fairlock_core::{Handoff, LockKeys};
 use tokio::sync::Notify;
 
 /// What a waiting task is told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum WaiterEvent {
     /// The task's member now owns the lock, with this fencing token.
-    /// `confirm`: the grant was found by a heartbeat, not announced by
+    /// `confirm`: the grant was found by a heartbeat, or a release here
+    /// saw that it went unheard, rather than being announced by
     /// pub/sub; its message may have reached nobody, in which case the
     /// script gave it only the waiter TTL as lease, so the waiter sets its
     /// own lease before going on.
@@ -41,11 +42,24 @@ impl WaiterSlot {
     fn put(&self, event: WaiterEvent) {
         {
             let mut slot = self.event.lock().unwrap_or_else(|p| p.into_inner());
-            if !matches!(
-                (*slot, event),
-                (Some(WaiterEvent::Granted { .. }), WaiterEvent::Recheck)
-            ) {
-                *slot = Some(event);
+            match (*slot, event) {
+                // A grant is never overwritten by a re-check.
+                (Some(WaiterEvent::Granted { .. }), WaiterEvent::Recheck) => {}
+                // The same grant told twice: if either telling says its
+                // lease must be set, it must.
+                (
+                    Some(WaiterEvent::Granted {
+                        token: told,
+                        confirm: first,
+                    }),
+                    WaiterEvent::Granted { token, confirm },
+                ) if told == token => {
+                    *slot = Some(WaiterEvent::Granted {
+                        token,
+                        confirm: first || confirm,
+                    });
+                }
+                _ => *slot = Some(event),
             }
         }
         // Stores a permit if the task is not waiting yet: nothing is missed.
@@ -169,6 +183,20 @@ impl WaiterRegistry {
             }
             None => false,
         }
+    }
+
+    /// Wakes the new holder of a grant that a release made in this process
+    /// (it may wait here), without waiting for its pub/sub message. An
+    /// unheard grant's lease was cut to the waiter TTL, so the woken task
+    /// sets its own lease first.
+    pub(crate) fn deliver_handoff(&self, handoff: &Handoff) -> bool {
+        self.deliver(
+            &handoff.member,
+            WaiterEvent::Granted {
+                token: handoff.token,
+                confirm: handoff.unheard,
+            },
+        )
     }
 
     /// Tells every waiter of lock `owner_key` to check its place.

@@ -224,27 +224,31 @@ end
 -- process learns of it from its next heartbeat and sets its own lease, a
 -- dead one lets it run out and the next waiter is granted.
 -- The caller has deleted or will overwrite the owner key.
--- Returns the new owner (or false), its token, dead waiters dropped, and
--- whether dead waiters are left to purge before a live one can be found.
+-- Returns the new owner (or false), its token, dead waiters dropped,
+-- whether dead waiters are left to purge before a live one can be found,
+-- and whether the grant went unheard and its lease was cut to
+-- `unheard_ms` (a process that wakes the new owner by other means, such
+-- as the releaser's own, must then set the owner's lease itself).
 local function grant_next(idle_ms, channel_prefix, unheard_ms)
   local head, dropped, more, now, tag, lease = pop_live_head()
   if not head then
-    return false, 0, dropped, more
+    return false, 0, dropped, more, false
   end
   local token = grant(now, head, idle_ms, lease)
-  if publish(channel_prefix, head, digits(token), tag) == 0 and unheard_ms < lease then
+  local unheard = publish(channel_prefix, head, digits(token), tag) == 0 and unheard_ms < lease
+  if unheard then
     redis.call('PEXPIRE', KEYS[1], unheard_ms)
   end
-  return head, token, dropped, false
+  return head, token, dropped, false, unheard
 end
 
 -- Free the lock held by `member` (its owner) and hand it on. `freed`
 -- remembers the releaser, so a resent release is answered the same way.
 local function release_and_hand_on(member, idle_ms, channel_prefix, unheard_ms)
-  local next_owner, token, dropped, more = grant_next(idle_ms, channel_prefix, unheard_ms)
+  local next_owner, token, dropped, more, unheard = grant_next(idle_ms, channel_prefix, unheard_ms)
   if not next_owner then
     redis.call('DEL', KEYS[1])
   end
   redis.call('SET', KEYS[5], member, 'PX', idle_ms)
-  return next_owner, token, dropped, more
+  return next_owner, token, dropped, more, unheard
 end

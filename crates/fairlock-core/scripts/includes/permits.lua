@@ -134,7 +134,9 @@ end
 -- at the first live one that does not. A grant whose message reached
 -- nobody keeps its place only for `unheard_ms` (the waiter TTL), as a
 -- lock's does. Work is bounded like pop_live_head's.
--- Returns the grants as a flat list {member, token, ...}, the number of
+-- Returns the grants as a flat list {member, token, unheard, ...} (unheard:
+-- 1 if the grant's message reached nobody and its lease was cut to
+-- `unheard_ms`, so whoever wakes it must set its lease), the number of
 -- dead waiters dropped, and whether the search stopped with entries left
 -- to look at (the caller's client then goes on with heartbeat calls).
 -- Windows grow like a lock's (256 entries in all): a release usually
@@ -176,12 +178,15 @@ local function grant_waiting(now, idle_ms, channel_prefix, unheard_ms)
         dropped = dropped + 1
       elseif fits(permits, limit_for(stored, permits)) then
         local token = grant_permit(now, member, lease, idle_ms)
-        if publish_permit(channel_prefix, member, tag, digits(token)) == 0 and unheard_ms < lease then
+        local unheard = publish_permit(channel_prefix, member, tag, digits(token)) == 0
+          and unheard_ms < lease
+        if unheard then
           redis.call('ZADD', KEYS[1], 'XX', now_ms + unheard_ms, member)
         end
         remove[#remove + 1] = member
         granted[#granted + 1] = member
         granted[#granted + 1] = token
+        granted[#granted + 1] = unheard and 1 or 0
       else
         blocked = true
         break
