@@ -30,9 +30,9 @@ use crate::impls::{fred_client, fred_pool, LockConn, LockImpl, Result};
 use crate::progress::Progress;
 
 /// How long stopping may take before remaining tasks are aborted.
-const STOP_GRACE: Duration = Duration::from_secs(10);
+pub(crate) const STOP_GRACE: Duration = Duration::from_secs(10);
 /// Connections of each simulated client's pool for the critical section.
-const DATA_POOL_SIZE: usize = 2;
+pub(crate) const DATA_POOL_SIZE: usize = 2;
 /// Pause after a failed acquire or critical section (no error loop spins).
 const ERROR_PAUSE: Duration = Duration::from_millis(10);
 /// Interval of the PINGs that measure the round trip under the cell's load.
@@ -58,7 +58,7 @@ pub struct CellPlan {
 }
 
 /// One attempt to take a lock, as nanoseconds since the cell's start.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct Attempt {
     /// The contender task.
     pub task: u32,
@@ -113,19 +113,21 @@ pub struct CellRun {
     pub pings: Vec<(u64, f64)>,
 }
 
+/// Counters every contender of one process shares.
 #[derive(Default)]
-struct Shared {
+pub(crate) struct Shared {
     first_cycles: AtomicUsize,
-    data_gets: AtomicU64,
-    data_sets: AtomicU64,
+    pub(crate) data_gets: AtomicU64,
+    pub(crate) data_sets: AtomicU64,
 }
 
+/// What one contender task recorded.
 #[derive(Default)]
-struct TaskLog {
-    attempts: Vec<Attempt>,
-    cs_completed: u64,
-    errors: u64,
-    first_error: Option<String>,
+pub(crate) struct TaskLog {
+    pub(crate) attempts: Vec<Attempt>,
+    pub(crate) cs_completed: u64,
+    pub(crate) errors: u64,
+    pub(crate) first_error: Option<String>,
 }
 
 impl TaskLog {
@@ -142,7 +144,7 @@ pub fn lock_name(index: usize) -> String {
     format!("bench-{index}")
 }
 
-fn counter_key(index: usize) -> String {
+pub(crate) fn counter_key(index: usize) -> String {
     format!("bench:{{bench-{index}}}:counter")
 }
 
@@ -307,7 +309,7 @@ async fn measure<C: LockConn>(
 
 /// PINGs the server every [`PING_EVERY`] until stopped: the round trip
 /// under the cell's own load.
-async fn ping_loop(
+pub(crate) async fn ping_loop(
     pinger: Client,
     mut stop: watch::Receiver<bool>,
     base: Instant,
@@ -332,12 +334,13 @@ async fn ping_loop(
     pings
 }
 
-struct Identity {
-    task: u32,
-    lock: u32,
+/// Which contender a task is, and which lock it takes.
+pub(crate) struct Identity {
+    pub(crate) task: u32,
+    pub(crate) lock: u32,
 }
 
-async fn contender<C: LockConn>(
+pub(crate) async fn contender<C: LockConn>(
     conn: C,
     data: Pool,
     id: Identity,

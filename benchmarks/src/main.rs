@@ -16,6 +16,7 @@ mod cell;
 mod charts;
 mod impls;
 mod probes;
+mod processes;
 mod progress;
 mod report;
 mod stats;
@@ -48,6 +49,10 @@ usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]...
   --cell C:H   only this one-hot-lock cell, C contenders holding H ms
                (repeatable; e.g. --cell 1:0 --cell 64:1), for a look at
                one spot; the report then covers these cells only
+  --processes N  with --cell: run those cells with the contenders in N
+               separate OS processes instead of simulated clients of one
+               (every run without --cell has one such cell: C=1024,
+               H=1 ms in 4 processes; C=256 with --quick)
 ";
 
 /// What the command line asked for.
@@ -58,6 +63,8 @@ struct Options {
     impls: Vec<Implementation>,
     /// Cells asked for with `--cell` (empty: the mode's matrix).
     cells: Vec<(usize, Duration)>,
+    /// `--processes`: run the `--cell` cells in this many OS processes.
+    processes: Option<usize>,
 }
 
 /// `C:H` of `--cell`: contenders and hold in milliseconds.
@@ -79,6 +86,7 @@ fn parse_args() -> std::result::Result<Options, String> {
         out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results"),
         impls: Vec::new(),
         cells: Vec::new(),
+        processes: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -99,12 +107,22 @@ fn parse_args() -> std::result::Result<Options, String> {
                 let cell = args.next().ok_or("--cell needs C:H")?;
                 options.cells.push(parse_cell(&cell)?);
             }
+            "--processes" => {
+                let n = args.next().ok_or("--processes needs a count")?;
+                match n.parse::<usize>() {
+                    Ok(n) if (1..=64).contains(&n) => options.processes = Some(n),
+                    _ => return Err(format!("--processes wants 1 to 64, not {n:?}")),
+                }
+            }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
     if options.impls.is_empty() {
         options.impls = Implementation::ALL.to_vec();
+    }
+    if options.processes.is_some() && options.cells.is_empty() {
+        return Err("--processes needs at least one --cell".to_owned());
     }
     Ok(options)
 }
@@ -125,14 +143,26 @@ struct Plan {
     many_measure: Duration,
     /// Only the cells named with `--cell`: no waiters probe, no 1,000 locks.
     only_cells: bool,
+    /// One-hot-lock cells whose contenders run in separate OS processes,
+    /// and how many processes.
+    process_cells: Vec<(usize, Duration)>,
+    processes: usize,
 }
 
 impl Plan {
     fn new(options: &Options) -> Plan {
         let mut plan = Plan::for_mode(options);
         if !options.cells.is_empty() {
-            plan.cells = options.cells.clone();
             plan.only_cells = true;
+            plan.process_cells = Vec::new();
+            match options.processes {
+                Some(n) => {
+                    plan.cells = Vec::new();
+                    plan.process_cells = options.cells.clone();
+                    plan.processes = n;
+                }
+                None => plan.cells = options.cells.clone(),
+            }
         }
         plan
     }
@@ -153,6 +183,8 @@ impl Plan {
                 many_contenders: 2000,
                 many_measure: ms(1000),
                 only_cells: false,
+                process_cells: vec![(256, ms(1))],
+                processes: 4,
             }
         } else {
             let mut cells = Vec::new();
@@ -174,6 +206,8 @@ impl Plan {
                 many_contenders: 2000,
                 many_measure: ms(6000),
                 only_cells: false,
+                process_cells: vec![(1024, ms(1))],
+                processes: 4,
             }
         }
     }
@@ -218,11 +252,28 @@ impl Plan {
             .sum::<f64>()
             * n;
         let latency = self.latency_iterations as f64 * 0.0004 * n + n;
-        cells + latency + 6.0 + Plan::cell_seconds(&self.many_locks_plan()) * n
+        let processes: f64 = self
+            .process_cells
+            .iter()
+            .map(|&(c, h)| Plan::cell_seconds(&self.cell_plan(c, h)) + 4.0)
+            .sum::<f64>()
+            * n;
+        cells + processes + latency + 6.0 + Plan::cell_seconds(&self.many_locks_plan()) * n
     }
 }
 
 fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    if args.next().as_deref() == Some(processes::WORKER_FLAG) {
+        let spec = args.next().unwrap_or_default();
+        return match processes::worker_main(&spec) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("fairlock-bench worker: {error}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let options = match parse_args() {
         Ok(options) => options,
         Err(message) => {
@@ -274,6 +325,7 @@ async fn run(options: &Options) -> Result<bool> {
         costs: Vec::new(),
         waiters: None,
         cells: Vec::new(),
+        processes: Vec::new(),
         many_locks: Vec::new(),
     };
 
@@ -312,6 +364,29 @@ async fn run(options: &Options) -> Result<bool> {
         }
     }
 
+    for &(contenders, hold) in &plan.process_cells {
+        for &imp in &plan.impls {
+            let cell = plan.cell_plan(contenders, hold);
+            progress.step(
+                &format!(
+                    "{} C={contenders} H={}ms in {} processes",
+                    imp.label(),
+                    hold.as_millis(),
+                    plan.processes
+                ),
+                Plan::cell_seconds(&cell) + 4.0,
+            );
+            let run =
+                processes::run_cell_in_processes(imp, &admin, &cell, plan.processes, &progress)
+                    .await?;
+            let top_level = with_impl!(imp, lock => lock.top_level_commands());
+            let metrics = stats::summarize(&run, top_level);
+            let record = CellRecord::new("processes", imp, &run, &metrics);
+            progress.println(&record.summary());
+            results.processes.push(record);
+        }
+    }
+
     let many = plan.many_locks_plan();
     let many_impls = if plan.only_cells {
         &[][..]
@@ -336,6 +411,7 @@ async fn run(options: &Options) -> Result<bool> {
     let clean = results
         .cells
         .iter()
+        .chain(&results.processes)
         .chain(&results.many_locks)
         .all(|c| c.violations == 0);
     Ok(clean)

@@ -19,7 +19,8 @@ use crate::stats::CellMetrics;
 /// One cell of the matrix, or of the many-locks run, as a JSON line.
 #[derive(Debug, Clone, Serialize)]
 pub struct CellRecord {
-    /// "cell" (one hot lock) or "many_locks".
+    /// "cell" (one hot lock), "processes" (one hot lock, contenders in
+    /// separate OS processes) or "many_locks".
     pub kind: &'static str,
     /// Implementation label.
     pub implementation: &'static str,
@@ -310,6 +311,9 @@ pub struct Results {
     pub waiters: Option<WaitersRecord>,
     /// The matrix cells.
     pub cells: Vec<CellRecord>,
+    /// One-hot-lock cells whose contenders ran in separate OS processes
+    /// (`clients` of them).
+    pub processes: Vec<CellRecord>,
     /// The many-locks cells.
     pub many_locks: Vec<CellRecord>,
 }
@@ -343,7 +347,12 @@ pub fn write_all(results: &Results, dir: &Path) -> Result<String> {
     if let Some(waiters) = &results.waiters {
         push(serde_json::to_value(waiters)?);
     }
-    for cell in results.cells.iter().chain(&results.many_locks) {
+    for cell in results
+        .cells
+        .iter()
+        .chain(&results.processes)
+        .chain(&results.many_locks)
+    {
         push(serde_json::to_value(cell)?);
     }
     std::fs::write(dir.join("results.jsonl"), jsonl)?;
@@ -483,58 +492,9 @@ fn markdown(results: &Results, charts: &[(String, String)]) -> String {
          including the commands inside Lua scripts, which Redis 7 counts in `INFO commandstats` as well.\n"
     );
 
-    let _ = writeln!(md, "## One hot lock\n");
-    let _ = writeln!(
-        md,
-        "| implementation | C | H | hold measured | cycles/s | wait p50 | wait p99 | wait max | handoff p50 | handoff p99 | PING p50 in cell | cmds/cycle sent | cmds/cycle run | Jain | overtakes | overtakes > 1 ms | call → ticket p50 / p99 | violations | errors |"
-    );
-    let _ = writeln!(
-        md,
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
-    );
-    let mut cells: Vec<&CellRecord> = results.cells.iter().collect();
-    cells.sort_by(|a, b| {
-        (a.hold_ms, a.contenders)
-            .partial_cmp(&(b.hold_ms, b.contenders))
-            .unwrap_or(std::cmp::Ordering::Equal)
-    });
-    for c in &cells {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} ms | {:.2} ms | {:.0} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.3} | {:.1}% | {:.2}% | {} / {} | {} | {} |",
-            c.implementation,
-            c.contenders,
-            c.hold_ms,
-            c.hold_mean_ms,
-            c.cycles_per_s,
-            fmt_ms(c.wait_p50_ms),
-            fmt_ms(c.wait_p99_ms),
-            fmt_ms(c.wait_max_ms),
-            fmt_ms(c.handoff_p50_ms),
-            fmt_ms(c.handoff_p99_ms),
-            fmt_ms(c.ping_p50_ms),
-            c.cmds_top_level_per_cycle,
-            c.cmds_total_per_cycle,
-            c.jain,
-            c.overtake_fraction * 100.0,
-            c.overtake_over_1ms_fraction * 100.0,
-            fmt_ms(c.call_to_ticket_p50_ms),
-            fmt_ms(c.call_to_ticket_p99_ms),
-            c.violations,
-            c.errors
-        );
-    }
-    let cold: Vec<String> = cells
-        .iter()
-        .filter(|c| !c.warmed_up)
-        .map(|c| format!("{} C={} H={}ms", c.implementation, c.contenders, c.hold_ms))
-        .collect();
-    if !cold.is_empty() {
-        let _ = writeln!(
-            md,
-            "\nSome contenders never got the lock during warm-up (the window started at the warm-up limit): {}.",
-            cold.join(", ")
-        );
+    if !results.cells.is_empty() {
+        let _ = writeln!(md, "## One hot lock\n");
+        hot_lock_table(&mut md, &results.cells);
     }
 
     let _ = writeln!(md, "\n## Uncontended acquire + release\n");
@@ -607,6 +567,23 @@ fn markdown(results: &Results, charts: &[(String, String)]) -> String {
             w.enqueue_s,
             w.lock_future_bytes
         );
+    }
+
+    if let Some(first) = results.processes.first() {
+        let _ = writeln!(
+            md,
+            "\n## One hot lock, contenders in {} OS processes\n",
+            first.clients
+        );
+        let _ = writeln!(
+            md,
+            "The same cell as above, but contender `i` runs in OS process `i % {}` (this binary started again as a worker), \
+             not in a simulated client of one process: nothing is shared between them but Redis and the machine's clock. \
+             Every worker maps the parent's wall-clock start onto its own monotonic clock, so call times of different \
+             processes compare directly (to a few µs).\n",
+            first.clients
+        );
+        hot_lock_table(&mut md, &results.processes);
     }
 
     if !results.many_locks.is_empty() {
@@ -703,8 +680,78 @@ fn row(target: &str, measured: String, verdict: String) -> TargetRow {
     }
 }
 
+/// The one-hot-lock table: a row per cell, sorted by hold, then C.
+/// A note follows for cells where some contender never got the lock
+/// during warm-up.
+fn hot_lock_table(md: &mut String, records: &[CellRecord]) {
+    let _ = writeln!(
+        md,
+        "| implementation | C | H | hold measured | cycles/s | wait p50 | wait p99 | wait max | handoff p50 | handoff p99 | PING p50 in cell | cmds/cycle sent | cmds/cycle run | Jain | overtakes | overtakes > 1 ms | call → ticket p50 / p99 | violations | errors |"
+    );
+    let _ = writeln!(
+        md,
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+    );
+    let mut cells: Vec<&CellRecord> = records.iter().collect();
+    cells.sort_by(|a, b| {
+        (a.hold_ms, a.contenders)
+            .partial_cmp(&(b.hold_ms, b.contenders))
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    for c in &cells {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} ms | {:.2} ms | {:.0} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.3} | {:.1}% | {:.2}% | {} / {} | {} | {} |",
+            c.implementation,
+            c.contenders,
+            c.hold_ms,
+            c.hold_mean_ms,
+            c.cycles_per_s,
+            fmt_ms(c.wait_p50_ms),
+            fmt_ms(c.wait_p99_ms),
+            fmt_ms(c.wait_max_ms),
+            fmt_ms(c.handoff_p50_ms),
+            fmt_ms(c.handoff_p99_ms),
+            fmt_ms(c.ping_p50_ms),
+            c.cmds_top_level_per_cycle,
+            c.cmds_total_per_cycle,
+            c.jain,
+            c.overtake_fraction * 100.0,
+            c.overtake_over_1ms_fraction * 100.0,
+            fmt_ms(c.call_to_ticket_p50_ms),
+            fmt_ms(c.call_to_ticket_p99_ms),
+            c.violations,
+            c.errors
+        );
+    }
+    let cold: Vec<String> = cells
+        .iter()
+        .filter(|c| !c.warmed_up)
+        .map(|c| format!("{} C={} H={}ms", c.implementation, c.contenders, c.hold_ms))
+        .collect();
+    if !cold.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nSome contenders never got the lock during warm-up (the window started at the warm-up limit): {}.",
+            cold.join(", ")
+        );
+    }
+}
+
 fn cell_tag(c: &CellRecord) -> String {
     format!("C={} H={}ms", c.contenders, c.hold_ms)
+}
+
+/// fairlock's cell with the most contenders (then the longest hold).
+fn largest_fairlock_cell(records: &[CellRecord]) -> Option<&CellRecord> {
+    records
+        .iter()
+        .filter(|c| c.implementation == "fairlock")
+        .max_by(|a, b| {
+            (a.contenders, a.hold_ms)
+                .partial_cmp(&(b.contenders, b.hold_ms))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        })
 }
 
 /// Evaluates the fairlock targets against what was measured.
@@ -1021,10 +1068,47 @@ pub fn targets(results: &Results) -> Vec<TargetRow> {
         None => rows.push(row("10,000 waiters", not_measured(), not_measured())),
     }
 
+    // FIFO as callers see it: overtakes of an earlier caller by more than
+    // 1 ms, at the largest C, in one process and across OS processes.
+    for (records, place) in [
+        (
+            &results.cells[..],
+            format!("{} simulated clients in one process", results.info.clients),
+        ),
+        (
+            &results.processes[..],
+            format!(
+                "{} OS processes",
+                results.processes.first().map_or(0, |c| c.clients)
+            ),
+        ),
+    ] {
+        let target =
+            format!("overtakes of an earlier caller by > 1 ms ≤ 1% at the largest C, {place}");
+        match largest_fairlock_cell(records) {
+            Some(c) => rows.push(row(
+                &target,
+                format!(
+                    "{:.2}% ({} of {} acquisitions) at {}; call → ticket p50 {} p99 {}; {} grants out of ticket order",
+                    c.overtake_over_1ms_fraction * 100.0,
+                    c.overtakes_over_1ms,
+                    c.cycles,
+                    cell_tag(c),
+                    fmt_ms(c.call_to_ticket_p50_ms),
+                    fmt_ms(c.call_to_ticket_p99_ms),
+                    c.ticket_inversions.map_or("-".to_owned(), |n| n.to_string()),
+                ),
+                at_most(c.overtake_over_1ms_fraction, 0.01),
+            )),
+            None => rows.push(row(&target, not_measured(), not_measured())),
+        }
+    }
+
     // Violations, every implementation.
     let violations: Vec<String> = results
         .cells
         .iter()
+        .chain(&results.processes)
         .chain(&results.many_locks)
         .filter(|c| c.violations > 0)
         .map(|c| format!("{} {}: {}", c.implementation, cell_tag(c), c.violations))
