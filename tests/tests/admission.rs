@@ -153,3 +153,69 @@ async fn a_burst_queued_before_any_estimate_is_refused_at_the_first_grant() {
         ends[1]
     );
 }
+
+/// Permits share the lock's acquire loop, admission included: a permit
+/// request whose place cannot be served before its deadline is refused at
+/// once and leaves the queue (it used to wait its timeout out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_request_that_would_miss_its_deadline_is_refused_at_once() {
+    let server = server();
+    let client = client(&server).await;
+    let sem = client.semaphore("permit-line", 1).expect("semaphore");
+    let queue = permit_keys("permit-line", fairlock_core::PermitFamily::Semaphore)
+        .queue()
+        .to_owned();
+    // Teach the client the set's pace: a waiter at the head granted after
+    // about 200 ms.
+    for _ in 0..3 {
+        let holder = sem.acquire().await.expect("holder");
+        let waiter = {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.acquire().await })
+        };
+        wait_for_zcard(&server, &queue, 1).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        holder.release().await.expect("release");
+        within("the waiter", waiter)
+            .await
+            .expect("task")
+            .expect("waiter")
+            .release()
+            .await
+            .expect("release");
+    }
+
+    // Five requests ahead, about 200 ms each: 300 ms cannot make it.
+    let holder = sem.acquire().await.expect("holder");
+    let mut ahead = Vec::new();
+    for _ in 0..5 {
+        let sem = sem.clone();
+        ahead.push(tokio::spawn(
+            async move { sem.acquire().await?.release().await },
+        ));
+    }
+    wait_for_zcard(&server, &queue, 5).await;
+    let budget = LockOptions::new().wait_timeout(Duration::from_millis(300));
+    match sem.acquire_with(budget.admission(true)).await {
+        Err(Error::WouldMissDeadline { position, .. }) => assert_eq!(position, 5),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(
+        zcard(&server, &queue),
+        5,
+        "the refused request left no entry"
+    );
+    // Without admission the same request waits its budget out.
+    let waited = sem.acquire_with(budget).await;
+    assert!(
+        matches!(waited, Err(Error::WaitTimeout { .. })),
+        "{waited:?}"
+    );
+    holder.release().await.expect("release");
+    for task in ahead {
+        within("a request ahead", task)
+            .await
+            .expect("task")
+            .expect("granted and released");
+    }
+}

@@ -1,6 +1,9 @@
-//! Acquiring a lock: one script call, then (if queued) a wait for the grant,
-//! which arrives already made: the releasing script made this waiter the
-//! owner, with its own lease, before waking it.
+//! Acquiring a lock, or a permit of a semaphore or read-write lock: one
+//! script call, then (if queued) a wait for the grant, which arrives
+//! already made: the releasing script made this waiter the owner, with its
+//! own lease, before waking it. Locks and permits share this one loop; they
+//! differ only in their member, their script and their renewal
+//! ([`Request`]).
 //!
 //! Waiting costs Redis nothing per waiter: the wait has no timer of its
 //! own besides the caller's wait timeout. The process's heartbeat (one call
@@ -22,8 +25,8 @@ use std::time::Instant;
 use tracing::Instrument;
 
 use fairlock_core::{
-    Acquire, AcquireMode, AcquireReply, LockKeys, LockName, ProtocolError, RenewBatch, RenewItem,
-    RenewStatus,
+    Acquire, AcquireMode, AcquireReply, LockKeys, LockName, PermitAcquire, PermitRenewBatch,
+    PermitRenewItem, PermitRequest, ProtocolError, RenewBatch, RenewItem, RenewStatus,
 };
 
 use crate::config::{millis, Lease, LockOptions};
@@ -38,6 +41,30 @@ use crate::waiters::{WaiterEvent, WaiterSlot};
 pub(crate) enum Mode {
     Wait,
     Try,
+}
+
+impl Mode {
+    fn label(self) -> &'static str {
+        match self {
+            Mode::Wait => "wait",
+            Mode::Try => "try",
+        }
+    }
+
+    fn script_mode(self) -> AcquireMode {
+        match self {
+            Mode::Wait => AcquireMode::Wait,
+            Mode::Try => AcquireMode::Try,
+        }
+    }
+}
+
+/// What a caller asks for: the lock itself, or a permit of a semaphore or
+/// read-write lock (whose keys are then a permit set's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Request {
+    Lock,
+    Permit(PermitRequest),
 }
 
 /// Takes lock `name`: the grant, or `None` if `mode` is try and the lock is
@@ -68,20 +95,41 @@ pub(crate) async fn acquire_keys(
     options.validate()?;
     let try_waits = mode == Mode::Try && options.wait_timeout.is_some_and(|t| !t.is_zero());
     let mode = if try_waits { Mode::Wait } else { mode };
-    let span = crate::telemetry::acquire_span(
-        name.as_str(),
-        match mode {
-            Mode::Wait => "wait",
-            Mode::Try => "try",
-        },
-    );
-    let outcome = acquire_validated(state, name, keys, &options, mode)
+    let span = crate::telemetry::acquire_span(name.as_str(), mode.label());
+    let outcome = acquire_validated(state, name, keys, &options, mode, Request::Lock)
         .instrument(span)
         .await;
     match outcome {
         Err(Error::WaitTimeout { .. }) if try_waits => Ok(None),
         outcome => outcome,
     }
+}
+
+/// Takes a permit of the set `keys` (named `name`) for `request`: the
+/// grant, or `None` if `mode` is try and the request does not fit now or
+/// someone waits. Unlike a lock's, a permit's try never waits.
+pub(crate) async fn acquire_permit(
+    state: &Arc<ClientState>,
+    name: &str,
+    keys: &Arc<LockKeys>,
+    request: PermitRequest,
+    options: LockOptions,
+    mode: Mode,
+) -> Result<Option<Arc<HeldLock>>> {
+    options.validate()?;
+    // Checked when the set's keys were made; the grant keeps it as bytes.
+    let lock_name = LockName::new(name)?;
+    let span = crate::telemetry::acquire_span(name, mode.label());
+    acquire_validated(
+        state,
+        &lock_name,
+        Arc::clone(keys),
+        &options,
+        mode,
+        Request::Permit(request),
+    )
+    .instrument(span)
+    .await
 }
 
 async fn acquire_validated(
@@ -93,6 +141,7 @@ async fn acquire_validated(
     // future for its whole wait.
     options: &LockOptions,
     mode: Mode,
+    request: Request,
 ) -> Result<Option<Arc<HeldLock>>> {
     let telemetry = state.config.metrics_lock_label.labels(name.as_str());
     let started = Instant::now();
@@ -100,7 +149,10 @@ async fn acquire_validated(
         Lease::Fixed(lease) => lease,
         Lease::Watchdog => state.config.watchdog_lease,
     };
-    let member = state.new_member(millis(lease_len));
+    let member = match request {
+        Request::Lock => state.new_member(millis(lease_len)),
+        Request::Permit(permits) => state.new_permit_member(millis(lease_len), permits),
+    };
     let mut pending = PendingAcquire::new(state, &keys, &member, mode, &telemetry);
     let deadline = options
         .wait_timeout
@@ -127,16 +179,27 @@ async fn acquire_validated(
 
     loop {
         let sent_at = Instant::now();
-        let call = Acquire {
-            member: &member,
-            mode: match mode {
-                Mode::Wait => AcquireMode::Wait,
-                Mode::Try => AcquireMode::Try,
-            },
-            timings: &state.timings,
-            channel_prefix: &channel_prefix,
+        let reply = match request {
+            Request::Lock => {
+                let call = Acquire {
+                    member: &member,
+                    mode: mode.script_mode(),
+                    timings: &state.timings,
+                    channel_prefix: &channel_prefix,
+                };
+                state.run(&keys, &call).await
+            }
+            Request::Permit(_) => {
+                let call = PermitAcquire {
+                    member: &member,
+                    mode: mode.script_mode(),
+                    timings: &state.timings,
+                    channel_prefix: &channel_prefix,
+                };
+                state.run(&keys, &call).await
+            }
         };
-        let reply = match state.run(&keys, &call).await {
+        let reply = match reply {
             Ok(reply) => reply,
             Err(error) => {
                 telemetry.acquire_ended("error", started);
@@ -213,7 +276,9 @@ async fn acquire_validated(
             // own lease) so that WAIT on its connection covers the handoff
             // that came before it in the replication stream.
             let confirm = confirm || state.config.replica_acks.is_some();
-            if confirm && !Box::pin(confirm_lease(state, &keys, &member, lease_len)).await? {
+            if confirm
+                && !Box::pin(confirm_lease(state, &keys, &member, lease_len, request)).await?
+            {
                 // The short lease of an unheard grant ran out first: the
                 // lock went on; queue again.
                 telemetry.recheck();
@@ -336,23 +401,36 @@ async fn replicated_or_given_back(
     }
 }
 
-/// Sets the waiter's own lease on a grant a heartbeat found (its message
-/// may have reached nobody, and the script then gave it a short lease).
-/// `false` if the grant is gone already.
+/// Sets the waiter's own lease on a grant a heartbeat found or a release
+/// here saw go unheard (its message reached nobody, and the script then
+/// gave it a short lease). `false` if the grant is gone already.
 async fn confirm_lease(
     state: &ClientState,
     keys: &LockKeys,
     member: &str,
     lease: std::time::Duration,
+    request: Request,
 ) -> Result<bool> {
-    let batch = RenewBatch {
-        items: vec![RenewItem {
-            owner_key: keys.owner(),
-            member,
-            lease_ms: millis(lease),
-        }],
+    let lease_ms = millis(lease);
+    let statuses = match request {
+        Request::Lock => {
+            let items = vec![RenewItem {
+                owner_key: keys.owner(),
+                member,
+                lease_ms,
+            }];
+            state.renew(&RenewBatch { items }).await?
+        }
+        Request::Permit(_) => {
+            let items = vec![PermitRenewItem {
+                keys,
+                member,
+                lease_ms,
+            }];
+            state.renew_permits(&PermitRenewBatch { items }).await?
+        }
     };
-    Ok(state.renew(&batch).await?.first() == Some(&RenewStatus::Held))
+    Ok(statuses.first() == Some(&RenewStatus::Held))
 }
 
 async fn sleep_until_deadline(deadline: Option<tokio::time::Instant>) {

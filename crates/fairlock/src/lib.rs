@@ -48,7 +48,6 @@ mod held;
 mod key_cache;
 mod owner;
 mod permit;
-mod permit_acquire;
 mod permit_state;
 mod redis;
 pub mod redlock;

@@ -10,12 +10,12 @@ use std::sync::Arc;
 
 use fairlock_core::{LockKeys, LockName, PermitFamily, PermitRequest, MAX_PERMITS};
 
+use crate::acquire::acquire_permit;
 use crate::acquire::Mode;
 use crate::client::LockClient;
 use crate::config::LockOptions;
 use crate::error::{Error, Result};
 use crate::permit::Permit;
-use crate::permit_acquire::acquire_permit;
 
 /// A fair distributed semaphore: at most `permits` holders at once,
 /// granted in arrival order (a newcomer never overtakes a waiter), each
