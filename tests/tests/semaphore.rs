@@ -25,6 +25,17 @@ fn server_ms(server: &RedisServer) -> i64 {
     secs * 1000 + micros / 1000
 }
 
+/// Waits (bounded) until `key` holds exactly `count` members.
+async fn wait_until_zcard_is(server: &RedisServer, key: &str, count: i64) {
+    for _ in 0..4000 {
+        if zcard(server, key) == count {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("{key} never came to {count} members");
+}
+
 /// Waits (bounded) until `count` members are queued on `name`.
 async fn until_queued(server: &RedisServer, name: &str, count: i64) {
     wait_for_zcard(server, sem_keys(name).queue(), count).await;
@@ -395,4 +406,71 @@ async fn a_draining_permit_queue_costs_no_rechecks() {
         evalsha < WAITERS as u64 + WAITERS as u64 / 2,
         "{evalsha} script calls to drain {WAITERS} permit waiters"
     );
+}
+
+/// Dead waiters at the head of a permit queue, more than one call looks
+/// at, are purged in bounded background calls after a release (as a
+/// lock's are), and the live waiter behind them is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_permit_waiters_are_purged_in_bounded_steps() {
+    const DEAD: usize = 2_000;
+    let server = server();
+    // Heartbeats far apart, so only the purge that follows a call can
+    // clear the dead entries within the test's bound.
+    let mut config = fast_config(&server);
+    config.heartbeat_interval = Duration::from_secs(30);
+    config.waiter_timeout = Duration::from_secs(60);
+    let client = fairlock::LockClient::with_config(config)
+        .await
+        .expect("connect");
+    let name = "crowd";
+    let sem = client.semaphore(name, 1).expect("semaphore");
+    let holder = sem.acquire().await.expect("holder");
+    let keys = sem_keys(name);
+    // One dead process, its deadline long past, with 2,000 entries.
+    server
+        .cmd(&["ZADD", keys.alive(), "1", "00000000000000dd"])
+        .expect("dead process");
+    for chunk in (0..DEAD).collect::<Vec<_>>().chunks(500) {
+        let entries: Vec<String> = chunk
+            .iter()
+            .flat_map(|i| {
+                [
+                    (i + 1).to_string(),
+                    fairlock_core::PermitMember::new(
+                        &format!("{i:032x}"),
+                        "00000000000000dd",
+                        30_000,
+                        fairlock_core::PermitRequest::Shared(1),
+                    )
+                    .as_str()
+                    .to_owned(),
+                ]
+            })
+            .collect();
+        let mut cmd = vec!["ZADD", keys.queue()];
+        cmd.extend(entries.iter().map(String::as_str));
+        server.cmd(&cmd).expect("dead entries");
+    }
+    // The waiter's enqueue finds the dead entries first: it drops what one
+    // call may look at (256), and its client purges the rest in bounded
+    // background calls, leaving the waiter alone in the queue.
+    server.cmd(&["CONFIG", "RESETSTAT"]).expect("reset");
+    let live = {
+        let sem = sem.clone();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    wait_until_zcard_is(&server, keys.queue(), 1).await;
+    let scripts = calls(&server, "evalsha");
+    assert!(
+        scripts >= (DEAD / 256) as u64,
+        "{scripts} script calls purged {DEAD} dead entries"
+    );
+    holder.release().await.expect("release");
+    let permit = within("the live waiter behind the dead ones", live)
+        .await
+        .expect("task")
+        .expect("granted");
+    assert_eq!(zcard(&server, keys.queue()), 0);
+    permit.release().await.expect("release");
 }

@@ -20,12 +20,7 @@ use fairlock_core::{
 use crate::error::{Error, Result};
 use crate::redis::Lane;
 use crate::state::ClientState;
-use crate::telemetry::waiters_evicted;
 use crate::waiters::{LockWaiters, WaiterEvent};
-
-/// How many purge calls one release may chain (each bounded in Redis), as
-/// for a lock.
-const MAX_PURGE_CALLS: usize = 2_000;
 
 impl ClientState {
     /// A new permit member: a random 128-bit owner id, this process's tag,
@@ -56,7 +51,7 @@ impl ClientState {
         };
         match self.run_on(Lane::Holders, keys, &call).await? {
             PermitReleaseReply::Released { granted, purged } => {
-                self.after_permit_purge(keys, purged);
+                self.after_purge(keys, purged);
                 for next in &granted {
                     // Their messages still arrive and are then ignored.
                     self.waiters.deliver_handoff(next);
@@ -83,37 +78,6 @@ impl ClientState {
         Ok(self.run(keys, &call).await?.purged)
     }
 
-    /// Counts purged dead waiters and, while a call reported entries left
-    /// to look at, goes on with bounded heartbeat calls in the background.
-    pub(crate) fn after_permit_purge(self: &Arc<Self>, keys: &Arc<LockKeys>, purged: Purged) {
-        waiters_evicted(purged.dropped);
-        if !purged.more {
-            return;
-        }
-        let state = Arc::clone(self);
-        let keys = Arc::clone(keys);
-        self.spawn(async move {
-            let channel_prefix = state.channel_prefix(&keys);
-            let call = PermitHeartbeat {
-                tag: &state.tag,
-                probe: "",
-                timings: &state.timings,
-                channel_prefix: &channel_prefix,
-            };
-            for _ in 0..MAX_PURGE_CALLS {
-                match state.run(&keys, &call).await {
-                    Ok(reply) => {
-                        waiters_evicted(reply.purged.dropped);
-                        if !reply.purged.more {
-                            return;
-                        }
-                    }
-                    Err(_) => return,
-                }
-            }
-        });
-    }
-
     /// One heartbeat of this process's waiters on one permit set. If the
     /// oldest is no longer queued (granted with its message lost, or
     /// dropped), every waiter here re-runs acquire, which answers a grant
@@ -128,7 +92,7 @@ impl ClientState {
         };
         match self.run(&lock.keys, &call).await {
             Ok(reply) => {
-                self.after_permit_purge(&lock.keys, reply.purged);
+                self.after_purge(&lock.keys, reply.purged);
                 if reply.probe_holds {
                     // Granted while the call was on its way, or its
                     // message was lost: only the probe may need to hear.

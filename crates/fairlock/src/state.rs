@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use fairlock_core::{
-    Cancel, Heartbeat, Inspect, LockKeys, LockName, Member, Purged, Release, ReleaseReply,
-    RenewBatch, RenewStatus, ScriptCall, Timings,
+    Cancel, Heartbeat, Inspect, LockKeys, LockName, Member, PermitHeartbeat, Purged, Release,
+    ReleaseReply, RenewBatch, RenewStatus, ScriptCall, Timings,
 };
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
@@ -325,9 +325,6 @@ impl ClientState {
     /// of the queue, goes on purging in the background (each call bounded
     /// in Redis) until the oldest live waiter has the lock.
     pub(crate) fn after_purge(self: &Arc<Self>, keys: &Arc<LockKeys>, purged: Purged) {
-        if keys.permit_family().is_some() {
-            return self.after_permit_purge(keys, purged);
-        }
         waiters_evicted(purged.dropped);
         if !purged.more {
             return;
@@ -335,13 +332,11 @@ impl ClientState {
         let state = Arc::clone(self);
         let keys = Arc::clone(keys);
         self.spawn(async move {
-            let channel_prefix = state.channel_prefix(&keys);
-            let call = Heartbeat::purge(&state.tag, &state.timings, &channel_prefix);
             for _ in 0..MAX_PURGE_CALLS {
-                match state.run(&keys, &call).await {
-                    Ok(reply) => {
-                        waiters_evicted(reply.purged.dropped);
-                        if !reply.purged.more {
+                match state.purge_call(&keys).await {
+                    Ok(purged) => {
+                        waiters_evicted(purged.dropped);
+                        if !purged.more {
                             return;
                         }
                     }
@@ -350,6 +345,23 @@ impl ClientState {
                 }
             }
         });
+    }
+
+    /// One bounded purge of dead waiters at the head of a lock's or a
+    /// permit set's queue: a heartbeat call with no waiter to keep alive.
+    async fn purge_call(&self, keys: &LockKeys) -> Result<Purged> {
+        let channel_prefix = self.channel_prefix(keys);
+        if keys.permit_family().is_some() {
+            let call = PermitHeartbeat {
+                tag: &self.tag,
+                probe: "",
+                timings: &self.timings,
+                channel_prefix: &channel_prefix,
+            };
+            return Ok(self.run(keys, &call).await?.purged);
+        }
+        let call = Heartbeat::purge(&self.tag, &self.timings, &channel_prefix);
+        Ok(self.run(keys, &call).await?.purged)
     }
 
     /// Whether `held` still owns its lock, asked of Redis (read-only).
