@@ -154,10 +154,12 @@ async fn acquire_validated(
         Request::Permit(permits) => state.new_permit_member(millis(lease_len), permits),
     };
     let mut pending = PendingAcquire::new(state, &keys, &member, mode, &telemetry);
-    let deadline = options
+    // The wait timeout's timer, boxed: most waits have none, and a timer
+    // kept inline would make every waiting task larger.
+    let mut deadline = options
         .wait_timeout
         .filter(|_| mode == Mode::Wait)
-        .map(|timeout| tokio::time::Instant::from_std(started + timeout));
+        .map(|timeout| Box::pin(tokio::time::sleep_until((started + timeout).into())));
     let mut ticket = None;
     // Callers ahead when this waiter joined, and when: a grant rate sample.
     let mut joined: Option<(u64, Instant)> = None;
@@ -256,7 +258,7 @@ async fn acquire_validated(
 
         let event = tokio::select! {
             event = pending.next_event() => event,
-            _ = sleep_until_deadline(deadline) => {
+            _ = deadline_passed(&mut deadline) => {
                 Box::pin(pending.cancel_now()).await;
                 telemetry.acquire_ended("timeout", started);
                 return Err(Error::WaitTimeout {
@@ -433,9 +435,10 @@ async fn confirm_lease(
     Ok(statuses.first() == Some(&RenewStatus::Held))
 }
 
-async fn sleep_until_deadline(deadline: Option<tokio::time::Instant>) {
+/// Resolves when the wait timeout's timer fires; never without one.
+async fn deadline_passed(deadline: &mut Option<Pin<Box<tokio::time::Sleep>>>) {
     match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        Some(sleep) => sleep.as_mut().await,
         None => std::future::pending().await,
     }
 }
