@@ -453,7 +453,7 @@ async fn dead_permit_waiters_are_purged_in_bounded_steps() {
         server.cmd(&cmd).expect("dead entries");
     }
     // The waiter's enqueue finds the dead entries first: it drops what one
-    // call may look at (256), and its client purges the rest in bounded
+    // call may look at (128), and its client purges the rest in bounded
     // background calls, leaving the waiter alone in the queue.
     server.cmd(&["CONFIG", "RESETSTAT"]).expect("reset");
     let live = {
@@ -463,7 +463,7 @@ async fn dead_permit_waiters_are_purged_in_bounded_steps() {
     wait_until_zcard_is(&server, keys.queue(), 1).await;
     let scripts = calls(&server, "evalsha");
     assert!(
-        scripts >= (DEAD / 256) as u64,
+        scripts >= (DEAD / 128) as u64,
         "{scripts} script calls purged {DEAD} dead entries"
     );
     holder.release().await.expect("release");

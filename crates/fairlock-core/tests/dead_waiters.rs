@@ -23,7 +23,7 @@ const DEAD: u64 = 10_000;
 const MAX_COMMANDS_PER_CALL: u64 = 300;
 /// Entries one call may look at: the sum of `SCAN_WINDOWS` in
 /// `includes/common.lua`.
-const SCANNED_PER_CALL: u64 = 256;
+const SCANNED_PER_CALL: u64 = 128;
 const CHANNEL_PREFIX: &str = "dead:notify:";
 const LIVE_LEASE_MS: u64 = 45_000;
 

@@ -62,7 +62,7 @@ const RENEW_LEASE_MS: u64 = 33_000;
 const PTTL_SLACK_MS: i64 = 2_000;
 const CHANNEL_PREFIX: &str = "model:notify:";
 /// The scan bounds of `pop_live_head` in `includes/common.lua`.
-const SCAN_WINDOW: usize = 128;
+const SCAN_WINDOW: usize = 64;
 const SCAN_ROUNDS: usize = 2;
 /// Placeholders for numbers a step draws from the sequence: `PLACEHOLDER + i`
 /// is the i-th number drawn in the step. Real values (µs of server time)
@@ -428,8 +428,8 @@ impl Model {
 
     /// The oldest waiter of a live process, removed with the dead ones
     /// before it; looks at most SCAN_ROUNDS windows of SCAN_WINDOW entries.
-    /// (The script's windows grow, 1, 127 and 128 entries, and it stops at
-    /// the first window that is not full: the same 256 entries, the same
+    /// (The script's windows grow, 1, 63 and 64 entries, and it stops at
+    /// the first window that is not full: the same 128 entries, the same
     /// result.)
     fn pop_live_head(&mut self) -> (Option<String>, u64, bool) {
         let mut dropped = 0;

@@ -139,10 +139,10 @@ end
 -- `unheard_ms`, so whoever wakes it must set its lease), the number of
 -- dead waiters dropped, and whether the search stopped with entries left
 -- to look at (the caller's client then goes on with heartbeat calls).
--- Windows grow like a lock's (256 entries in all): a release usually
+-- Windows grow like a lock's (128 entries in all): a release usually
 -- grants the head and finds the next one blocked, so the first window
 -- holds two entries, not a hundred to parse.
-local PERMIT_SCAN_WINDOWS = {2, 14, 112, 128}
+local PERMIT_SCAN_WINDOWS = {2, 14, 48, 64}
 
 local function grant_waiting(now, idle_ms, channel_prefix, unheard_ms)
   local granted, dropped = {}, 0
