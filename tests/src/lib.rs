@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use fairlock::{ClientConfig, LockClient, LockGuard};
-use fairlock_core::{KeyPrefix, LockKeys, LockName, ScriptCall};
+use fairlock_core::{Acquire, AcquireMode, KeyPrefix, LockKeys, LockName, ScriptCall, Timings};
 use fairlock_metrics::PrometheusHandle;
 pub use fairlock_testkit::{RedisServer, Resp};
 use fred::prelude::{Client, ClientLike, KeysInterface};
@@ -138,6 +138,18 @@ pub async fn set_counter(client: &Client, key: &str, value: i64) {
         .set::<(), _, _>(key, value, None, None, false)
         .await
         .expect("SET");
+}
+
+/// An `acquire.lua` call of `member` that waits in the queue, for tests
+/// that run the scripts raw: its grants are published under
+/// `test:nobody:`, where nobody listens unless the test does.
+pub fn waiting_acquire<'a>(member: &'a str, timings: &'a Timings) -> Acquire<'a> {
+    Acquire {
+        member,
+        mode: AcquireMode::Wait,
+        timings,
+        channel_prefix: "test:nobody:",
+    }
 }
 
 /// Reads one stats counter from `INFO commandstats` (0 if absent).

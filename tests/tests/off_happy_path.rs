@@ -93,12 +93,7 @@ async fn an_unheard_grant_woken_in_process_keeps_the_waiters_own_lease() {
 async fn a_waiter_granted_in_its_own_acquire_reply_keeps_its_own_lease() {
     let server = server();
     let timings = Timings::default();
-    let acquire = |member: &'static str| Acquire {
-        member,
-        mode: AcquireMode::Wait,
-        timings: &timings,
-        channel_prefix: "test:nobody:",
-    };
+    let acquire = |member: &'static str| waiting_acquire(member, &timings);
     const HOLDER: &str = "aa000000000000000000000000000000.00000000000000a1.30000";
     const WAITER: &str = "bb000000000000000000000000000000.00000000000000b2.60000";
     let name = "regrant";

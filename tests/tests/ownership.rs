@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use fairlock::{LockClient, LockOptions};
 use fairlock_core::{
-    Acquire, AcquireMode, AcquireReply, Cancel, CancelReply, Heartbeat, Release, ReleaseReply,
-    RenewBatch, RenewItem, RenewStatus, Timings,
+    AcquireReply, Cancel, CancelReply, Heartbeat, Release, ReleaseReply, RenewBatch, RenewItem,
+    RenewStatus, Timings,
 };
 use fairlock_tests::*;
 
@@ -329,12 +329,7 @@ async fn a_grant_racing_a_cancel_is_passed_on_at_once() {
 async fn scripts_are_idempotent_on_retry() {
     let server = server();
     let timings = Timings::default();
-    let acquire = |member: &'static str| Acquire {
-        member,
-        mode: AcquireMode::Wait,
-        timings: &timings,
-        channel_prefix: "test:nobody:",
-    };
+    let acquire = |member: &'static str| waiting_acquire(member, &timings);
     let name = "idem";
     const AA: &str = "aa000000000000000000000000000000.00000000000000a1.30000";
     const BB: &str = "bb000000000000000000000000000000.00000000000000b2.40000";
