@@ -310,4 +310,38 @@ mod tests {
         assert!(registry.waiting_locks().is_empty());
         assert_eq!(registry.len(), 0);
     }
+
+    /// One grant can reach its waiter twice (a heartbeat that found it, and
+    /// the release reply of this process): if either telling says the
+    /// grant went unheard, the waiter must set its own lease.
+    #[test]
+    fn a_grant_told_twice_keeps_its_lease_to_set() {
+        let registry = WaiterRegistry::default();
+        let keys = Arc::new(LockKeys::new(
+            &KeyPrefix::default(),
+            &LockName::new("a").unwrap(),
+        ));
+        let slot = registry.register("m1", &keys);
+        let unheard = Handoff {
+            member: "m1".to_owned(),
+            token: 7,
+            unheard: true,
+        };
+        assert!(registry.deliver_handoff(&unheard));
+        assert!(registry.deliver(
+            "m1",
+            WaiterEvent::Granted {
+                token: 7,
+                confirm: false
+            }
+        ));
+        assert_eq!(
+            slot.event.lock().unwrap().take(),
+            Some(WaiterEvent::Granted {
+                token: 7,
+                confirm: true
+            })
+        );
+        registry.deregister("m1");
+    }
 }
