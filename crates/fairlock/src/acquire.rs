@@ -153,7 +153,7 @@ async fn acquire_validated(
         Request::Lock => state.new_member(millis(lease_len)),
         Request::Permit(permits) => state.new_permit_member(millis(lease_len), permits),
     };
-    let mut pending = PendingAcquire::new(state, &keys, &member, mode, &telemetry);
+    let mut pending = PendingAcquire::new(state, &keys, &member, &telemetry);
     // The wait timeout's timer, boxed: most waits have none, and a timer
     // kept inline would make every waiting task larger.
     let mut deadline = options
@@ -459,12 +459,13 @@ impl<'a> PendingAcquire<'a> {
         state: &'a Arc<ClientState>,
         keys: &'a Arc<LockKeys>,
         member: &'a str,
-        mode: Mode,
         telemetry: &'a LockTelemetry,
     ) -> Self {
         // Register before the first script call: the grant may be published
-        // the instant the script queues us.
-        let events = (mode == Mode::Wait).then(|| state.waiters.register(member, keys));
+        // the instant the script queues us. A try caller registers too: a
+        // heartbeat reply naming it as the new holder may be handled before
+        // its own reply, and must reach it rather than be handed back.
+        let events = Some(state.waiters.register(member, keys));
         Self {
             state,
             keys,

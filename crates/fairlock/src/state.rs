@@ -227,10 +227,14 @@ impl ClientState {
             // Released already (by `release_all`): nothing left to do.
             return Ok(());
         }
-        self.held.forget(&held.member);
+        // Still tracked while the release is on its way: a grant notice for
+        // this member that arrives meanwhile (a heartbeat reply, a message
+        // sent before the release ran) is then known as ours and not
+        // handed back by a second release, which could run first.
         let result = self
             .release_member(held.name.as_str(), &held.keys, &held.member)
             .await;
+        self.held.forget(&held.member);
         held.telemetry.held_for(held.granted_at);
         tracing::debug!(lock = %held.name, token = held.token, ok = result.is_ok(), "fairlock lock released");
         result?;
@@ -383,4 +387,84 @@ fn retry_may_cure(error: &Error) -> bool {
         error,
         Error::WrongType(_) | Error::NoPermission(_) | Error::ReadOnly(_)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use fairlock_testkit::RedisServer;
+
+    use crate::LockClient;
+
+    /// A hold stays tracked until its release has run in Redis. A grant
+    /// notice naming the holder (a heartbeat reply or a message sent
+    /// before the release ran) is then recognised as ours; a hold
+    /// forgotten while its release was still on its way was taken for a
+    /// grant nobody waits for and handed back by a second release, which
+    /// could run first and make the holder's own release fail with
+    /// `NotOwner` (seen twice in CI under load). Redis is paused for
+    /// writes so the release waits there, in flight, every time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hold_is_tracked_until_its_release_has_run() {
+        let server = RedisServer::start().expect("redis-server");
+        let client = LockClient::connect(&server.url()).await.expect("client");
+        let guard = client.lock("releasing").await.expect("holder");
+        let member = guard.owner_id().to_owned();
+        let state = client.state().clone();
+        server
+            .cmd_ok(&["CLIENT", "PAUSE", "5000", "WRITE"])
+            .expect("pause writes");
+        let release = tokio::spawn(async move { guard.release().await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!release.is_finished(), "the release waits in Redis");
+        let tracked_in_flight = state.held.contains(&member);
+        server.cmd_ok(&["CLIENT", "UNPAUSE"]).expect("unpause");
+        release
+            .await
+            .expect("task")
+            .expect("the holder's own release");
+        assert!(
+            tracked_in_flight,
+            "forgotten while its release was in flight"
+        );
+        assert!(!state.held.contains(&member), "forgotten once released");
+        client.shutdown().await;
+    }
+
+    /// A `try_lock` caller is known to the waiter registry from before its
+    /// script runs until its grant is tracked, as a waiting caller is: a
+    /// heartbeat reply that names it as the new holder before its own
+    /// reply is handled is then delivered to it, not handed back as a
+    /// grant nobody waits for.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_try_caller_is_known_while_its_script_runs() {
+        let server = RedisServer::start().expect("redis-server");
+        let client = LockClient::connect(&server.url()).await.expect("client");
+        let state = client.state().clone();
+        server
+            .cmd_ok(&["CLIENT", "PAUSE", "5000", "WRITE"])
+            .expect("pause writes");
+        let attempt = {
+            let client = client.clone();
+            tokio::spawn(async move { client.try_lock("trying").await })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!attempt.is_finished(), "the try waits in Redis");
+        let known_in_flight = state.waiters.len();
+        server.cmd_ok(&["CLIENT", "UNPAUSE"]).expect("unpause");
+        let guard = attempt
+            .await
+            .expect("task")
+            .expect("try_lock")
+            .expect("the lock was free");
+        assert_eq!(known_in_flight, 1, "the try caller was not registered");
+        assert_eq!(
+            state.waiters.len(),
+            0,
+            "it leaves the registry once granted"
+        );
+        guard.release().await.expect("release");
+        client.shutdown().await;
+    }
 }

@@ -62,7 +62,7 @@ async fn watch_round(state: &Arc<ClientState>) {
     let mut by_slot: BTreeMap<(u16, bool), Vec<Arc<HeldLock>>> = BTreeMap::new();
     for lock in state.held.all() {
         if lock.is_released() {
-            state.held.forget(&lock.member);
+            // Its release is on its way and forgets it when done.
             continue;
         }
         let slot = if clustered { lock.keys.slot() } else { 0 };
