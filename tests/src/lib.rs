@@ -120,6 +120,13 @@ pub async fn listener(server: &RedisServer, channel: &str) -> fred::clients::Sub
         .expect("subscriber");
     client.init().await.expect("subscriber connects");
     client.subscribe(channel).await.expect("subscribe");
+    // fred reports SUBSCRIBE done once it is written, without waiting for
+    // Redis's answer: the PING's reply comes after the SUBSCRIBE has run,
+    // so the channel is live when this returns.
+    client
+        .ping::<fred::types::Value>(None)
+        .await
+        .expect("PING after SUBSCRIBE");
     client
 }
 
