@@ -181,95 +181,112 @@ async fn acquire_validated(
 
     loop {
         let sent_at = Instant::now();
-        let reply = match request {
-            Request::Lock => {
-                let call = Acquire {
-                    member: &member,
-                    mode: mode.script_mode(),
-                    timings: &state.timings,
-                    channel_prefix: &channel_prefix,
-                };
-                state.run(&keys, &call).await
-            }
-            Request::Permit(_) => {
-                let call = PermitAcquire {
-                    member: &member,
-                    mode: mode.script_mode(),
-                    timings: &state.timings,
-                    channel_prefix: &channel_prefix,
-                };
-                state.run(&keys, &call).await
-            }
-        };
-        let reply = match reply {
-            Ok(reply) => reply,
-            Err(error) => {
-                telemetry.acquire_ended("error", started);
-                crate::telemetry::span_failed(&error);
-                return Err(error);
-            }
-        };
-        match reply {
-            AcquireReply::Granted { token } => {
-                telemetry.granted(token);
-                let held = pending.granted(name, grant(token, ticket, sent_at));
-                return Box::pin(replicated_or_given_back(state, held)).await;
-            }
-            AcquireReply::Busy { purged } => {
-                state.after_purge(&keys, purged);
-                pending.finished();
-                telemetry.acquire_ended("busy", started);
-                return Ok(None);
-            }
-            AcquireReply::Queued {
-                ticket: queued_with,
-                position,
-                purged,
-            } => {
-                state.after_purge(&keys, purged);
-                if ticket.replace(queued_with).is_none() {
-                    joined = Some((position, sent_at));
-                    let join = Join {
-                        position,
-                        at: sent_at,
+        // The call and its reply live in their own block, so the reply is
+        // out of scope during the wait below: a binding kept in scope
+        // across that wait would make every waiting task carry it.
+        let queued = {
+            let reply = match request {
+                Request::Lock => {
+                    let call = Acquire {
+                        member: &member,
+                        mode: mode.script_mode(),
+                        timings: &state.timings,
+                        channel_prefix: &channel_prefix,
                     };
-                    if let Some(error) =
-                        admission_refused(state, &keys, name, *options, join, started)
-                    {
-                        Box::pin(pending.cancel_now()).await;
-                        telemetry.acquire_ended("refused", started);
-                        return Err(error);
-                    }
-                    if options.admission && options.wait_timeout.is_some() {
-                        recheck = Some(Box::pin(admission_recheck(
-                            state, &keys, name, *options, join, started,
-                        )));
-                    }
-                    telemetry.contended(position, queued_with);
-                    tracing::debug!(
-                        ticket = queued_with,
-                        position,
-                        "fairlock waiting in the queue"
-                    );
+                    state.run(&keys, &call).await
                 }
-                state.waiters.mark_queued(&member, queued_with);
+                Request::Permit(_) => {
+                    let call = PermitAcquire {
+                        member: &member,
+                        mode: mode.script_mode(),
+                        timings: &state.timings,
+                        channel_prefix: &channel_prefix,
+                    };
+                    state.run(&keys, &call).await
+                }
+            };
+            let reply = match reply {
+                Ok(reply) => reply,
+                Err(error) => {
+                    telemetry.acquire_ended("error", started);
+                    crate::telemetry::span_failed(&error);
+                    return Err(error);
+                }
+            };
+            match reply {
+                AcquireReply::Granted { token } => {
+                    telemetry.granted(token);
+                    Err(pending.granted(name, grant(token, ticket, sent_at)))
+                }
+                AcquireReply::Busy { purged } => {
+                    state.after_purge(&keys, purged);
+                    pending.finished();
+                    telemetry.acquire_ended("busy", started);
+                    return Ok(None);
+                }
+                AcquireReply::Queued {
+                    ticket: queued_with,
+                    position,
+                    purged,
+                } => {
+                    state.after_purge(&keys, purged);
+                    Ok((queued_with, position))
+                }
             }
+        };
+        // Granted in the reply: awaited here, with the reply gone.
+        let (queued_with, position) = match queued {
+            Ok(queued) => queued,
+            Err(held) => return Box::pin(replicated_or_given_back(state, held)).await,
+        };
+        if ticket.replace(queued_with).is_none() {
+            joined = Some((position, sent_at));
+            let join = Join {
+                position,
+                at: sent_at,
+            };
+            // The refusal is moved into the boxed cancel at once, so no
+            // error is kept inline in the waiting future.
+            let refusal = admission_refused(state, &keys, name, *options, join, started)
+                .map(|error| Box::pin(pending.give_up(error, "refused")));
+            if let Some(refusal) = refusal {
+                return Err(refusal.await);
+            }
+            if options.admission && options.wait_timeout.is_some() {
+                recheck = Some(Box::pin(admission_recheck(
+                    state, &keys, name, *options, join, started,
+                )));
+            }
+            telemetry.contended(position, queued_with);
+            tracing::debug!(
+                ticket = queued_with,
+                position,
+                "fairlock waiting in the queue"
+            );
         }
+        state.waiters.mark_queued(&member, queued_with);
 
-        let event = tokio::select! {
-            event = pending.next_event() => event,
-            _ = deadline_passed(&mut deadline) => {
-                Box::pin(pending.cancel_now()).await;
-                telemetry.acquire_ended("timeout", started);
-                return Err(Error::WaitTimeout {
-                    name: name.to_string(),
-                    waited: started.elapsed(),
-                });
-            }
-            error = refused_later(&mut recheck) => {
-                Box::pin(pending.cancel_now()).await;
-                telemetry.acquire_ended("refused", started);
-                return Err(error);
+        // The arms only say what happened; the awaits come after, so no
+        // error is kept inline while the caller waits.
+        let woken = tokio::select! {
+            event = pending.next_event() => Ok(event),
+            _ = deadline_passed(&mut deadline) => Err(None),
+            error = refused_later(&mut recheck) => Err(Some(Box::new(error))),
+        };
+        let event = match woken {
+            Ok(event) => event,
+            Err(refusal) => {
+                let (error, outcome) = match refusal {
+                    Some(error) => (*error, "refused"),
+                    None => (
+                        Error::WaitTimeout {
+                            name: name.to_string(),
+                            waited: started.elapsed(),
+                        },
+                        "timeout",
+                    ),
+                };
+                return Err(Box::pin(pending.give_up(error, outcome)).await);
             }
         };
         if let WaiterEvent::Granted { token, confirm } = event {
@@ -511,10 +528,14 @@ impl<'a> PendingAcquire<'a> {
         held
     }
 
-    /// Leaves the queue now (wait timeout), passing on a raced grant.
-    async fn cancel_now(&mut self) {
+    /// Leaves the queue now (wait timeout, admission refusal), passing on
+    /// a raced grant, and ends with `error` (counted as `outcome`). Owns
+    /// the error so the waiting future need not keep one inline.
+    async fn give_up(&mut self, error: Error, outcome: &'static str) -> Error {
         self.finished();
         self.state.cancel(self.keys, self.member).await;
+        self.telemetry.acquire_ended(outcome, self.started);
+        error
     }
 }
 
