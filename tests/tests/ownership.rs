@@ -117,6 +117,9 @@ async fn tasks_sharing_a_handle_share_the_hold() {
             })
         })
         .collect();
+    // Until one racer has queued (however slow the machine), then a moment
+    // more in which a second entry would appear if each task queued.
+    wait_for_queue_len(&client, "race", 1).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(
         client.inspect("race").await.expect("inspect").queue_len,
@@ -246,8 +249,12 @@ async fn random_cancellation_leaves_nothing_behind() {
 
     // Cleanup of cancelled acquires and dropped guards runs in the background.
     let mut state = clients[0].inspect("stress").await.expect("inspect");
-    for _ in 0..200 {
-        if state.owner.is_none() && state.queue_len == 0 {
+    let idle = |client: &LockClient| {
+        let stats = client.stats();
+        (stats.waiters, stats.watched_leases, stats.held) == (0, 0, 0)
+    };
+    for _ in 0..2000 {
+        if state.owner.is_none() && state.queue_len == 0 && clients.iter().all(idle) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

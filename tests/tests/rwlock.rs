@@ -214,7 +214,7 @@ async fn a_writer_that_gives_up_lets_the_readers_behind_it_in() {
     let writer = {
         let rw = other.rw_lock(name).expect("rw");
         tokio::spawn(async move {
-            rw.write_with(LockOptions::new().wait_timeout(Duration::from_millis(300)))
+            rw.write_with(LockOptions::new().wait_timeout(Duration::from_secs(3)))
                 .await
         })
     };
