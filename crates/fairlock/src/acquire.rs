@@ -184,7 +184,7 @@ async fn acquire_validated(
         // The call and its reply live in their own block, so the reply is
         // out of scope during the wait below: a binding kept in scope
         // across that wait would make every waiting task carry it.
-        let queued = {
+        let answer = {
             let reply = match request {
                 Request::Lock => {
                     let call = Acquire {
@@ -216,7 +216,7 @@ async fn acquire_validated(
             match reply {
                 AcquireReply::Granted { token } => {
                     telemetry.granted(token);
-                    Err(pending.granted(name, grant(token, ticket, sent_at)))
+                    Answer::Granted(pending.granted(name, grant(token, ticket, sent_at)))
                 }
                 AcquireReply::Busy { purged } => {
                     state.after_purge(&keys, purged);
@@ -230,14 +230,17 @@ async fn acquire_validated(
                     purged,
                 } => {
                     state.after_purge(&keys, purged);
-                    Ok((queued_with, position))
+                    Answer::Queued {
+                        ticket: queued_with,
+                        position,
+                    }
                 }
             }
         };
         // Granted in the reply: awaited here, with the reply gone.
-        let (queued_with, position) = match queued {
-            Ok(queued) => queued,
-            Err(held) => return Box::pin(replicated_or_given_back(state, held)).await,
+        let (queued_with, position) = match answer {
+            Answer::Queued { ticket, position } => (ticket, position),
+            Answer::Granted(held) => return Box::pin(replicated_or_given_back(state, held)).await,
         };
         if ticket.replace(queued_with).is_none() {
             joined = Some((position, sent_at));
@@ -269,24 +272,21 @@ async fn acquire_validated(
         // The arms only say what happened; the awaits come after, so no
         // error is kept inline while the caller waits.
         let woken = tokio::select! {
-            event = pending.next_event() => Ok(event),
-            _ = deadline_passed(&mut deadline) => Err(None),
-            error = refused_later(&mut recheck) => Err(Some(Box::new(error))),
+            event = pending.next_event() => Woken::Event(event),
+            _ = deadline_passed(&mut deadline) => Woken::TimedOut,
+            error = refused_later(&mut recheck) => Woken::Refused(Box::new(error)),
         };
         let event = match woken {
-            Ok(event) => event,
-            Err(refusal) => {
-                let (error, outcome) = match refusal {
-                    Some(error) => (*error, "refused"),
-                    None => (
-                        Error::WaitTimeout {
-                            name: name.to_string(),
-                            waited: started.elapsed(),
-                        },
-                        "timeout",
-                    ),
+            Woken::Event(event) => event,
+            Woken::TimedOut => {
+                let timeout = Error::WaitTimeout {
+                    name: name.to_string(),
+                    waited: started.elapsed(),
                 };
-                return Err(Box::pin(pending.give_up(error, outcome)).await);
+                return Err(Box::pin(pending.give_up(timeout, "timeout")).await);
+            }
+            Woken::Refused(error) => {
+                return Err(Box::pin(pending.give_up(*error, "refused")).await);
             }
         };
         if let WaiterEvent::Granted { token, confirm } = event {
@@ -321,6 +321,26 @@ async fn acquire_validated(
         // we still have one, and queues us again otherwise.
         telemetry.recheck();
     }
+}
+
+/// What one acquire call answered, with the reply itself gone: a waiting
+/// task keeps only this across its wait.
+enum Answer {
+    /// The caller holds the lock.
+    Granted(Arc<HeldLock>),
+    /// The caller waits in the queue with `ticket`, `position` ahead.
+    Queued { ticket: u64, position: u64 },
+}
+
+/// What ended one wait in the queue. The refusal is boxed, so the select
+/// that yields it stays small while nothing has happened yet.
+enum Woken {
+    /// The waiter's slot was told something (a grant, or to check again).
+    Event(WaiterEvent),
+    /// The wait timeout ran out.
+    TimedOut,
+    /// Admission found the deadline out of reach.
+    Refused(Box<Error>),
 }
 
 /// The grant of an acquire in [`Mode::Wait`], which ends in a grant or an
