@@ -12,8 +12,9 @@ async fn sentinel_client(group: &SentinelGroup, acks: Option<u32>) -> LockClient
     config.heartbeat_interval = Duration::from_millis(100);
     config.waiter_timeout = Duration::from_secs(1);
     config.watchdog_lease = Duration::from_secs(3);
-    config.replica_acks =
-        acks.map(|replicas| ReplicaAcks::new(replicas, Duration::from_millis(500)));
+    // 2 s for acknowledgements: a healthy replica on a loaded machine can
+    // take longer than half a second, and a lagging one is waited out.
+    config.replica_acks = acks.map(|replicas| ReplicaAcks::new(replicas, Duration::from_secs(2)));
     LockClient::with_config(config)
         .await
         .expect("client connects through sentinel")
