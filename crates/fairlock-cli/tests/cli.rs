@@ -387,10 +387,13 @@ async fn lease_loss_signals_the_child_and_exits_75() {
     let server = RedisServer::start().unwrap();
     let client = LockClient::connect(&server.url()).await.unwrap();
     let file = scratch_file("lost");
+    let ready = scratch_file("lost-ready");
     // The child exits 0 on SIGTERM: the exit code must still say "lost".
+    // It writes `ready` once its trap is installed.
     let script = format!(
-        "trap 'kill $!; echo terminated > {}; exit 0' TERM; sleep 30 & wait",
-        file.display()
+        "trap 'kill $!; echo terminated > {}; exit 0' TERM; touch {}; sleep 30 & wait",
+        file.display(),
+        ready.display()
     );
     let child = fairlock(&server)
         .args(["lock", "batch", "--", "sh", "-c", &script])
@@ -399,8 +402,15 @@ async fn lease_loss_signals_the_child_and_exits_75() {
         .spawn()
         .unwrap();
     until(&client, "batch", |s| s.owner.is_some()).await;
-    // Give sh a moment to install its trap (it runs before `sleep`).
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Until sh has installed its trap, however slow the machine.
+    let deadline = std::time::Instant::now() + RUN_LIMIT;
+    while !ready.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the child never started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert!(client.force_release("batch").await.unwrap());
 
     let output = tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
@@ -414,6 +424,7 @@ async fn lease_loss_signals_the_child_and_exits_75() {
     );
     assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), "terminated");
     let _ = std::fs::remove_file(file);
+    let _ = std::fs::remove_file(ready);
 }
 
 #[tokio::test(flavor = "multi_thread")]
