@@ -363,15 +363,14 @@ async fn a_handed_on_fixed_lease_is_not_reported_lost() {
         let client = client.clone();
         tokio::spawn(async move {
             client
-                .lock_with(
-                    "handed",
-                    LockOptions::new().lease(Duration::from_millis(400)),
-                )
+                .lock_with("handed", LockOptions::new().lease(Duration::from_secs(2)))
                 .await
         })
     };
     wait_for_queue_len(&client, "handed", 1).await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Waits longer than the lease (2 s, room for a loaded machine to
+    // release within it once granted).
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
     holder.release().await.expect("release");
     let guard = waiter.await.expect("task").expect("granted");
     assert!(!guard.is_lost(), "a fresh grant is not lost");
