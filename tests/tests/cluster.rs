@@ -183,6 +183,70 @@ async fn waiters_are_granted_in_order_across_a_slot_migration() {
     assert_eq!(cluster.slot_owner(slot).expect("owner"), to);
 }
 
+/// A call that meets a slot in migration after its keys left the source
+/// (the source answers ASK) does not stop its client: once the migration
+/// is done, the client answers again and its waiter, heartbeaten on the
+/// same connection, is granted. fred 10.1 sends a command redirected by
+/// ASK back to the source, and the third ASK ends the client's connection
+/// task for good; a slot migration in CI did this to a waiter's process,
+/// whose heartbeat then timed out for ever and whose waiter was never
+/// granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_survives_an_ask_redirect_and_its_waiters_are_granted() {
+    let cluster = RedisCluster::start().expect("cluster");
+    let clients = [
+        cluster_client(&cluster).await,
+        cluster_client(&cluster).await,
+    ];
+    let names = names_on_every_primary(&cluster);
+    let (waited, migrating) = (&names[0], &names[1]);
+    let slot = slot_of(migrating);
+    let to = cluster
+        .primaries()
+        .expect("primaries")
+        .into_iter()
+        .find(|p| *p != cluster.slot_owner(slot).expect("owner"))
+        .expect("another primary");
+    let holder = clients[0].lock(waited).await.expect("holder");
+    let waiter = {
+        let (client, name) = (clients[1].clone(), waited.clone());
+        tokio::spawn(async move {
+            let guard = client.lock(&name).await.expect("waiter");
+            let token = guard.token();
+            guard.release().await.expect("release");
+            token
+        })
+    };
+    wait_for_queue_len(&clients[0], waited, 1).await;
+
+    // The lock has no keys on the source: it answers ASK. (fred 10.1 fails
+    // the call; a client that follows the ASK to the target takes the
+    // lock.)
+    let from = cluster
+        .begin_slot_migration(slot, &to)
+        .expect("begin migration");
+    if let Ok(Some(guard)) = clients[1].try_lock(migrating).await {
+        guard.release().await.expect("release");
+    }
+    cluster
+        .finish_slot_migration(slot, &from, &to)
+        .expect("finish migration");
+
+    let guard = clients[1]
+        .try_lock(migrating)
+        .await
+        .expect("the client answers after the migration")
+        .expect("nobody holds the lock");
+    guard.release().await.expect("release");
+    let holder_token = holder.token();
+    holder.release().await.expect("release");
+    let token = tokio::time::timeout(LONG, waiter)
+        .await
+        .expect("the waiter is granted")
+        .expect("task");
+    assert!(token > holder_token);
+}
+
 /// A primary fail-over mid-wait: the promoted replica has the queue (the
 /// manual fail-over waits for it to catch up); waiters follow it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

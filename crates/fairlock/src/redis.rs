@@ -13,8 +13,14 @@
 //! the lock changed hands once per backlog instead of once per round trip.
 //! [`Lane::Holders`] carries what holders send (release, renewal, fenced
 //! calls); [`Lane::Waiters`] everything else.
+//!
+//! Each connection's fred task is kept running by a [`BackgroundTask`]
+//! (see [`keep_connected`]): fred ends that task for good on some routing
+//! errors, and a client whose task ended answers no call again.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use fairlock_core::{
     LockKeys, ProtocolError, RenewBatch, RenewStatus, Reply, ScriptCall, ScriptSource,
@@ -24,12 +30,13 @@ use fred::prelude::{
     Builder, Client, ClientLike, Config, Error as FredError, ErrorKind, EventInterface, Key,
     LuaInterface, PubsubInterface, ReconnectPolicy, Server, Value,
 };
-use fred::types::{ClusterHash, CustomCommand};
+use fred::types::{ClusterHash, ConnectHandle, CustomCommand};
 use tokio::sync::broadcast;
 use tracing::Instrument;
 
 use crate::config::ClientConfig;
 use crate::error::{Error, Result};
+use crate::task::{BackgroundTask, ShutdownSignal};
 use crate::telemetry;
 
 /// Which command connection a call goes on (see the module docs).
@@ -52,6 +59,11 @@ pub(crate) struct RedisConnection {
     holders: Client,
     subscriber: SubscriberClient,
     command_timeout: Duration,
+    /// One per connection: connects it again if its fred task ends with an
+    /// error. Taken and stopped by [`RedisConnection::quit`].
+    keepers: Mutex<Vec<BackgroundTask>>,
+    /// Set by [`RedisConnection::quit`]: a cancelled call is then final.
+    closing: AtomicBool,
 }
 
 impl RedisConnection {
@@ -93,15 +105,15 @@ impl RedisConnection {
             .map_err(|e| redis_error("building the subscriber connection", e))?;
 
         let started = async {
-            commands.init().await?;
-            holders.init().await?;
-            subscriber.init().await?;
-            Ok::<(), FredError>(())
+            let commands_task = commands.init().await?;
+            let holders_task = holders.init().await?;
+            let subscriber_task = subscriber.init().await?;
+            Ok::<_, FredError>((commands_task, holders_task, subscriber_task))
         };
-        let failure = match tokio::time::timeout(config.connect_timeout, started).await {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some((e.details().to_owned(), Some(e))),
-            Err(_) => Some((
+        let started = match tokio::time::timeout(config.connect_timeout, started).await {
+            Ok(Ok(tasks)) => Ok(tasks),
+            Ok(Err(e)) => Err((e.details().to_owned(), Some(e))),
+            Err(_) => Err((
                 format!(
                     "no connection within the connect timeout of {:?}",
                     config.connect_timeout
@@ -109,19 +121,32 @@ impl RedisConnection {
                 None,
             )),
         };
-        if let Some((reason, source)) = failure {
-            let grace = Duration::from_millis(100);
-            let _ = tokio::time::timeout(grace, commands.quit()).await;
-            let _ = tokio::time::timeout(grace, holders.quit()).await;
-            let _ = tokio::time::timeout(grace, subscriber.quit()).await;
-            return Err(Error::Unreachable {
-                url,
-                reason,
-                source,
-            });
-        }
-        // Resubscribe by itself after every reconnect of the subscriber.
+        let (commands_task, holders_task, subscriber_task) = match started {
+            Ok(tasks) => tasks,
+            Err((reason, source)) => {
+                let grace = Duration::from_millis(100);
+                let _ = tokio::time::timeout(grace, commands.quit()).await;
+                let _ = tokio::time::timeout(grace, holders.quit()).await;
+                let _ = tokio::time::timeout(grace, subscriber.quit()).await;
+                return Err(Error::Unreachable {
+                    url,
+                    reason,
+                    source,
+                });
+            }
+        };
+        // Resubscribe by itself after every reconnect of the subscriber
+        // (a connection task started again by its keeper counts too).
         let _resubscriber = subscriber.manage_subscriptions();
+        let keepers = vec![
+            keep_connected(
+                "waiters' command connection",
+                commands.clone(),
+                commands_task,
+            ),
+            keep_connected("holders' command connection", holders.clone(), holders_task),
+            keep_connected("subscriber connection", subscriber.clone(), subscriber_task),
+        ];
         Ok(Self {
             resp3,
             clustered: commands.is_clustered(),
@@ -129,6 +154,8 @@ impl RedisConnection {
             holders,
             subscriber,
             command_timeout: config.command_timeout,
+            keepers: Mutex::new(keepers),
+            closing: AtomicBool::new(false),
         })
     }
 
@@ -263,6 +290,11 @@ impl RedisConnection {
     /// Runs any script with EVALSHA; on NOSCRIPT (after `SCRIPT FLUSH` or a
     /// restart) loads it and retries once, transparently. Arguments are
     /// bytes, passed to Redis unchanged.
+    ///
+    /// A call that fred cancelled because its connection task stopped
+    /// under it (see [`keep_connected`]), not because of [`Self::quit`],
+    /// is sent again once the task runs again, within the command timeout:
+    /// every fairlock script is safe to run twice.
     pub(crate) async fn eval(
         &self,
         lane: Lane,
@@ -271,10 +303,27 @@ impl RedisConnection {
         args: Vec<Vec<u8>>,
     ) -> Result<Reply> {
         let span = telemetry::script_span(script.name);
-        let result = self
-            .eval_once_loaded(self.lane(lane), script, keys, args)
-            .instrument(span.clone())
-            .await;
+        let keys: Vec<Key> = keys.iter().map(|k| Key::from(*k)).collect();
+        let args: Vec<Value> = args
+            .into_iter()
+            .map(|arg| Value::Bytes(arg.into()))
+            .collect();
+        let started = Instant::now();
+        let result = loop {
+            let result = self
+                .eval_once_loaded(self.lane(lane), script, &keys, &args)
+                .instrument(span.clone())
+                .await;
+            match result {
+                Err(Error::Closed)
+                    if !self.closing.load(Ordering::SeqCst)
+                        && started.elapsed() + RESTART_PAUSE < self.command_timeout =>
+                {
+                    tokio::time::sleep(RESTART_PAUSE).await;
+                }
+                result => break result,
+            }
+        };
         if let Err(error) = &result {
             span.in_scope(|| telemetry::span_failed(error));
         }
@@ -285,23 +334,22 @@ impl RedisConnection {
         &self,
         connection: &Client,
         script: ScriptSource<'_>,
-        keys: &[&str],
-        args: Vec<Vec<u8>>,
+        keys: &[Key],
+        args: &[Value],
     ) -> Result<Reply> {
-        let keys: Vec<Key> = keys.iter().map(|k| Key::from(*k)).collect();
-        let args: Vec<Value> = args
-            .into_iter()
-            .map(|arg| Value::Bytes(arg.into()))
-            .collect();
         match self
-            .evalsha(connection, script.sha1, &keys, &args, script.name)
+            .evalsha(connection, script.sha1, keys, args, script.name)
             .await
         {
             Err(EvalError::NoScript) if self.clustered => {
                 // On a cluster, SCRIPT LOAD would reach one node, not the
                 // one that owns the keys: EVAL is routed by key and caches
                 // the script on that node for the next EVALSHA.
-                let call = connection.eval::<Value, _, _, _>(script.source.to_owned(), keys, args);
+                let call = connection.eval::<Value, _, _, _>(
+                    script.source.to_owned(),
+                    keys.to_vec(),
+                    args.to_vec(),
+                );
                 let value = self.bounded(script.name, call).await?;
                 Ok(to_reply(value))
             }
@@ -309,7 +357,7 @@ impl RedisConnection {
                 let load = connection.script_load::<String, _>(script.source.to_owned());
                 self.bounded("SCRIPT LOAD", load).await?;
                 match self
-                    .evalsha(connection, script.sha1, &keys, &args, script.name)
+                    .evalsha(connection, script.sha1, keys, args, script.name)
                     .await
                 {
                     Ok(reply) => Ok(reply),
@@ -420,10 +468,75 @@ impl RedisConnection {
 
     /// Closes every connection.
     pub(crate) async fn quit(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+        // The keepers first, so none connects again what is being closed.
+        let keepers = std::mem::take(&mut *self.keepers.lock().unwrap_or_else(|p| p.into_inner()));
+        for mut keeper in keepers {
+            keeper.shutdown().await;
+        }
         let _ = tokio::time::timeout(self.command_timeout, self.subscriber.quit()).await;
         let _ = tokio::time::timeout(self.command_timeout, self.commands.quit()).await;
         let _ = tokio::time::timeout(self.command_timeout, self.holders.quit()).await;
     }
+}
+
+/// How long a keeper waits before starting a connection task again, so a
+/// task that fails at once does not spin (fred's reconnect policy paces the
+/// connection attempts themselves).
+const RESTART_PAUSE: Duration = Duration::from_millis(50);
+
+/// Keeps `client`'s fred connection task (`task`, then each one started in
+/// its place) running until [`RedisConnection::quit`].
+///
+/// fred's task runs until `QUIT` with an unlimited reconnect policy, except
+/// when its router fails: then it ends with the error, for good, and every
+/// later call on that client waits out its timeout, the waiter heartbeat's
+/// included, so the client's waiters are evicted as dead and never
+/// granted. fred 10.1 does this on an `ASK` redirect: it sends `ASKING` to
+/// the node the redirect names but the command itself back to the slot's
+/// owner, which answers `ASK` again, and the third `ASK`, after the
+/// command's last write attempt, ends the router. Every command that
+/// reaches a slot in migration after its keys left the source does so
+/// (one heartbeat or renewal in that window was enough). The command
+/// fails with a routing error (heartbeat and watchdog retry theirs); the
+/// keeper starts the task again at once, which reconnects every node and
+/// tells the subscriber's listeners, so its channels are subscribed again
+/// and a heartbeat re-checks every waiter.
+fn keep_connected<C>(connection: &'static str, client: C, mut task: ConnectHandle) -> BackgroundTask
+where
+    C: ClientLike + Clone + Send + Sync + 'static,
+{
+    BackgroundTask::spawn(
+        "Redis connection keeper",
+        move |mut shutdown: ShutdownSignal| async move {
+            loop {
+                let ended = tokio::select! {
+                    _ = shutdown.requested() => return,
+                    ended = &mut task => ended,
+                };
+                match ended {
+                    // Closed by QUIT.
+                    Ok(Ok(())) => return,
+                    Ok(Err(error)) => tracing::warn!(
+                        connection,
+                        %error,
+                        "fairlock's Redis connection stopped after an error; connecting it again"
+                    ),
+                    Err(join) if join.is_cancelled() => return,
+                    Err(join) => tracing::warn!(
+                        connection,
+                        error = %join,
+                        "fairlock's Redis connection task panicked; connecting it again"
+                    ),
+                }
+                tokio::select! {
+                    _ = shutdown.requested() => return,
+                    _ = tokio::time::sleep(RESTART_PAUSE) => {}
+                }
+                task = client.connect();
+            }
+        },
+    )
 }
 
 /// The Redis type of each lock key, in script order (see
