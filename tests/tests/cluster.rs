@@ -184,9 +184,9 @@ async fn waiters_are_granted_in_order_across_a_slot_migration() {
 }
 
 /// A call that meets a slot in migration after its keys left the source
-/// (the source answers ASK) does not stop its client: once the migration
-/// is done, the client answers again and its waiter, heartbeaten on the
-/// same connection, is granted. fred 10.1 sends a command redirected by
+/// (the source answers ASK) does not stop its client: the call itself
+/// succeeds once the migration is done, the client answers again and its
+/// waiter, heartbeaten on the same connection, is granted. fred 10.1 sends a command redirected by
 /// ASK back to the source, and the third ASK ends the client's connection
 /// task for good; a slot migration in CI did this to a waiter's process,
 /// whose heartbeat then timed out for ever and whose waiter was never
@@ -219,18 +219,27 @@ async fn a_client_survives_an_ask_redirect_and_its_waiters_are_granted() {
     };
     wait_for_queue_len(&clients[0], waited, 1).await;
 
-    // The lock has no keys on the source: it answers ASK. (fred 10.1 fails
-    // the call; a client that follows the ASK to the target takes the
-    // lock.)
+    // The lock has no keys on the source: it answers ASK, which fred 10.1
+    // does not follow. The call is sent again until the migration is done
+    // and then takes the free lock. (It normally runs in a few ms; the
+    // pause below only makes it meet the ASK before the migration ends.)
     let from = cluster
         .begin_slot_migration(slot, &to)
         .expect("begin migration");
-    if let Ok(Some(guard)) = clients[1].try_lock(migrating).await {
-        guard.release().await.expect("release");
-    }
+    let during = {
+        let (client, name) = (clients[1].clone(), migrating.clone());
+        tokio::spawn(async move { client.try_lock(&name).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
     cluster
         .finish_slot_migration(slot, &from, &to)
         .expect("finish migration");
+    let guard = during
+        .await
+        .expect("task")
+        .expect("a call that met the migration succeeds once it is done")
+        .expect("nobody holds the lock");
+    guard.release().await.expect("release");
 
     let guard = clients[1]
         .try_lock(migrating)

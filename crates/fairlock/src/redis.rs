@@ -293,8 +293,10 @@ impl RedisConnection {
     ///
     /// A call that fred cancelled because its connection task stopped
     /// under it (see [`keep_connected`]), not because of [`Self::quit`],
-    /// is sent again once the task runs again, within the command timeout:
-    /// every fairlock script is safe to run twice.
+    /// or that fred could not route (a slot in migration answering `ASK`,
+    /// a cluster changing its slots), is sent again every 50 ms within the
+    /// command timeout: every fairlock script is safe to run twice, and a
+    /// routing failure means it did not run.
     pub(crate) async fn eval(
         &self,
         lane: Lane,
@@ -315,8 +317,9 @@ impl RedisConnection {
                 .instrument(span.clone())
                 .await;
             match result {
-                Err(Error::Closed)
-                    if !self.closing.load(Ordering::SeqCst)
+                Err(ref error)
+                    if resendable(error)
+                        && !self.closing.load(Ordering::SeqCst)
                         && started.elapsed() + RESTART_PAUSE < self.command_timeout =>
                 {
                     tokio::time::sleep(RESTART_PAUSE).await;
@@ -480,6 +483,18 @@ impl RedisConnection {
     }
 }
 
+/// A script call worth sending again: fred cancelled it (its connection
+/// task stopped under it) or could not route it (fred 10.1 gives up on a
+/// key whose slot is in migration, see [`keep_connected`]). Either way the
+/// script did not run, or ran and is safe to run again.
+fn resendable(error: &Error) -> bool {
+    match error {
+        Error::Closed => true,
+        Error::Redis { source, .. } => *source.kind() == ErrorKind::Routing,
+        _ => false,
+    }
+}
+
 /// How long a keeper waits before starting a connection task again, so a
 /// task that fails at once does not spin (fred's reconnect policy paces the
 /// connection attempts themselves).
@@ -498,8 +513,8 @@ const RESTART_PAUSE: Duration = Duration::from_millis(50);
 /// command's last write attempt, ends the router. Every command that
 /// reaches a slot in migration after its keys left the source does so
 /// (one heartbeat or renewal in that window was enough). The command
-/// fails with a routing error (heartbeat and watchdog retry theirs); the
-/// keeper starts the task again at once, which reconnects every node and
+/// fails with a routing error, and [`RedisConnection::eval`] sends it
+/// again until the migration is done; the keeper starts the task again, which reconnects every node and
 /// tells the subscriber's listeners, so its channels are subscribed again
 /// and a heartbeat re-checks every waiter.
 fn keep_connected<C>(connection: &'static str, client: C, mut task: ConnectHandle) -> BackgroundTask
