@@ -25,10 +25,11 @@
 
 local member = ARGV[1]
 local waiter_ttl_ms = tonumber(ARGV[3])
-local queue_ttl_ms = tonumber(ARGV[4])
-local idle_ms = tonumber(ARGV[5])
+-- TTLs only passed on to commands stay digits (see parse_member).
+local queue_ttl_ms = ARGV[4]
+local idle_ms = ARGV[5]
 local channel_prefix = ARGV[6]
-local tag, lease_ms = parse_member(member)
+local tag, lease_ms, lease_str = parse_member(member)
 if not tag or not usable(lease_ms) then
   return redis.error_reply('ERR fairlock acquire: malformed member ' .. member)
 end
@@ -42,18 +43,19 @@ local function wrong_type(key, drawn)
     ' holds a value of another type; another program uses this key')
 end
 
--- Join the queue with `ticket` (or a new one), `ahead` waiters in front.
-local function enqueue(now, ticket, drawn, ahead, queue_was_empty)
+-- Join the queue with `ticket` (number and digits; or a new one drawn at
+-- `now`, number and digits), `ahead` waiters in front.
+local function enqueue(now, now_str, ticket, ticket_str, drawn, ahead, queue_was_empty)
   local fresh_tag = only_wrongtype(redis.pcall('ZADD', KEYS[3], math.floor(now / 1000) + waiter_ttl_ms, tag))
   if type(fresh_tag) == 'table' then
     return wrong_type(KEYS[3], drawn)
   end
   if not ticket then
     local previous
-    ticket, previous = next_seq(now, idle_ms)
+    ticket, previous, ticket_str = next_seq(now, idle_ms, now_str)
     drawn = {previous}
   end
-  if redis.call('ZADD', KEYS[2], 'NX', digits(ticket), member) == 0 then
+  if redis.call('ZADD', KEYS[2], 'NX', ticket_str, member) == 0 then
     -- A resend: keep the place taken the first time, and the counter as
     -- it was.
     restore_seq(drawn[1])
@@ -72,9 +74,9 @@ end
 local waiting = redis.call('ZCARD', KEYS[2])
 if waiting == 0 then
   -- Nobody waits: take the lock unless it is held.
-  local now = now_us()
-  local seq, previous = next_seq(now, idle_ms)
-  local held = redis.pcall('SET', KEYS[1], member .. ' ' .. digits(seq), 'NX', 'GET', 'PX', lease_ms)
+  local now, now_str = now_us()
+  local seq, previous, seq_str = next_seq(now, idle_ms, now_str)
+  local held = redis.pcall('SET', KEYS[1], member .. ' ' .. seq_str, 'NX', 'GET', 'PX', lease_str)
   if type(held) == 'table' and held.err then
     if string.sub(held.err, 1, 9) ~= 'WRONGTYPE' then
       restore_seq(previous)
@@ -85,11 +87,11 @@ if waiting == 0 then
   if not held then
     return {1, seq}
   end
-  if foreign_owner(held) then
+  local holder, token, ours = parse_owner(held)
+  if not ours then
     restore_seq(previous)
     return foreign_owner_error()
   end
-  local holder, token = parse_owner(held)
   if holder == member or ARGV[2] == 'try' then
     -- A resend of a granted acquire, or a try on a held lock: nothing to
     -- keep of this call, not even the number it drew.
@@ -101,7 +103,7 @@ if waiting == 0 then
   end
   -- The number just drawn serves as the ticket: it is above every token
   -- and ticket issued before.
-  local ticket, ahead = enqueue(now, seq, {previous}, 0, true)
+  local ticket, ahead = enqueue(now, now_str, seq, seq_str, {previous}, 0, true)
   if type(ticket) == 'table' then
     return ticket
   end
@@ -109,10 +111,10 @@ if waiting == 0 then
 end
 
 local held = redis.call('GET', KEYS[1])
-if foreign_owner(held) then
+local holder, token, ours = parse_owner(held)
+if not ours then
   return foreign_owner_error()
 end
-local holder, token = parse_owner(held)
 if holder == member then
   return {1, token}
 end
@@ -126,7 +128,7 @@ if not held then
     if unheard then
       -- The caller's own grant, unheard: its subscriber is down, but the
       -- caller learns of it from this reply, so it keeps its own lease.
-      redis.call('PEXPIRE', KEYS[1], lease_ms)
+      redis.call('PEXPIRE', KEYS[1], lease_str)
     end
     return {1, head_token}
   end
@@ -134,7 +136,8 @@ if not held then
     waiting = redis.call('ZCARD', KEYS[2])
     if waiting == 0 then
       -- Only dead waiters were queued: the lock is the caller's.
-      return {1, grant(now_us(), member, idle_ms)}
+      local now, now_str = now_us()
+      return {1, (grant(now, member, idle_ms, lease_str, now_str))}
     end
   else
     waiting = waiting - dropped - 1
@@ -143,7 +146,8 @@ end
 if ARGV[2] == 'try' then
   return {3, dropped, more and 1 or 0}
 end
-local ticket, ahead = enqueue(now_us(), false, nil, waiting, waiting == 0)
+local now, now_str = now_us()
+local ticket, ahead = enqueue(now, now_str, false, nil, nil, waiting, waiting == 0)
 if type(ticket) == 'table' then
   return ticket
 end

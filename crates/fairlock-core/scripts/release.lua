@@ -38,5 +38,5 @@ if holder ~= member then
 end
 
 local next_owner, token, dropped, more, unheard =
-  release_and_hand_on(member, tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]))
+  release_and_hand_on(member, ARGV[2], ARGV[3], tonumber(ARGV[4]))
 return {1, dropped, more and 1 or 0, next_owner or '', token, unheard and 1 or 0}

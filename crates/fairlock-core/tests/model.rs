@@ -428,9 +428,9 @@ impl Model {
 
     /// The oldest waiter of a live process, removed with the dead ones
     /// before it; looks at most SCAN_ROUNDS windows of SCAN_WINDOW entries.
-    /// (The script's windows grow, 1, 63 and 64 entries, and it stops at
-    /// the first window that is not full: the same 128 entries, the same
-    /// result.)
+    /// (The script checks the head alone first, then two windows of 64
+    /// from the head on, and stops at the first window that is not full:
+    /// the same 128 entries, the same result.)
     fn pop_live_head(&mut self) -> (Option<String>, u64, bool) {
         let mut dropped = 0;
         for _ in 0..SCAN_ROUNDS {

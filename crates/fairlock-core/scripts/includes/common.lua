@@ -28,9 +28,12 @@ local function digits(n)
   return string.format('%.0f', n)
 end
 
+-- Server time in microseconds, as a number and as digits. The digits are
+-- put together from TIME's own strings: formatting a number costs Redis
+-- 7.0 a printf, and every grant writes the time as a token.
 local function now_us()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return tonumber(t[1]) * 1000000 + tonumber(t[2]), t[1] .. string.sub('00000' .. t[2], -6)
 end
 
 local function tag_of(member)
@@ -51,19 +54,23 @@ local function usable(lease)
 end
 
 -- A member's tag and lease in one pattern match (each match costs Redis
--- time on every call; the hot paths parse a member once).
+-- time on every call; the hot paths parse a member once). The lease comes
+-- as a number and as the member's own digits, which commands take as they
+-- are (a number argument costs Redis a printf).
 local function parse_member(member)
   local tag, lease = string.match(member, '^%x+%.(%x+)%.(%d+)$')
-  return tag, tonumber(lease)
+  return tag, tonumber(lease), lease
 end
 
--- The owner value "<member> <token>": its member and token.
+-- The owner value "<member> <token>": its member and token, and whether
+-- fairlock wrote it (false for a value another program wrote, which is
+-- returned whole as the member).
 local function parse_owner(value)
   if not value then
-    return false, 0
+    return false, 0, true
   end
   local member, token = string.match(value, '^(%S+) (%d+)$')
-  return member or value, tonumber(token) or 0
+  return member or value, tonumber(token) or 0, member ~= nil
 end
 
 -- An owner value fairlock did not write (another program uses the key).
@@ -100,25 +107,29 @@ local function only_wrongtype(reply)
   return reply
 end
 
-local function next_seq(now, idle_ms)
-  local previous = only_wrongtype(redis.pcall('SET', KEYS[4], digits(now), 'GET', 'KEEPTTL'))
+-- `now_str` is `now` in digits when the caller has them (see now_us); the
+-- number is returned in digits as well.
+local function next_seq(now, idle_ms, now_str)
+  now_str = now_str or digits(now)
+  local previous = only_wrongtype(redis.pcall('SET', KEYS[4], now_str, 'GET', 'KEEPTTL'))
   local last = tonumber(previous)
   if (type(previous) == 'table' and previous.err)
       or (previous and not last) or (last and last > now + SEQ_AHEAD_LIMIT_US) then
     -- Repair: the counter is disposable thanks to the clock floor.
     redis.call('DEL', KEYS[4])
     previous, last = false, nil
-    redis.call('SET', KEYS[4], digits(now))
+    redis.call('SET', KEYS[4], now_str)
   end
-  local seq = now
+  local seq, seq_str = now, now_str
   if last and last >= now then
     seq = last + 1
-    redis.call('SET', KEYS[4], digits(seq), 'KEEPTTL')
+    seq_str = digits(seq)
+    redis.call('SET', KEYS[4], seq_str, 'KEEPTTL')
   end
   if not previous then
     redis.call('PEXPIRE', KEYS[4], idle_ms)
   end
-  return seq, previous
+  return seq, previous, seq_str
 end
 
 -- Put the sequence back as it was before next_seq (a failing script).
@@ -143,22 +154,30 @@ local function publish(channel_prefix, member, what, tag)
   return redis.call(command, channel_prefix .. (tag or tag_of(member)), member .. ' ' .. what .. ' ' .. KEYS[1])
 end
 
--- Make `member` the owner with a fresh token and its own lease.
-local function grant(now, member, idle_ms, lease)
-  local token = next_seq(now, idle_ms)
-  redis.call('SET', KEYS[1], member .. ' ' .. digits(token), 'PX', lease or lease_of(member))
-  return token
+-- Make `member` the owner with a fresh token and its own lease (`lease`,
+-- digits, or the member's). Returns the token as a number and in digits.
+local function grant(now, member, idle_ms, lease, now_str)
+  local token, _, token_str = next_seq(now, idle_ms, now_str)
+  redis.call('SET', KEYS[1], member .. ' ' .. token_str, 'PX', lease or lease_of(member))
+  return token, token_str
 end
 
 -- How many queue entries one call looks at, window by window, when it
--- searches for the oldest live waiter. The head is almost always alive,
--- so the first window is one entry: a handoff reads one member, not a
--- hundred. Wider windows follow only past dead waiters. Bounds the work
--- of one script however many dead waiters the queue holds: 128 entries
--- in all (a call that parses and removes 128 dead entries takes about
--- 0.4 ms of Redis time on a slow 2-core machine; 256 took up to 1.2 ms),
--- and the search stops at the first window that is not full.
-local SCAN_WINDOWS = {1, 63, 64}
+-- searches for the oldest live waiter past a dead head (the head itself
+-- is checked alone first: it is almost always alive, so a handoff reads
+-- one member, not a hundred). Bounds the work of one script however many
+-- dead waiters the queue holds: 128 entries in all (a call that parses
+-- and removes 128 dead entries takes about 0.4 ms of Redis time on a slow
+-- 2-core machine; 256 took up to 1.2 ms), and the search stops at the
+-- first window that is not full.
+local SCAN_WINDOWS = {64, 64}
+
+-- Whether a process with a heartbeat deadline in `alive` is alive at
+-- `now_ms`.
+local function alive_at(deadline, now_ms)
+  deadline = tonumber(deadline)
+  return deadline ~= nil and deadline >= now_ms
+end
 
 -- The oldest waiter whose process is alive, removed from the queue, or
 -- false. Dead waiters passed on the way are removed in the same ZREM.
@@ -166,25 +185,37 @@ local SCAN_WINDOWS = {1, 63, 64}
 -- Returns the head (or false), how many dead waiters were dropped,
 -- whether the search stopped with dead waiters left to look at (the
 -- caller's client then calls again), the time read (or false), and the
--- head's tag and lease.
+-- head's tag, lease and lease digits and the time in digits.
 local function pop_live_head()
+  local first = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  if not first then
+    return false, 0, false, false
+  end
+  local now, now_str = now_us()
+  local now_ms = math.floor(now / 1000)
+  local first_tag, first_lease, first_lease_str = parse_member(first)
+  if first_tag and usable(first_lease)
+      and alive_at(redis.call('ZSCORE', KEYS[3], first_tag), now_ms) then
+    redis.call('ZREM', KEYS[2], first)
+    return first, 0, false, now, first_tag, first_lease, first_lease_str, now_str
+  end
+  -- The head is dead: search the windows after it (from the head on, so
+  -- it goes in the same ZREM).
   local dropped = 0
-  local now = false
   for _, size in ipairs(SCAN_WINDOWS) do
     local window = redis.call('ZRANGE', KEYS[2], 0, size - 1)
     if #window == 0 then
       return false, dropped, false, now
     end
-    now = now or now_us()
-    local now_ms = math.floor(now / 1000)
     -- One pattern match per member: tag and lease are kept for the
     -- second pass and for the grant.
-    local tags, seen, tag_at, lease_at = {}, {}, {}, {}
+    local tags, seen, tag_at, lease_at, lease_digits = {}, {}, {}, {}, {}
     for i, member in ipairs(window) do
-      local tag, lease = parse_member(member)
+      local tag, lease, lease_str = parse_member(member)
       tag = tag or '-'
       tag_at[i] = tag
       lease_at[i] = lease
+      lease_digits[i] = lease_str
       if not seen[tag] then
         seen[tag] = true
         tags[#tags + 1] = tag
@@ -193,8 +224,7 @@ local function pop_live_head()
     local deadlines = redis.call('ZMSCORE', KEYS[3], unpack(tags))
     local alive = {}
     for i, tag in ipairs(tags) do
-      local deadline = tonumber(deadlines[i])
-      alive[tag] = deadline ~= nil and deadline >= now_ms
+      alive[tag] = alive_at(deadlines[i], now_ms)
     end
     local remove = {}
     local head, head_at = false, 0
@@ -207,7 +237,8 @@ local function pop_live_head()
     end
     redis.call('ZREM', KEYS[2], unpack(remove))
     if head then
-      return head, dropped + #remove - 1, false, now, tag_at[head_at], lease_at[head_at]
+      return head, dropped + #remove - 1, false, now, tag_at[head_at], lease_at[head_at],
+        lease_digits[head_at], now_str
     end
     dropped = dropped + #remove
     if #window < size then
@@ -232,12 +263,12 @@ end
 -- `unheard_ms` (a process that wakes the new owner by other means, such
 -- as the releaser's own, must then set the owner's lease itself).
 local function grant_next(idle_ms, channel_prefix, unheard_ms)
-  local head, dropped, more, now, tag, lease = pop_live_head()
+  local head, dropped, more, now, tag, lease, lease_str, now_str = pop_live_head()
   if not head then
     return false, 0, dropped, more, false
   end
-  local token = grant(now, head, idle_ms, lease)
-  local unheard = publish(channel_prefix, head, digits(token), tag) == 0 and unheard_ms < lease
+  local token, token_str = grant(now, head, idle_ms, lease_str, now_str)
+  local unheard = publish(channel_prefix, head, token_str, tag) == 0 and unheard_ms < lease
   if unheard then
     redis.call('PEXPIRE', KEYS[1], unheard_ms)
   end
