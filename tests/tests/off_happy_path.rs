@@ -7,7 +7,7 @@ use std::time::Duration;
 use fairlock::{
     ClientConfig, Error, EvictionCheck, FencedOp, FencingToken, LockClient, LockOptions,
 };
-use fairlock_core::{Acquire, AcquireMode, AcquireReply, Member, Timings};
+use fairlock_core::{Acquire, AcquireMode, AcquireReply, Member, Release, ReleaseReply, Timings};
 use fairlock_tests::*;
 
 /// Hang guard for waits that must end.
@@ -44,43 +44,129 @@ async fn a_handoff_grants_the_waiters_own_lease() {
     guard.release().await.expect("release");
 }
 
-/// Fault 1, the in-process path: a release whose grant message reaches
-/// nobody (the next owner's pub/sub connection is down) gives the grant
-/// only the short waiter TTL. When the next owner waits in the releasing
-/// process it is woken straight from the release reply, and it must then
-/// set its own lease, as a grant found by a heartbeat does; it used to
-/// take the grant as announced and keep the 1 s lease.
+/// Fault 1, the in-process path, and the one-hop grant: when the next
+/// owner waits in the releasing process, the release script sends no
+/// message (the releaser wakes it from its own reply), so the grant does
+/// not depend on the pub/sub connection at all: with that connection cut
+/// off it is neither delayed nor cut to the short waiter TTL. (Protocol
+/// v2 published it and, with nobody subscribed, cut its lease to 1 s; the
+/// woken waiter had to set its own lease.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unheard_grant_woken_in_process_keeps_the_waiters_own_lease() {
+async fn a_handoff_inside_one_process_sends_no_message_and_keeps_the_waiters_own_lease() {
     let server = server();
     let client = client(&server).await;
-    let holder = client.lock("unheard").await.expect("holder");
+    let holder = client.lock("in-process").await.expect("holder");
     let waiter = {
         let client = client.clone();
         tokio::spawn(async move {
             client
-                .lock_with("unheard", LockOptions::new().lease(Duration::from_secs(60)))
+                .lock_with(
+                    "in-process",
+                    LockOptions::new().lease(Duration::from_secs(60)),
+                )
                 .await
         })
     };
-    wait_for_queue_len(&client, "unheard", 1).await;
-    // The subscriber is down and cannot come back before the release: its
-    // grant message reaches nobody.
+    wait_for_queue_len(&client, "in-process", 1).await;
     let cut_off = cut_off_subscribers(&server);
     let published = calls(&server, "publish");
     holder.release().await.expect("release");
     let guard = granted(waiter, "woken by its own process's release").await;
-    let left = pttl(&server, keys("unheard").owner());
+    let left = pttl(&server, keys("in-process").owner());
     drop(cut_off);
+    assert_eq!(
+        calls(&server, "publish"),
+        published,
+        "no grant message to the releasing process"
+    );
+    assert!(
+        left > 55_000,
+        "the in-process grant's lease is {left} ms, asked 60 s"
+    );
+    guard.release().await.expect("release");
+}
+
+/// The other side of the one-hop grant: a handoff to a waiter of another
+/// process is announced by exactly one message, on that process's channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_to_another_process_sends_it_one_message() {
+    let server = server();
+    let clients = clients(&server, 2).await;
+    let holder = clients[0].lock("across").await.expect("holder");
+    let waiter = {
+        let client = clients[1].clone();
+        tokio::spawn(async move { client.lock("across").await })
+    };
+    wait_for_queue_len(&clients[0], "across", 1).await;
+    let published = calls(&server, "publish");
+    holder.release().await.expect("release");
+    let guard = granted(waiter, "woken by its grant message").await;
     assert_eq!(
         calls(&server, "publish"),
         published + 1,
         "one grant message"
     );
-    assert!(
-        left > 55_000,
-        "the unheard grant's lease is {left} ms, asked 60 s"
+    guard.release().await.expect("release");
+}
+
+/// A release whose reply never reaches the releasing process (a timeout,
+/// a dropped connection), while the next owner waits in that process: no
+/// message was sent either, so the grant must be found by the process's
+/// heartbeat, and the waiter keeps its own lease. Simulated by running the
+/// release script beside the client, on its behalf, so the client never
+/// sees the reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_release_reply_is_lost_is_found_by_the_heartbeat() {
+    let server = server();
+    let client = client(&server).await;
+    let name = "lost-reply";
+    let holder = client.lock(name).await.expect("holder");
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .lock_with(name, LockOptions::new().lease(Duration::from_secs(60)))
+                .await
+        })
+    };
+    wait_for_queue_len(&client, name, 1).await;
+    let owner = match server.cmd(&["GET", keys(name).owner()]).expect("GET owner") {
+        Resp::Bulk(Some(value)) => String::from_utf8(value).expect("owner value"),
+        other => panic!("owner key: {other:?}"),
+    };
+    let member = owner.split(' ').next().expect("owner member").to_owned();
+    let tag = Member::tag_of(&member).expect("member's tag").to_owned();
+    let timings = Timings::default();
+    let published = calls(&server, "publish");
+    let reply = raw(
+        &server,
+        name,
+        &Release {
+            member: &member,
+            timings: &timings,
+            channel_prefix: "fairlock:notify:",
+            reply_to: &tag,
+        },
     );
+    assert!(
+        matches!(
+            reply,
+            ReleaseReply::Released {
+                handed_to: Some(_),
+                ..
+            }
+        ),
+        "handed on: {reply:?}"
+    );
+    let guard = granted(waiter, "found by the heartbeat").await;
+    assert_eq!(calls(&server, "publish"), published, "no grant message");
+    let left = pttl(&server, keys(name).owner());
+    assert!(
+        left > 50_000,
+        "the found grant's lease is {left} ms, asked 60 s"
+    );
+    assert!(guard.token() > holder.token(), "a newer token");
+    drop(holder);
     guard.release().await.expect("release");
 }
 

@@ -405,6 +405,7 @@ async fn scripts_are_idempotent_on_retry() {
         member: AA,
         timings: &timings,
         channel_prefix: "test:nobody:",
+        reply_to: "",
     };
     let ReleaseReply::Released {
         handed_to: Some(next),

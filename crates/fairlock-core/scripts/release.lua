@@ -7,13 +7,18 @@
 -- ARGV[2] idle_ms         TTL of the seq and freed keys
 -- ARGV[3] channel_prefix  waiters are woken on channel_prefix .. client tag
 -- ARGV[4] waiter_ttl_ms   lease of a grant whose message reached nobody
+-- ARGV[5] reply_to        tag of the calling process, or "": a new owner of
+--                         that process is not sent a message; the caller
+--                         wakes it from this reply
 --
 -- Replies:
 --   {1, dropped, more, next, token, unheard}
 --                            released; `next` is the member that now
 --                            owns the lock with fencing `token` ("" and 0 if
 --                            none), so a releaser in the same process can
---                            wake it without waiting for pub/sub; `unheard`
+--                            wake it without waiting for pub/sub (it must,
+--                            when the new owner's tag is `reply_to`: then
+--                            no message was published); `unheard`
 --                            is 1 if the grant message reached nobody and
 --                            the new owner's lease was cut to the waiter
 --                            TTL (whoever wakes it must set its lease);
@@ -23,7 +28,7 @@
 --   {0}                      refused: the caller does not own the lock
 --
 -- Cost: 4 commands with nobody waiting (GET, ZRANGE, DEL, SET freed); 9
--- for a handoff to a live head.
+-- for a handoff to a live head in another process, 8 in the caller's.
 -- Owner-only: anyone but the owner changes nothing. Idempotent: a resent
 -- release by the member that freed the lock last answers {1, 0, 0, "", 0, 0}
 -- and changes nothing.
@@ -38,5 +43,5 @@ if holder ~= member then
 end
 
 local next_owner, token, dropped, more, unheard =
-  release_and_hand_on(member, ARGV[2], ARGV[3], tonumber(ARGV[4]))
+  release_and_hand_on(member, ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5])
 return {1, dropped, more and 1 or 0, next_owner or '', token, unheard and 1 or 0}

@@ -199,6 +199,11 @@ pub struct Release<'a> {
     pub timings: &'a Timings,
     /// Where waiters are woken.
     pub channel_prefix: &'a str,
+    /// The client tag of the process that receives the reply, or "". A
+    /// waiter of that process that gets the lock is sent no message: the
+    /// caller must wake it from [`ReleaseReply::Released`] (or hand the
+    /// grant back if nobody waits for it any more).
+    pub reply_to: &'a str,
 }
 
 /// A grant a release made: the waiter that now holds, its fencing token,
@@ -239,6 +244,7 @@ impl ScriptCall for Release<'_> {
             self.timings.idle_ms.to_string(),
             self.channel_prefix.to_owned(),
             self.timings.waiter_ttl_ms.to_string(),
+            self.reply_to.to_owned(),
         ]
     }
 
@@ -639,9 +645,10 @@ mod tests {
             member: "m.1.5",
             timings: &timings,
             channel_prefix: "c:",
+            reply_to: "1",
         }
         .args();
-        assert_eq!(args, ["m.1.5", "600000", "c:", "5000"]);
+        assert_eq!(args, ["m.1.5", "600000", "c:", "5000", "1"]);
     }
 
     #[test]

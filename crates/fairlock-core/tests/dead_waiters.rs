@@ -189,6 +189,7 @@ fn release_is_bounded_behind_ten_thousand_dead_waiters() {
         member: &crowd.holder,
         timings: &timings,
         channel_prefix: CHANNEL_PREFIX,
+        reply_to: "",
     };
     let (reply, inside, usec) = measured(&crowd.server, Release::SCRIPT, || {
         run_script(&crowd.server, Release::SCRIPT, &key_refs, &release.args()).unwrap()

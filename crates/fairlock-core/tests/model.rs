@@ -270,6 +270,7 @@ impl Call {
                     member,
                     timings: &TIMINGS,
                     channel_prefix: CHANNEL_PREFIX,
+                    reply_to: tag_of(member),
                 };
                 let reply = run_script(server, Release::SCRIPT, &lock_keys, &call.args())?;
                 (reply.clone(), Release::decode(reply).map(drop))
@@ -455,16 +456,25 @@ impl Model {
         (None, dropped, true)
     }
 
-    /// Direct handoff to the oldest live waiter, with its own lease.
-    fn grant_next(&mut self) -> (Option<String>, u64, u64, bool) {
+    /// Direct handoff to the oldest live waiter, with its own lease; no
+    /// message when the waiter's process is `reply_to`, the process that
+    /// gets the reply (a release).
+    fn grant_next_replying_to(&mut self, reply_to: &str) -> (Option<String>, u64, u64, bool) {
         match self.pop_live_head() {
             (Some(head), dropped, _) => {
                 let token = self.grant(&head);
-                self.notify(&head, token.to_string());
+                if tag_of(&head) != reply_to {
+                    self.notify(&head, token.to_string());
+                }
                 (Some(head), token, dropped, false)
             }
             (None, dropped, more) => (None, 0, dropped, more),
         }
+    }
+
+    /// Direct handoff, announced by a message whatever the process.
+    fn grant_next(&mut self) -> (Option<String>, u64, u64, bool) {
+        self.grant_next_replying_to("")
     }
 
     /// One message to the member's own process: no herd.
@@ -478,8 +488,12 @@ impl Model {
             .push((channel, format!("{member} {what} {}", owner_key.owner())));
     }
 
-    fn release_and_hand_on(&mut self, member: &str) -> (Option<String>, u64, u64, bool) {
-        let next = self.grant_next();
+    fn release_and_hand_on(
+        &mut self,
+        member: &str,
+        reply_to: &str,
+    ) -> (Option<String>, u64, u64, bool) {
+        let next = self.grant_next_replying_to(reply_to);
         if next.0.is_none() {
             self.state.owner = None;
         }
@@ -576,7 +590,8 @@ impl Model {
             }
             return Reply::Array(vec![int(0)]);
         }
-        let (next, token, dropped, more) = self.release_and_hand_on(member);
+        // The client releasing a member of its own process passes its tag.
+        let (next, token, dropped, more) = self.release_and_hand_on(member, tag_of(member));
         Reply::Array(vec![
             int(1),
             int(dropped),
@@ -598,7 +613,7 @@ impl Model {
         if !was_owner {
             return Reply::Array(vec![flag(was_queued), int(0), int(0), int(0)]);
         }
-        let (_, _, dropped, more) = self.release_and_hand_on(member);
+        let (_, _, dropped, more) = self.release_and_hand_on(member, "");
         Reply::Array(vec![flag(was_queued), int(1), int(dropped), flag(more)])
     }
 

@@ -67,6 +67,7 @@ fn setup(server: &RedisServer, lock: &Lock, start: Start) {
                 member: &lock.holder,
                 timings: &timings,
                 channel_prefix: CHANNEL_PREFIX,
+                reply_to: "",
             };
             run_script(server, Release::SCRIPT, &keys, &call.args()).unwrap();
         }
@@ -134,6 +135,7 @@ fn calls(lock: &Lock, t: &Timings) -> Vec<(&'static Script, Vec<String>, &'stati
                 member: &lock.holder,
                 timings: t,
                 channel_prefix: c,
+                reply_to: "",
             }
             .args(),
             "release",

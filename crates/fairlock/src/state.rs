@@ -260,17 +260,21 @@ impl ClientState {
                     member,
                     timings: &self.timings,
                     channel_prefix: &self.channel_prefix(keys),
+                    reply_to: &self.tag,
                 },
             )
             .await?;
         match reply {
             ReleaseReply::Released { handed_to, purged } => {
                 self.after_purge(keys, purged);
-                if let Some(next) = handed_to {
-                    // The next owner may wait in this very process: wake it
-                    // now instead of after the pub/sub round trip. Its
-                    // message still arrives and is then ignored.
-                    self.waiters.deliver_handoff(&next);
+                if let Some(next) = handed_to.filter(|next| self.is_ours(&next.member)) {
+                    // The next owner is of this very process: the script
+                    // sent it no message, so this reply is the one place it
+                    // is woken (one hop, no pub/sub round trip). If nobody
+                    // here waits for it any more, the lock goes on at once.
+                    if !self.waiters.deliver_handoff(&next) && !self.held.contains(&next.member) {
+                        self.hand_back(Arc::clone(keys), next.member);
+                    }
                 }
                 Ok(())
             }

@@ -262,12 +262,19 @@ end
 -- and whether the grant went unheard and its lease was cut to
 -- `unheard_ms` (a process that wakes the new owner by other means, such
 -- as the releaser's own, must then set the owner's lease itself).
-local function grant_next(idle_ms, channel_prefix, unheard_ms)
+-- `reply_to` is the tag of the process that receives this script's reply
+-- and wakes a new owner of its own from it (a release): no message is
+-- published to that process, so its new owner is woken once, straight
+-- from the reply, and Redis sends one message less.
+local function grant_next(idle_ms, channel_prefix, unheard_ms, reply_to)
   local head, dropped, more, now, tag, lease, lease_str, now_str = pop_live_head()
   if not head then
     return false, 0, dropped, more, false
   end
   local token, token_str = grant(now, head, idle_ms, lease_str, now_str)
+  if tag == reply_to then
+    return head, token, dropped, false, false
+  end
   local unheard = publish(channel_prefix, head, token_str, tag) == 0 and unheard_ms < lease
   if unheard then
     redis.call('PEXPIRE', KEYS[1], unheard_ms)
@@ -277,8 +284,8 @@ end
 
 -- Free the lock held by `member` (its owner) and hand it on. `freed`
 -- remembers the releaser, so a resent release is answered the same way.
-local function release_and_hand_on(member, idle_ms, channel_prefix, unheard_ms)
-  local next_owner, token, dropped, more, unheard = grant_next(idle_ms, channel_prefix, unheard_ms)
+local function release_and_hand_on(member, idle_ms, channel_prefix, unheard_ms, reply_to)
+  local next_owner, token, dropped, more, unheard = grant_next(idle_ms, channel_prefix, unheard_ms, reply_to)
   if not next_owner then
     redis.call('DEL', KEYS[1])
   end
