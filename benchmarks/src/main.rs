@@ -13,7 +13,6 @@
 
 mod admin;
 mod cell;
-mod charts;
 mod impls;
 mod probes;
 mod processes;
