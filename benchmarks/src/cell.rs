@@ -26,6 +26,7 @@ use fred::prelude::{Client, ClientLike, KeysInterface, Pool};
 use tokio::sync::watch;
 
 use crate::admin::Admin;
+use crate::hold::HoldTimers;
 use crate::impls::{fred_client, fred_pool, LockConn, LockImpl, Result};
 use crate::progress::Progress;
 
@@ -113,12 +114,14 @@ pub struct CellRun {
     pub pings: Vec<(u64, f64)>,
 }
 
-/// Counters every contender of one process shares.
+/// What every contender of one process shares: counters, and the timers
+/// of the holds.
 #[derive(Default)]
 pub(crate) struct Shared {
     first_cycles: AtomicUsize,
     pub(crate) data_gets: AtomicU64,
     pub(crate) data_sets: AtomicU64,
+    holds: HoldTimers,
 }
 
 /// What one contender task recorded.
@@ -438,7 +441,8 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 }
 
 /// The protected work: a non-atomic read-modify-write of a counter, so a
-/// second holder at the same time loses an update.
+/// second holder at the same time loses an update. The hold between GET
+/// and SET is `hold.rs`'s precise timer, the same for every implementation.
 async fn critical_section(
     data: &Pool,
     counter: &str,
@@ -447,9 +451,7 @@ async fn critical_section(
 ) -> Result<()> {
     let value: Option<i64> = data.get(counter).await?;
     shared.data_gets.fetch_add(1, Ordering::SeqCst);
-    if !hold.is_zero() {
-        tokio::time::sleep(hold).await;
-    }
+    shared.holds.hold(hold).await?;
     let _: () = data
         .set(counter, value.unwrap_or(0) + 1, None, None, false)
         .await?;

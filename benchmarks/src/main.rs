@@ -13,6 +13,7 @@
 
 mod admin;
 mod cell;
+mod hold;
 mod impls;
 mod probes;
 mod processes;
