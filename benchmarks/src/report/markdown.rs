@@ -127,34 +127,7 @@ pub fn document(results: &Results, charts: &[(String, String)]) -> String {
         hot_lock_table(&mut md, &results.processes);
     }
 
-    if !results.many_locks.is_empty() {
-        let first = &results.many_locks[0];
-        let _ = writeln!(
-            md,
-            "\n## {} distinct locks under load ({} contenders, H={} ms)\n",
-            first.locks, first.contenders, first.hold_ms
-        );
-        let _ = writeln!(
-            md,
-            "| implementation | total cycles/s | Redis CPU | Redis CPU per cycle | cmds/cycle sent | cmds/cycle run | wait p99 | violations | errors |"
-        );
-        let _ = writeln!(md, "|---|--:|--:|--:|--:|--:|--:|--:|--:|");
-        for c in &results.many_locks {
-            let _ = writeln!(
-                md,
-                "| {} | {:.0} | {:.0}% | {:.1} µs | {:.2} | {:.2} | {} | {} | {} |",
-                c.implementation,
-                c.cycles_per_s,
-                100.0 * c.redis_cpu_s / c.window_s.max(1e-9),
-                c.redis_cpu_us_per_cycle,
-                c.cmds_top_level_per_cycle,
-                c.cmds_total_per_cycle,
-                fmt_ms(c.wait_p99_ms),
-                c.violations,
-                c.errors
-            );
-        }
-    }
+    many_locks_table(&mut md, &results.many_locks, results.info.mode);
 
     let _ = writeln!(md, "\n## Targets (fairlock)\n");
     let _ = writeln!(md, "| target | measured | result |");
@@ -170,6 +143,56 @@ pub fn document(results: &Results, charts: &[(String, String)]) -> String {
         }
     }
     md
+}
+
+/// The many-locks table: total throughput and what a cycle costs, one
+/// row per implementation.
+fn many_locks_table(md: &mut String, records: &[CellRecord], mode: &str) {
+    let Some(first) = records.first() else {
+        return;
+    };
+    let per_lock = first.contenders / first.locks.max(1);
+    let _ = writeln!(
+        md,
+        "\n## {} distinct locks, {per_lock} contenders each, one process ({} contenders, H={} ms)\n",
+        first.locks, first.contenders, first.hold_ms
+    );
+    if mode == "quick" {
+        let _ = writeln!(
+            md,
+            "Quick mode: {per_lock} contenders per lock, not the 64 of the full run.\n"
+        );
+    }
+    let _ = writeln!(
+        md,
+        "Contender `j` of lock `l` runs on simulated client `(l + j) % {}`. Redis CPU and the benchmark \
+         process's CPU (lock clients and harness, same machine) are over the {:.1} s window.\n",
+        first.clients, first.window_s
+    );
+    let _ = writeln!(
+        md,
+        "| implementation | total cycles/s | hold measured | wait p99 | Redis CPU | Redis CPU per cycle | benchmark process CPU per cycle | cmds/cycle sent | cmds/cycle run | violations | errors |"
+    );
+    let _ = writeln!(md, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    for c in records {
+        let _ = writeln!(
+            md,
+            "| {} | {:.0} | {:.2} ms | {} | {:.0}% | {:.1} µs | {} | {:.2} | {:.2} | {} | {} |",
+            c.implementation,
+            c.cycles_per_s,
+            c.hold_mean_ms,
+            fmt_ms(c.wait_p99_ms),
+            100.0 * c.redis_cpu_s / c.window_s.max(1e-9),
+            c.redis_cpu_us_per_cycle,
+            c.bench_cpu_us_per_cycle
+                .map_or("-".to_owned(), |us| format!("{us:.1} µs")),
+            c.cmds_top_level_per_cycle,
+            c.cmds_total_per_cycle,
+            c.violations,
+            c.errors
+        );
+    }
+    cold_cells_note(md, records);
 }
 
 /// The one-hot-lock table: a row per cell, sorted by hold, then C.
@@ -216,7 +239,13 @@ fn hot_lock_table(md: &mut String, records: &[CellRecord]) {
             c.errors
         );
     }
-    let cold: Vec<String> = cells
+    cold_cells_note(md, records);
+}
+
+/// A note listing the cells where some contender never got the lock
+/// during warm-up (their window opened at the warm-up limit).
+fn cold_cells_note(md: &mut String, records: &[CellRecord]) {
+    let cold: Vec<String> = records
         .iter()
         .filter(|c| !c.warmed_up)
         .map(|c| format!("{} C={} H={}ms", c.implementation, c.contenders, c.hold_ms))

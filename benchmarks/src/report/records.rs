@@ -98,6 +98,11 @@ pub struct CellRecord {
     pub redis_cpu_s: f64,
     /// Redis CPU per cycle, microseconds.
     pub redis_cpu_us_per_cycle: f64,
+    /// CPU of the benchmark process (lock clients and harness) in the
+    /// window, s; `None` when the contenders ran in other processes.
+    pub bench_cpu_s: Option<f64>,
+    /// `bench_cpu_s` per cycle, microseconds.
+    pub bench_cpu_us_per_cycle: Option<f64>,
     /// Wait CDF points (ms, fraction), kept for the charts only.
     #[serde(skip)]
     pub wait_cdf: Vec<(f64, f64)>,
@@ -151,6 +156,10 @@ impl CellRecord {
             first_error: run.first_error.clone(),
             redis_cpu_s: run.redis_cpu_s,
             redis_cpu_us_per_cycle: run.redis_cpu_s * 1e6 / metrics.cycles.max(1) as f64,
+            bench_cpu_s: run.bench_cpu_s,
+            bench_cpu_us_per_cycle: run
+                .bench_cpu_s
+                .map(|cpu| cpu * 1e6 / metrics.cycles.max(1) as f64),
             wait_cdf: metrics.wait_cdf(300),
         }
     }
