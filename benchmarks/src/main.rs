@@ -146,7 +146,8 @@ struct Plan {
     warmup_max: Duration,
     measure: Duration,
     latency_iterations: usize,
-    waiters: usize,
+    /// The waiter probes (fairlock): (waiters, locks) of each.
+    waiters: Vec<(usize, usize)>,
     /// The many-locks cell: this many distinct locks...
     many_locks: usize,
     /// ...with this many contenders each...
@@ -200,7 +201,8 @@ impl Plan {
                 warmup_max: ms(2000),
                 measure: ms(1500),
                 latency_iterations: 300,
-                waiters: 10_000,
+                // The second probe shrunk: 100 waiters per lock, as in full.
+                waiters: vec![(10_000, 1), (20_000, 200)],
                 many_locks: 1000,
                 many_per_lock: 16,
                 many_measure: ms(1000),
@@ -225,7 +227,7 @@ impl Plan {
                 warmup_max: ms(5000),
                 measure: ms(8000),
                 latency_iterations: 2000,
-                waiters: 10_000,
+                waiters: vec![(10_000, 1), (100_000, 1_000)],
                 many_locks: 1000,
                 many_per_lock: 64,
                 many_measure: ms(6000),
@@ -269,6 +271,11 @@ impl Plan {
         warmup + plan.measure.as_secs_f64() + 0.5
     }
 
+    /// Rough seconds of a waiter probe, for the progress bar.
+    fn waiters_seconds(waiters: usize) -> f64 {
+        2.0 + waiters as f64 * 0.000_2
+    }
+
     fn estimated_seconds(&self) -> f64 {
         let n = self.impls.len() as f64;
         let cells: f64 = self
@@ -289,7 +296,15 @@ impl Plan {
         } else {
             0.0
         };
-        cells + processes + latency + 6.0 + many
+        let waiters = if self.waiter_probes && self.impls.contains(&Implementation::Fairlock) {
+            self.waiters
+                .iter()
+                .map(|&(waiters, _)| Plan::waiters_seconds(waiters))
+                .sum()
+        } else {
+            0.0
+        };
+        cells + processes + latency + waiters + many
     }
 }
 
@@ -354,7 +369,7 @@ async fn run(options: &Options) -> Result<bool> {
         ping: None,
         uncontended: Vec::new(),
         costs: Vec::new(),
-        waiters: None,
+        waiters: Vec::new(),
         cells: Vec::new(),
         processes: Vec::new(),
         many_locks: Vec::new(),
@@ -377,9 +392,14 @@ async fn run(options: &Options) -> Result<bool> {
     }
 
     if plan.impls.contains(&Implementation::Fairlock) && plan.waiter_probes {
-        progress.step(&format!("{} waiters on one lock", plan.waiters), 5.0);
-        let cost = probes::fairlock_waiters(&admin, plan.waiters, &progress).await?;
-        results.waiters = Some(WaitersRecord::from(&cost));
+        for &(waiters, locks) in &plan.waiters {
+            progress.step(
+                &format!("{waiters} waiters on {locks} lock(s)"),
+                Plan::waiters_seconds(waiters),
+            );
+            let cost = probes::fairlock_waiters(&admin, waiters, locks, &progress).await?;
+            results.waiters.push(WaitersRecord::from(&cost));
+        }
     }
 
     for &(contenders, hold) in &plan.cells {

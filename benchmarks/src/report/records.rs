@@ -239,7 +239,8 @@ pub struct PingRecord {
     pub mean_us: f64,
 }
 
-/// 10,000 waiters on one lock, as a JSON line.
+/// One waiter probe (10,000 waiters on one lock, or 100,000 over 1,000
+/// locks), as a JSON line.
 #[derive(Debug, Clone, Serialize)]
 pub struct WaitersRecord {
     /// Always "waiters".
@@ -248,6 +249,8 @@ pub struct WaitersRecord {
     pub implementation: &'static str,
     /// Waiters spawned.
     pub waiters: usize,
+    /// Locks they waited for, evenly spread.
+    pub locks: usize,
     /// Waiters queued in Redis when measured.
     pub queued: u64,
     /// Client RSS growth per waiter, bytes.
@@ -272,6 +275,7 @@ impl From<&WaiterCost> for WaitersRecord {
             kind: "waiters",
             implementation: "fairlock",
             waiters: cost.waiters,
+            locks: cost.locks,
             queued: cost.queued,
             client_bytes_per_waiter: cost.client_bytes_per_waiter,
             client_heap_per_waiter: cost.client_heap_per_waiter,
@@ -319,8 +323,8 @@ pub struct Results {
     pub uncontended: Vec<UncontendedRecord>,
     /// Redis commands per operation, per implementation.
     pub costs: Vec<(String, crate::probes::OperationCosts)>,
-    /// The 10,000-waiter probe.
-    pub waiters: Option<WaitersRecord>,
+    /// The waiter probes: 10,000 on one lock, then 100,000 over 1,000.
+    pub waiters: Vec<WaitersRecord>,
     /// The matrix cells.
     pub cells: Vec<CellRecord>,
     /// One-hot-lock cells whose contenders ran in separate OS processes
@@ -356,7 +360,7 @@ impl Results {
                 serde_json::json!({"kind": "operation_costs", "implementation": implementation, "costs": costs}),
             );
         }
-        if let Some(waiters) = &self.waiters {
+        for waiters in &self.waiters {
             push(serde_json::to_value(waiters)?);
         }
         for cell in self

@@ -341,7 +341,7 @@ pub fn evaluate(results: &Results) -> Vec<TargetRow> {
     }
 
     // 10,000 waiters.
-    match &results.waiters {
+    match results.waiters.iter().find(|w| w.locks == 1) {
         Some(w) => {
             rows.push(row(
                 &format!("{} waiters: client memory ≤ 2 KiB per waiter", w.waiters),
