@@ -26,6 +26,7 @@ use fred::prelude::{Client, ClientLike, KeysInterface, Pool};
 use tokio::sync::watch;
 
 use crate::admin::Admin;
+use crate::hold::HoldTimers;
 use crate::impls::{fred_client, fred_pool, LockConn, LockImpl, Result};
 use crate::progress::Progress;
 
@@ -47,7 +48,10 @@ pub struct CellPlan {
     pub hold: Duration,
     /// Distinct locks; contender `i` uses lock `i % locks`.
     pub locks: usize,
-    /// Simulated client processes; contender `i` runs on client `i % clients`.
+    /// Simulated client processes. Contender `i` is number `j = i / locks`
+    /// of lock `l = i % locks` and runs on client `(l + j) % clients`: the
+    /// contenders of every lock are spread round-robin over the clients
+    /// (with one lock, contender `i` runs on client `i % clients`).
     pub clients: usize,
     /// Warm-up lasts at least this long...
     pub warmup_min: Duration,
@@ -101,6 +105,10 @@ pub struct CellRun {
     pub data_sets: u64,
     /// Redis CPU seconds used in the window.
     pub redis_cpu_s: f64,
+    /// CPU seconds this benchmark process (the lock clients and the
+    /// harness) used in the window; `None` when the contenders ran in other
+    /// processes.
+    pub bench_cpu_s: Option<f64>,
     /// Completed critical sections per lock, over the whole cell.
     pub cs_completed: Vec<u64>,
     /// Final counter value per lock.
@@ -113,19 +121,44 @@ pub struct CellRun {
     pub pings: Vec<(u64, f64)>,
 }
 
-/// Counters every contender of one process shares.
-#[derive(Default)]
+/// What every contender of one process shares: counters, and the timers
+/// of the holds.
 pub(crate) struct Shared {
     first_cycles: AtomicUsize,
     pub(crate) data_gets: AtomicU64,
     pub(crate) data_sets: AtomicU64,
+    /// Completed critical sections per lock. Counted here rather than in
+    /// the task's log, so a task aborted at the stop deadline still counts
+    /// the sections it completed and the violation count stays right.
+    cs_completed: Vec<AtomicU64>,
+    holds: HoldTimers,
+}
+
+impl Shared {
+    /// Counters for the contenders of `locks` locks.
+    pub(crate) fn new(locks: usize) -> Shared {
+        Shared {
+            first_cycles: AtomicUsize::new(0),
+            data_gets: AtomicU64::new(0),
+            data_sets: AtomicU64::new(0),
+            cs_completed: (0..locks).map(|_| AtomicU64::new(0)).collect(),
+            holds: HoldTimers::default(),
+        }
+    }
+
+    /// Completed critical sections per lock so far.
+    pub(crate) fn cs_completed(&self) -> Vec<u64> {
+        self.cs_completed
+            .iter()
+            .map(|done| done.load(Ordering::SeqCst))
+            .collect()
+    }
 }
 
 /// What one contender task recorded.
 #[derive(Default)]
 pub(crate) struct TaskLog {
     pub(crate) attempts: Vec<Attempt>,
-    pub(crate) cs_completed: u64,
     pub(crate) errors: u64,
     pub(crate) first_error: Option<String>,
 }
@@ -197,12 +230,12 @@ async fn measure<C: LockConn>(
 ) -> Result<CellRun> {
     let base = Instant::now();
     let ns = move |t: Instant| t.saturating_duration_since(base).as_nanos() as u64;
-    let shared = Arc::new(Shared::default());
+    let shared = Arc::new(Shared::new(plan.locks));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut handles = Vec::with_capacity(plan.contenders);
     for task in 0..plan.contenders {
-        let client = task % plan.clients;
         let lock = task % plan.locks;
+        let client = (lock + task / plan.locks) % plan.clients;
         handles.push(tokio::spawn(contender(
             conns[client].clone(),
             pools[client].clone(),
@@ -235,6 +268,7 @@ async fn measure<C: LockConn>(
     let window = async {
         let cpu_before = admin.cpu_seconds().await?;
         admin.reset_stats().await?;
+        let bench_cpu_before = process_cpu_seconds();
         let gets_before = shared.data_gets.load(Ordering::SeqCst);
         let sets_before = shared.data_sets.load(Ordering::SeqCst);
         let w0 = Instant::now();
@@ -245,11 +279,21 @@ async fn measure<C: LockConn>(
             tokio::time::sleep(left.min(Duration::from_millis(100))).await;
         }
         let w1 = Instant::now();
+        let bench_cpu = process_cpu_seconds()
+            .zip(bench_cpu_before)
+            .map(|(a, b)| a - b);
         let commandstats = admin.commandstats().await?;
         let gets = shared.data_gets.load(Ordering::SeqCst) - gets_before;
         let sets = shared.data_sets.load(Ordering::SeqCst) - sets_before;
         let cpu = admin.cpu_seconds().await? - cpu_before;
-        Ok::<_, crate::impls::BenchError>(((ns(w0), ns(w1)), commandstats, gets, sets, cpu))
+        Ok::<_, crate::impls::BenchError>((
+            (ns(w0), ns(w1)),
+            commandstats,
+            gets,
+            sets,
+            cpu,
+            bench_cpu,
+        ))
     }
     .await;
 
@@ -257,7 +301,6 @@ async fn measure<C: LockConn>(
     let _ = stop_tx.send(true);
     let hard_deadline = tokio::time::Instant::now() + STOP_GRACE;
     let mut attempts = Vec::new();
-    let mut cs_completed = vec![0u64; plan.locks];
     let mut errors = 0;
     let mut first_error = None;
     for (task, handle) in handles.into_iter().enumerate() {
@@ -265,7 +308,6 @@ async fn measure<C: LockConn>(
         match tokio::time::timeout_at(hard_deadline, handle).await {
             Ok(Ok(log)) => {
                 attempts.extend(log.attempts);
-                cs_completed[task % plan.locks] += log.cs_completed;
                 errors += log.errors;
                 first_error = first_error.or(log.first_error);
             }
@@ -286,7 +328,7 @@ async fn measure<C: LockConn>(
         Ok(Ok(pings)) => pings,
         _ => Vec::new(),
     };
-    let (window, commandstats, data_gets, data_sets, redis_cpu_s) = window?;
+    let (window, commandstats, data_gets, data_sets, redis_cpu_s, bench_cpu_s) = window?;
     let keys: Vec<String> = (0..plan.locks).map(counter_key).collect();
     let counters = admin.counters(&keys).await?;
 
@@ -299,7 +341,8 @@ async fn measure<C: LockConn>(
         data_gets,
         data_sets,
         redis_cpu_s,
-        cs_completed,
+        bench_cpu_s,
+        cs_completed: shared.cs_completed(),
         counters,
         errors,
         first_error,
@@ -400,7 +443,9 @@ pub(crate) async fn contender<C: LockConn>(
         let acquired_at = Instant::now();
         let ticket = C::ticket(&held);
         match critical_section(&data, &counter, hold, &shared).await {
-            Ok(()) => log.cs_completed += 1,
+            Ok(()) => {
+                shared.cs_completed[id.lock as usize].fetch_add(1, Ordering::SeqCst);
+            }
             Err(error) => log.error(format!("critical section: {error}")),
         }
         let release_start = Instant::now();
@@ -425,6 +470,21 @@ pub(crate) async fn contender<C: LockConn>(
     log
 }
 
+/// CPU time (user + system) this process has used so far, seconds.
+fn process_cpu_seconds() -> Option<f64> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::uninit();
+    // SAFETY: getrusage fills the struct it is given; it is read only when
+    // the call succeeded.
+    let usage = unsafe {
+        if libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) != 0 {
+            return None;
+        }
+        usage.assume_init()
+    };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Some(seconds(usage.ru_utime) + seconds(usage.ru_stime))
+}
+
 /// Now, in µs since the Unix epoch.
 fn unix_us() -> u64 {
     std::time::SystemTime::now()
@@ -438,7 +498,8 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 }
 
 /// The protected work: a non-atomic read-modify-write of a counter, so a
-/// second holder at the same time loses an update.
+/// second holder at the same time loses an update. The hold between GET
+/// and SET is `hold.rs`'s precise timer, the same for every implementation.
 async fn critical_section(
     data: &Pool,
     counter: &str,
@@ -447,9 +508,7 @@ async fn critical_section(
 ) -> Result<()> {
     let value: Option<i64> = data.get(counter).await?;
     shared.data_gets.fetch_add(1, Ordering::SeqCst);
-    if !hold.is_zero() {
-        tokio::time::sleep(hold).await;
-    }
+    shared.holds.hold(hold).await?;
     let _: () = data
         .set(counter, value.unwrap_or(0) + 1, None, None, false)
         .await?;

@@ -3,7 +3,7 @@
 //! in one run against a throwaway redis-server on 127.0.0.1.
 //!
 //! ```text
-//! cargo run --release -p fairlock-bench -- --quick   # under 2 minutes
+//! cargo run --release -p fairlock-bench -- --quick   # about 3 minutes
 //! cargo run --release -p fairlock-bench              # the full matrix
 //! ```
 //!
@@ -13,7 +13,7 @@
 
 mod admin;
 mod cell;
-mod charts;
+mod hold;
 mod impls;
 mod probes;
 mod processes;
@@ -36,10 +36,10 @@ use report::{CellRecord, Results, RunInfo, UncontendedRecord, WaitersRecord};
 const CLIENTS: usize = 4;
 
 const USAGE: &str = "\
-usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]...
+usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]... [--cell C:H]... [--many-locks]
        fairlock-bench --topologies [--quick] [--out DIR]
 
-  --quick      fewer cells and shorter windows (under 2 minutes)
+  --quick      fewer cells and shorter windows (about 3 minutes)
   --topologies only the 1,000-lock run, on one server, a 3+3 Redis Cluster,
                Sentinel (1 replica) and Sentinel with replica_acks(1):
                fairlock beside spin-10ms, written to topologies.md
@@ -53,6 +53,8 @@ usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]...
                separate OS processes instead of simulated clients of one
                (every run without --cell has one such cell: C=1024,
                H=1 ms in 4 processes; C=256 with --quick)
+  --many-locks only the 1,000-lock cell (1,000 locks x 64 contenders;
+               16 per lock with --quick), for a look at that one target
 ";
 
 /// What the command line asked for.
@@ -65,6 +67,8 @@ struct Options {
     cells: Vec<(usize, Duration)>,
     /// `--processes`: run the `--cell` cells in this many OS processes.
     processes: Option<usize>,
+    /// `--many-locks`: only the many-locks cell.
+    many_locks_only: bool,
 }
 
 /// `C:H` of `--cell`: contenders and hold in milliseconds.
@@ -87,6 +91,7 @@ fn parse_args() -> std::result::Result<Options, String> {
         impls: Vec::new(),
         cells: Vec::new(),
         processes: None,
+        many_locks_only: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -114,6 +119,7 @@ fn parse_args() -> std::result::Result<Options, String> {
                     _ => return Err(format!("--processes wants 1 to 64, not {n:?}")),
                 }
             }
+            "--many-locks" => options.many_locks_only = true,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -123,6 +129,9 @@ fn parse_args() -> std::result::Result<Options, String> {
     }
     if options.processes.is_some() && options.cells.is_empty() {
         return Err("--processes needs at least one --cell".to_owned());
+    }
+    if options.many_locks_only && !options.cells.is_empty() {
+        return Err("--many-locks and --cell each pick the cells to run; use one".to_owned());
     }
     Ok(options)
 }
@@ -137,12 +146,20 @@ struct Plan {
     warmup_max: Duration,
     measure: Duration,
     latency_iterations: usize,
-    waiters: usize,
+    /// The waiter probes (fairlock): (waiters, locks) of each.
+    waiters: Vec<(usize, usize)>,
+    /// The many-locks cell: this many distinct locks...
     many_locks: usize,
-    many_contenders: usize,
+    /// ...with this many contenders each...
+    many_per_lock: usize,
+    /// ...measured this long, after a warm-up of at most this long (every
+    /// contender's first cycle takes longer than on one lock).
     many_measure: Duration,
-    /// Only the cells named with `--cell`: no waiters probe, no 1,000 locks.
-    only_cells: bool,
+    many_warmup_max: Duration,
+    /// Whether the waiter probes run (not with `--cell`, `--many-locks`).
+    waiter_probes: bool,
+    /// Whether the many-locks cell runs (not with `--cell`).
+    many_locks_cell: bool,
     /// One-hot-lock cells whose contenders run in separate OS processes,
     /// and how many processes.
     process_cells: Vec<(usize, Duration)>,
@@ -152,8 +169,14 @@ struct Plan {
 impl Plan {
     fn new(options: &Options) -> Plan {
         let mut plan = Plan::for_mode(options);
+        if options.many_locks_only {
+            plan.cells = Vec::new();
+            plan.process_cells = Vec::new();
+            plan.waiter_probes = false;
+        }
         if !options.cells.is_empty() {
-            plan.only_cells = true;
+            plan.waiter_probes = false;
+            plan.many_locks_cell = false;
             plan.process_cells = Vec::new();
             match options.processes {
                 Some(n) => {
@@ -178,11 +201,14 @@ impl Plan {
                 warmup_max: ms(2000),
                 measure: ms(1500),
                 latency_iterations: 300,
-                waiters: 10_000,
+                // The second probe shrunk: 100 waiters per lock, as in full.
+                waiters: vec![(10_000, 1), (20_000, 200)],
                 many_locks: 1000,
-                many_contenders: 2000,
+                many_per_lock: 16,
                 many_measure: ms(1000),
-                only_cells: false,
+                many_warmup_max: ms(5000),
+                waiter_probes: true,
+                many_locks_cell: true,
                 process_cells: vec![(256, ms(1))],
                 processes: 4,
             }
@@ -201,11 +227,13 @@ impl Plan {
                 warmup_max: ms(5000),
                 measure: ms(8000),
                 latency_iterations: 2000,
-                waiters: 10_000,
+                waiters: vec![(10_000, 1), (100_000, 1_000)],
                 many_locks: 1000,
-                many_contenders: 2000,
+                many_per_lock: 64,
                 many_measure: ms(6000),
-                only_cells: false,
+                many_warmup_max: ms(15000),
+                waiter_probes: true,
+                many_locks_cell: true,
                 process_cells: vec![(1024, ms(1))],
                 processes: 4,
             }
@@ -226,12 +254,12 @@ impl Plan {
 
     fn many_locks_plan(&self) -> CellPlan {
         CellPlan {
-            contenders: self.many_contenders,
+            contenders: self.many_locks * self.many_per_lock,
             hold: Duration::from_millis(1),
             locks: self.many_locks,
             clients: CLIENTS,
             warmup_min: self.warmup_min,
-            warmup_max: self.warmup_max,
+            warmup_max: self.many_warmup_max,
             measure: self.many_measure,
         }
     }
@@ -241,6 +269,11 @@ impl Plan {
         let warmup = plan.warmup_min.as_secs_f64()
             + (plan.contenders as f64 * 0.002).min(plan.warmup_max.as_secs_f64());
         warmup + plan.measure.as_secs_f64() + 0.5
+    }
+
+    /// Rough seconds of a waiter probe, for the progress bar.
+    fn waiters_seconds(waiters: usize) -> f64 {
+        2.0 + waiters as f64 * 0.000_2
     }
 
     fn estimated_seconds(&self) -> f64 {
@@ -258,7 +291,20 @@ impl Plan {
             .map(|&(c, h)| Plan::cell_seconds(&self.cell_plan(c, h)) + 4.0)
             .sum::<f64>()
             * n;
-        cells + processes + latency + 6.0 + Plan::cell_seconds(&self.many_locks_plan()) * n
+        let many = if self.many_locks_cell {
+            Plan::cell_seconds(&self.many_locks_plan()) * n
+        } else {
+            0.0
+        };
+        let waiters = if self.waiter_probes && self.impls.contains(&Implementation::Fairlock) {
+            self.waiters
+                .iter()
+                .map(|&(waiters, _)| Plan::waiters_seconds(waiters))
+                .sum()
+        } else {
+            0.0
+        };
+        cells + processes + latency + waiters + many
     }
 }
 
@@ -323,7 +369,7 @@ async fn run(options: &Options) -> Result<bool> {
         ping: None,
         uncontended: Vec::new(),
         costs: Vec::new(),
-        waiters: None,
+        waiters: Vec::new(),
         cells: Vec::new(),
         processes: Vec::new(),
         many_locks: Vec::new(),
@@ -345,10 +391,15 @@ async fn run(options: &Options) -> Result<bool> {
         results.costs.push((imp.label().to_owned(), costs));
     }
 
-    if plan.impls.contains(&Implementation::Fairlock) && !plan.only_cells {
-        progress.step(&format!("{} waiters on one lock", plan.waiters), 5.0);
-        let cost = probes::fairlock_waiters(&admin, plan.waiters, &progress).await?;
-        results.waiters = Some(WaitersRecord::from(&cost));
+    if plan.impls.contains(&Implementation::Fairlock) && plan.waiter_probes {
+        for &(waiters, locks) in &plan.waiters {
+            progress.step(
+                &format!("{waiters} waiters on {locks} lock(s)"),
+                Plan::waiters_seconds(waiters),
+            );
+            let cost = probes::fairlock_waiters(&admin, waiters, locks, &progress).await?;
+            results.waiters.push(WaitersRecord::from(&cost));
+        }
     }
 
     for &(contenders, hold) in &plan.cells {
@@ -388,10 +439,10 @@ async fn run(options: &Options) -> Result<bool> {
     }
 
     let many = plan.many_locks_plan();
-    let many_impls = if plan.only_cells {
-        &[][..]
-    } else {
+    let many_impls = if plan.many_locks_cell {
         &plan.impls[..]
+    } else {
+        &[][..]
     };
     for &imp in many_impls {
         progress.step(

@@ -1,9 +1,13 @@
 //! Measurements outside the contention matrix: the PING round trip,
-//! uncontended acquire+release latency, and 10,000 waiters on one lock in
-//! one process (client memory, Redis memory, connections).
+//! uncontended acquire+release latency, and the cost of waiting in one
+//! process (10,000 waiters on one lock, 100,000 over 1,000 locks: client
+//! memory, Redis memory, connections).
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use fairlock::LockClient;
 
 use fred::prelude::ClientLike;
 use tokio::sync::watch;
@@ -88,11 +92,13 @@ pub async fn uncontended<L: LockImpl>(
     result.map_err(|_| "uncontended probe timed out")?
 }
 
-/// What 10,000 waiters on one lock cost.
+/// What `waiters` waiters spread over `locks` locks cost.
 #[derive(Debug, Clone)]
 pub struct WaiterCost {
     /// Waiters spawned.
     pub waiters: usize,
+    /// Locks they wait for (waiter `i` waits for lock `i % locks`).
+    pub locks: usize,
     /// Waiters Redis had queued when measured.
     pub queued: u64,
     /// Client RSS growth per waiter, bytes.
@@ -114,11 +120,14 @@ pub struct WaiterCost {
     pub lock_future_bytes: usize,
 }
 
-/// `waiters` tasks of one fairlock client wait for a lock that another task
-/// of the same client holds.
+/// `waiters` tasks of one fairlock client wait for `locks` locks (waiter
+/// `i` for lock `i % locks`) that another task of the same client holds.
+/// The memory figures are the growth from the held locks to the held locks
+/// plus every waiter queued.
 pub async fn fairlock_waiters(
     admin: &Admin,
     waiters: usize,
+    locks: usize,
     progress: &Progress,
 ) -> Result<WaiterCost> {
     admin.flushall().await?;
@@ -130,29 +139,38 @@ pub async fn fairlock_waiters(
         .collect();
     let conn = FairlockImpl.connect(&admin.url()).await?;
     let client = conn.client().clone();
-    let name = "bench-waiters";
+    let names: Arc<[String]> = (0..locks.max(1))
+        .map(|lock| format!("bench-waiters-{lock}"))
+        .collect();
     let result = async {
-        let holder = client.lock(name).await?;
+        let mut holders = Vec::with_capacity(names.len());
+        for name in names.iter() {
+            holders.push(client.lock(name).await?);
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
+        return_free_memory();
         let rss_before = rss_bytes()?;
         let heap_before = heap_bytes();
         let redis_before = admin.used_memory().await?;
 
         let (stop_tx, stop_rx) = watch::channel(false);
         let started = Instant::now();
-        let deadline = started + PHASE_TIMEOUT;
+        let deadline = started + PHASE_TIMEOUT + Duration::from_millis(waiters as u64);
         let mut tasks = Vec::with_capacity(waiters);
-        let mut queued = 0;
+        let mut queues = QueueLengths::new(&client, &names);
         // Enqueue in batches so the figure is the steady cost of waiting,
-        // not the transient peak of 10,000 script calls in flight at once.
+        // not the transient peak of every script call in flight at once.
         while tasks.len() < waiters && Instant::now() < deadline {
             let batch = ENQUEUE_BATCH.min(waiters - tasks.len());
             for _ in 0..batch {
+                let lock = tasks.len() % names.len();
+                queues.expect_one_more(lock);
                 let client = client.clone();
+                let names = Arc::clone(&names);
                 let mut stop = stop_rx.clone();
                 tasks.push(tokio::spawn(async move {
                     tokio::select! {
-                        guard = client.lock(name) => {
+                        guard = client.lock(&names[lock]) => {
                             if let Ok(guard) = guard {
                                 let _ = guard.release().await;
                             }
@@ -161,16 +179,10 @@ pub async fn fairlock_waiters(
                     }
                 }));
             }
-            while Instant::now() < deadline {
-                queued = client.inspect(name).await?.queue_len;
-                if queued >= tasks.len() as u64 {
-                    break;
-                }
-                progress.tick();
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            queues.wait_until_queued(deadline, progress).await?;
         }
         let enqueue_s = started.elapsed().as_secs_f64();
+        let queued = queues.total();
         tokio::time::sleep(Duration::from_millis(300)).await;
         let rss_after = rss_bytes()?;
         let heap_after = heap_bytes();
@@ -190,21 +202,23 @@ pub async fn fairlock_waiters(
         };
 
         // Leave: every waiter cancels (removing its queue entry), then the
-        // holder releases to an empty queue.
+        // holders release to empty queues.
         let _ = stop_tx.send(true);
+        let leave_deadline = tokio::time::Instant::now() + PHASE_TIMEOUT;
         for task in tasks {
-            let _ = tokio::time::timeout(PHASE_TIMEOUT, task).await;
+            let _ = tokio::time::timeout_at(leave_deadline, task).await;
         }
-        let drain_deadline = Instant::now() + PHASE_TIMEOUT;
-        while Instant::now() < drain_deadline && client.inspect(name).await?.queue_len > 0 {
-            progress.tick();
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        queues
+            .wait_until_empty(Instant::now() + PHASE_TIMEOUT, progress)
+            .await?;
+        for holder in holders {
+            holder.release().await?;
         }
-        holder.release().await?;
 
         let n = waiters as f64;
         Ok::<_, crate::impls::BenchError>(WaiterCost {
             waiters,
+            locks: names.len(),
             queued,
             client_bytes_per_waiter: (rss_after as f64 - rss_before as f64) / n,
             client_heap_per_waiter: (heap_after - heap_before) / n,
@@ -212,12 +226,84 @@ pub async fn fairlock_waiters(
             connections: ours.len(),
             subscriber_connections: ours.iter().filter(|c| subscribed(c)).count(),
             enqueue_s,
-            lock_future_bytes: std::mem::size_of_val(&client.lock(name)),
+            lock_future_bytes: std::mem::size_of_val(&client.lock(&names[0])),
         })
     }
     .await;
     conn.close().await;
     result
+}
+
+/// The queue length of each lock of the waiter probe, as Redis reports
+/// it (`LockClient::inspect`), against the waiters spawned for it.
+struct QueueLengths<'a> {
+    client: &'a LockClient,
+    names: &'a [String],
+    expected: Vec<u64>,
+    seen: Vec<u64>,
+}
+
+impl<'a> QueueLengths<'a> {
+    fn new(client: &'a LockClient, names: &'a [String]) -> Self {
+        QueueLengths {
+            client,
+            names,
+            expected: vec![0; names.len()],
+            seen: vec![0; names.len()],
+        }
+    }
+
+    fn expect_one_more(&mut self, lock: usize) {
+        self.expected[lock] += 1;
+    }
+
+    /// Waiters Redis has queued, as last seen.
+    fn total(&self) -> u64 {
+        self.seen.iter().sum()
+    }
+
+    /// Waits until every lock's queue holds the waiters spawned for it,
+    /// or until `deadline` (the figure then says how many were queued).
+    async fn wait_until_queued(&mut self, deadline: Instant, progress: &Progress) -> Result<()> {
+        self.wait_for(deadline, progress, |seen, expected| seen >= expected)
+            .await
+    }
+
+    /// Waits until every queue is empty, or until `deadline`.
+    async fn wait_until_empty(&mut self, deadline: Instant, progress: &Progress) -> Result<()> {
+        self.wait_for(deadline, progress, |seen, _| seen == 0).await
+    }
+
+    /// Re-reads the queue lengths of the locks not yet `done`, all at once,
+    /// every 20 ms, until each is.
+    async fn wait_for(
+        &mut self,
+        deadline: Instant,
+        progress: &Progress,
+        done: impl Fn(u64, u64) -> bool,
+    ) -> Result<()> {
+        let mut pending: Vec<usize> = (0..self.names.len())
+            .filter(|&lock| !done(self.seen[lock], self.expected[lock]))
+            .collect();
+        while !pending.is_empty() && Instant::now() < deadline {
+            let mut reads = tokio::task::JoinSet::new();
+            for &lock in &pending {
+                let client = self.client.clone();
+                let name = self.names[lock].clone();
+                reads.spawn(async move { (lock, client.inspect(&name).await) });
+            }
+            while let Some(read) = reads.join_next().await {
+                let (lock, state) = read?;
+                self.seen[lock] = state?.queue_len;
+            }
+            pending.retain(|&lock| !done(self.seen[lock], self.expected[lock]));
+            if !pending.is_empty() {
+                progress.tick();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Resolves once the stop signal is set (or its sender is gone).
@@ -231,6 +317,16 @@ fn heap_bytes() -> f64 {
     // SAFETY: mallinfo2 only reads the allocator's statistics.
     let info = unsafe { libc::mallinfo2() };
     info.uordblks as f64 + info.hblkhd as f64
+}
+
+/// Gives the pages the allocator holds free back to the system (glibc
+/// `malloc_trim`), so the RSS growth that follows counts the pages the
+/// waiters touch, not a reuse of what earlier measurements freed.
+fn return_free_memory() {
+    // SAFETY: malloc_trim only releases free memory of the allocator.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// This process's resident set size, from /proc/self/status.

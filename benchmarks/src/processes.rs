@@ -184,6 +184,7 @@ pub async fn run_cell_in_processes(
         data_gets: merged.data_gets_in_window,
         data_sets: merged.data_sets_in_window,
         redis_cpu_s,
+        bench_cpu_s: None,
         cs_completed: vec![merged.cs_completed],
         counters,
         errors: merged.errors,
@@ -222,7 +223,7 @@ async fn worker<L: LockImpl>(lock: &L, spec: &WorkerSpec) -> Result<WorkerReport
     let data = fred_pool(&spec.url, DATA_POOL_SIZE).await?;
     let base = instant_at(spec.start_unix_ns);
     tokio::time::sleep_until(base.into()).await;
-    let shared = Arc::new(Shared::default());
+    let shared = Arc::new(Shared::new(1));
     let (stop_tx, stop_rx) = watch::channel(false);
     let handles: Vec<_> = (0..spec.tasks)
         .map(|i| {
@@ -278,6 +279,7 @@ async fn worker<L: LockImpl>(lock: &L, spec: &WorkerSpec) -> Result<WorkerReport
             }
         }
     }
+    report.cs_completed = shared.cs_completed().iter().sum();
     conn.close().await;
     let _ = tokio::time::timeout(crate::impls::COMMAND_TIMEOUT, data.quit()).await;
     Ok(report)
@@ -285,7 +287,6 @@ async fn worker<L: LockImpl>(lock: &L, spec: &WorkerSpec) -> Result<WorkerReport
 
 fn merge(report: &mut WorkerReport, log: TaskLog) {
     report.attempts.extend(log.attempts);
-    report.cs_completed += log.cs_completed;
     report.errors += log.errors;
     report.first_error = report.first_error.take().or(log.first_error);
 }

@@ -1,5 +1,5 @@
-//! SVG charts (plotters, SVG backend only): the wait-time CDF at one cell,
-//! throughput vs contenders, and lock commands per cycle vs contenders.
+//! Drawing one SVG line chart (plotters, SVG backend only), with linear
+//! or log axes; `charts.rs` decides which charts a run gets.
 
 use std::path::Path;
 
