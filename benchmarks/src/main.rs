@@ -3,7 +3,7 @@
 //! in one run against a throwaway redis-server on 127.0.0.1.
 //!
 //! ```text
-//! cargo run --release -p fairlock-bench -- --quick   # about 3 minutes
+//! cargo run --release -p fairlock-bench -- --quick   # 2-3 minutes
 //! cargo run --release -p fairlock-bench              # the full matrix
 //! ```
 //!
@@ -39,7 +39,7 @@ const USAGE: &str = "\
 usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]... [--cell C:H]... [--many-locks]
        fairlock-bench --topologies [--quick] [--out DIR]
 
-  --quick      fewer cells and shorter windows (about 3 minutes)
+  --quick      fewer cells and shorter windows (2-3 minutes)
   --topologies only the 1,000-lock run, on one server, a 3+3 Redis Cluster,
                Sentinel (1 replica) and Sentinel with replica_acks(1):
                fairlock beside spin-10ms, written to topologies.md

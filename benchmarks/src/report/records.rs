@@ -15,7 +15,7 @@ use crate::probes::{Latency, WaiterCost};
 use crate::stats::CellMetrics;
 
 /// One cell of the matrix, or of the many-locks run, as a JSON line.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct CellRecord {
     /// "cell" (one hot lock), "processes" (one hot lock, contenders in
     /// separate OS processes) or "many_locks".
