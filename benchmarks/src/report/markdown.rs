@@ -195,17 +195,18 @@ fn many_locks_table(md: &mut String, records: &[CellRecord], mode: &str) {
     for c in records {
         let _ = writeln!(
             md,
-            "| {} | {:.0} | {:.2} ms | {} | {:.0}% | {:.1} µs | {} | {:.2} | {:.2} | {} | {} |",
+            "| {} | {:.0} | {} | {} | {:.0}% | {} | {} | {} | {} | {} | {} |",
             c.implementation,
             c.cycles_per_s,
-            c.hold_mean_ms,
+            per_cycle(c, Some(c.hold_mean_ms), |ms| format!("{ms:.2} ms")),
             fmt_ms(c.wait_p99_ms),
             100.0 * c.redis_cpu_s / c.window_s.max(1e-9),
-            c.redis_cpu_us_per_cycle,
-            c.bench_cpu_us_per_cycle
-                .map_or("-".to_owned(), |us| format!("{us:.1} µs")),
-            c.cmds_top_level_per_cycle,
-            c.cmds_total_per_cycle,
+            per_cycle(c, Some(c.redis_cpu_us_per_cycle), |us| format!(
+                "{us:.1} µs"
+            )),
+            per_cycle(c, c.bench_cpu_us_per_cycle, |us| format!("{us:.1} µs")),
+            per_cycle(c, Some(c.cmds_top_level_per_cycle), |n| format!("{n:.2}")),
+            per_cycle(c, Some(c.cmds_total_per_cycle), |n| format!("{n:.2}")),
             c.violations,
             c.errors
         );
@@ -234,11 +235,11 @@ fn hot_lock_table(md: &mut String, records: &[CellRecord]) {
     for c in &cells {
         let _ = writeln!(
             md,
-            "| {} | {} | {} ms | {:.2} ms | {:.0} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.3} | {:.1}% | {:.2}% | {} / {} | {} | {} |",
+            "| {} | {} | {} ms | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {:.1}% | {:.2}% | {} / {} | {} | {} |",
             c.implementation,
             c.contenders,
             c.hold_ms,
-            c.hold_mean_ms,
+            per_cycle(c, Some(c.hold_mean_ms), |ms| format!("{ms:.2} ms")),
             c.cycles_per_s,
             fmt_ms(c.wait_p50_ms),
             fmt_ms(c.wait_p99_ms),
@@ -246,8 +247,8 @@ fn hot_lock_table(md: &mut String, records: &[CellRecord]) {
             fmt_ms(c.handoff_p50_ms),
             fmt_ms(c.handoff_p99_ms),
             fmt_ms(c.ping_p50_ms),
-            c.cmds_top_level_per_cycle,
-            c.cmds_total_per_cycle,
+            per_cycle(c, Some(c.cmds_top_level_per_cycle), |n| format!("{n:.2}")),
+            per_cycle(c, Some(c.cmds_total_per_cycle), |n| format!("{n:.2}")),
             c.jain,
             c.overtake_fraction * 100.0,
             c.overtake_over_1ms_fraction * 100.0,
@@ -274,5 +275,14 @@ fn cold_cells_note(md: &mut String, records: &[CellRecord]) {
             "\nSome contenders never got the lock during warm-up (the window started at the warm-up limit): {}.",
             cold.join(", ")
         );
+    }
+}
+
+/// A per-cycle figure of `cell`, or "-" when the cell completed no cycle
+/// (its totals would otherwise be printed as if per cycle).
+fn per_cycle(cell: &CellRecord, value: Option<f64>, show: impl Fn(f64) -> String) -> String {
+    match value {
+        Some(value) if cell.cycles > 0 => show(value),
+        _ => "-".to_owned(),
     }
 }
