@@ -15,7 +15,6 @@ use crate::config::{millis, ClientConfig, EvictionCheck, LockOptions};
 use crate::error::{Error, Result};
 use crate::grants::spawn_router;
 use crate::guard::{FencingToken, LockGuard};
-use crate::handle::{run_while_held, Held, Lock};
 use crate::heartbeat::spawn_heartbeat;
 use crate::owner::LockOwner;
 use crate::redis::{Lane, RedisConnection};
@@ -114,75 +113,6 @@ impl LockClient {
 
     pub(crate) fn state(&self) -> &Arc<ClientState> {
         &self.handle.state
-    }
-
-    /// A reusable handle for lock `name`: the name is checked and its keys
-    /// computed once; clone it freely. `lock(name)` stays the shortcut.
-    ///
-    /// Lock names are bytes everywhere in the API (`&str`, `String`,
-    /// `&[u8]`, `Vec<u8>`, byte literals; invalid UTF-8 is fine), 1 to
-    /// [`crate::MAX_NAME_BYTES`] of them; see [`LockName`].
-    pub fn handle(&self, name: impl AsRef<[u8]>) -> Result<Lock> {
-        Ok(Lock::new(self.clone(), LockName::new(name)?))
-    }
-
-    /// Runs `body` while holding lock `name`, and releases it on every way
-    /// out. If the lease is lost meanwhile (expired, force-released, the key
-    /// vanished), the body's future is dropped at once, stopping the work,
-    /// and the call fails with [`Error::LeaseLost`]. The body gets the
-    /// grant's [`Held`] identity, with its fencing token.
-    ///
-    /// ```no_run
-    /// # async fn demo(client: fairlock::LockClient) -> fairlock::Result<()> {
-    /// let report = client
-    ///     .with_lock("nightly-report", fairlock::LockOptions::new(), |held| async move {
-    ///         format!("built under token {}", held.token())
-    ///     })
-    ///     .await?;
-    /// # let _ = report;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub async fn with_lock<F, Fut, T>(
-        &self,
-        name: impl AsRef<[u8]>,
-        options: LockOptions,
-        body: F,
-    ) -> Result<T>
-    where
-        F: FnOnce(Held) -> Fut,
-        Fut: Future<Output = T>,
-    {
-        let guard = self.lock_with(name, options).await?;
-        run_while_held(guard, body).await
-    }
-
-    /// [`LockClient::with_lock`] for synchronous code: blocks the calling
-    /// thread, which must not be a thread of the client's async runtime
-    /// (call it from `spawn_blocking` or a plain thread). The body cannot be
-    /// interrupted: it should check [`LockGuard::is_lost`]-style state
-    /// itself through the [`Held`] token's writes; if the lease was lost by
-    /// the time it returns, the call fails with [`Error::LeaseLost`].
-    pub fn with_lock_blocking<F, T>(
-        &self,
-        name: impl AsRef<[u8]>,
-        options: LockOptions,
-        body: F,
-    ) -> Result<T>
-    where
-        F: FnOnce(Held) -> T,
-    {
-        let runtime = self.state().runtime().clone();
-        let guard = runtime.block_on(self.lock_with(name, options))?;
-        let held = Held::from_guard(&guard);
-        let guard_name = held.name().to_owned();
-        let value = body(held);
-        let lost = guard.is_lost();
-        match runtime.block_on(guard.release()) {
-            Ok(()) if !lost => Ok(value),
-            Ok(()) | Err(Error::NotOwner { .. }) => Err(Error::LeaseLost { name: guard_name }),
-            Err(error) => Err(error),
-        }
     }
 
     /// Why the server's settings put the guarantees at risk (an eviction
