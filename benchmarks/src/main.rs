@@ -32,11 +32,13 @@ use impls::{Implementation, LockImpl, Result};
 use progress::Progress;
 use report::{CellRecord, Results, RunInfo, UncontendedRecord, WaitersRecord};
 
-/// Simulated client processes per cell.
-const CLIENTS: usize = 4;
+/// Simulated client processes per cell, unless `--clients` says otherwise:
+/// 8, as issue 11's independent harness spread its contenders over 8
+/// `LockClient`s of one process.
+const CLIENTS: usize = 8;
 
 const USAGE: &str = "\
-usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]... [--cell C:H]... [--many-locks]
+usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]... [--cell C:H]... [--many-locks] [--clients N]
        fairlock-bench --topologies [--quick] [--out DIR]
 
   --quick      fewer cells and shorter windows (2-3 minutes)
@@ -55,6 +57,8 @@ usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]... [--cell C:H]... [--
                H=1 ms in 4 processes; C=256 with --quick)
   --many-locks only the 1,000-lock cell (1,000 locks x 64 contenders;
                16 per lock with --quick), for a look at that one target
+  --clients N  simulated client processes (LockClients) per cell, 1 to 64
+               (default 8)
 ";
 
 /// What the command line asked for.
@@ -69,6 +73,8 @@ struct Options {
     processes: Option<usize>,
     /// `--many-locks`: only the many-locks cell.
     many_locks_only: bool,
+    /// `--clients`: simulated client processes per cell.
+    clients: usize,
 }
 
 /// `C:H` of `--cell`: contenders and hold in milliseconds.
@@ -92,6 +98,7 @@ fn parse_args() -> std::result::Result<Options, String> {
         cells: Vec::new(),
         processes: None,
         many_locks_only: false,
+        clients: CLIENTS,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -120,6 +127,13 @@ fn parse_args() -> std::result::Result<Options, String> {
                 }
             }
             "--many-locks" => options.many_locks_only = true,
+            "--clients" => {
+                let n = args.next().ok_or("--clients needs a count")?;
+                match n.parse::<usize>() {
+                    Ok(n) if (1..=64).contains(&n) => options.clients = n,
+                    _ => return Err(format!("--clients wants 1 to 64, not {n:?}")),
+                }
+            }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -164,6 +178,8 @@ struct Plan {
     /// and how many processes.
     process_cells: Vec<(usize, Duration)>,
     processes: usize,
+    /// Simulated client processes of each in-process cell.
+    clients: usize,
 }
 
 impl Plan {
@@ -211,6 +227,7 @@ impl Plan {
                 many_locks_cell: true,
                 process_cells: vec![(256, ms(1))],
                 processes: 4,
+                clients: options.clients,
             }
         } else {
             let mut cells = Vec::new();
@@ -236,6 +253,7 @@ impl Plan {
                 many_locks_cell: true,
                 process_cells: vec![(1024, ms(1))],
                 processes: 4,
+                clients: options.clients,
             }
         }
     }
@@ -245,7 +263,7 @@ impl Plan {
             contenders,
             hold,
             locks: 1,
-            clients: CLIENTS,
+            clients: self.clients,
             warmup_min: self.warmup_min,
             warmup_max: self.warmup_max,
             measure: self.measure,
@@ -257,7 +275,7 @@ impl Plan {
             contenders: self.many_locks * self.many_per_lock,
             hold: Duration::from_millis(1),
             locks: self.many_locks,
-            clients: CLIENTS,
+            clients: self.clients,
             warmup_min: self.warmup_min,
             warmup_max: self.many_warmup_max,
             measure: self.many_measure,
@@ -505,7 +523,7 @@ async fn run_info(plan: &Plan, admin: &Admin) -> Result<RunInfo> {
         nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
         cpu_model,
         redis_version: admin.version().await?,
-        clients: CLIENTS,
+        clients: plan.clients,
         window_s: plan.measure.as_secs_f64(),
         duration_s: 0.0,
     })
