@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use fairlock::LockClient;
 
 use fred::prelude::ClientLike;
+use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::admin::Admin;
@@ -92,8 +93,9 @@ pub async fn uncontended<L: LockImpl>(
     result.map_err(|_| "uncontended probe timed out")?
 }
 
-/// What `waiters` waiters spread over `locks` locks cost.
-#[derive(Debug, Clone)]
+/// What `waiters` waiters spread over `locks` locks cost: the fields of
+/// the report's `"waiters"` JSON line.
+#[derive(Debug, Clone, Serialize)]
 pub struct WaiterCost {
     /// Waiters spawned.
     pub waiters: usize,

@@ -247,26 +247,9 @@ pub struct WaitersRecord {
     pub kind: &'static str,
     /// Always "fairlock".
     pub implementation: &'static str,
-    /// Waiters spawned.
-    pub waiters: usize,
-    /// Locks they waited for, evenly spread.
-    pub locks: usize,
-    /// Waiters queued in Redis when measured.
-    pub queued: u64,
-    /// Client RSS growth per waiter, bytes.
-    pub client_bytes_per_waiter: f64,
-    /// Client live heap growth per waiter, bytes.
-    pub client_heap_per_waiter: f64,
-    /// Redis used_memory growth per waiter, bytes.
-    pub redis_bytes_per_waiter: f64,
-    /// Redis connections held by the process.
-    pub connections: usize,
-    /// Of which subscribed to pub/sub.
-    pub subscriber_connections: usize,
-    /// Time until all were queued, s.
-    pub enqueue_s: f64,
-    /// Size of the future `LockClient::lock` returns, bytes.
-    pub lock_future_bytes: usize,
+    /// What the probe measured, as fields of this same line.
+    #[serde(flatten)]
+    pub cost: WaiterCost,
 }
 
 impl From<&WaiterCost> for WaitersRecord {
@@ -274,16 +257,7 @@ impl From<&WaiterCost> for WaitersRecord {
         WaitersRecord {
             kind: "waiters",
             implementation: "fairlock",
-            waiters: cost.waiters,
-            locks: cost.locks,
-            queued: cost.queued,
-            client_bytes_per_waiter: cost.client_bytes_per_waiter,
-            client_heap_per_waiter: cost.client_heap_per_waiter,
-            redis_bytes_per_waiter: cost.redis_bytes_per_waiter,
-            connections: cost.connections,
-            subscriber_connections: cost.subscriber_connections,
-            enqueue_s: cost.enqueue_s,
-            lock_future_bytes: cost.lock_future_bytes,
+            cost: cost.clone(),
         }
     }
 }

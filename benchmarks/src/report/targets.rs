@@ -11,7 +11,8 @@
 //! target, each next to the words of the target it judges.
 
 use super::format::fmt_ms;
-use super::records::{CellRecord, Results, WaitersRecord};
+use super::records::{CellRecord, Results};
+use crate::probes::WaiterCost;
 
 /// One target line: what was asked, what was measured, pass/miss by how much.
 pub struct TargetRow {
@@ -310,7 +311,12 @@ fn caller_side_overtakes(results: &Results) -> Vec<TargetRow> {
 /// and ≤ 256 B Redis memory per waiter, with 1 pub/sub connection". The
 /// client's live heap and its RSS growth are judged each on its own.
 fn waiters_memory(results: &Results) -> Vec<TargetRow> {
-    let Some(w) = results.waiters.iter().find(|w| w.locks == 1) else {
+    let Some(w) = results
+        .waiters
+        .iter()
+        .map(|w| &w.cost)
+        .find(|w| w.locks == 1)
+    else {
         return vec![not_measured(
             "10,000 waiters on one lock: ≤ 2 KiB client, ≤ 256 B Redis memory per waiter, 1 pub/sub connection",
         )];
@@ -363,7 +369,7 @@ fn waiters_memory(results: &Results) -> Vec<TargetRow> {
 /// no limit of its own.
 fn waiters_spread_over_locks(results: &Results) -> TargetRow {
     let target = "100,000 waiters over 1,000 locks: reported";
-    match results.waiters.iter().find(|w| w.locks > 1) {
+    match results.waiters.iter().map(|w| &w.cost).find(|w| w.locks > 1) {
         Some(w) => row(
             target,
             format!(
@@ -383,7 +389,7 @@ fn waiters_spread_over_locks(results: &Results) -> TargetRow {
     }
 }
 
-fn shrunk_note(w: &WaitersRecord, results: &Results) -> String {
+fn shrunk_note(w: &WaiterCost, results: &Results) -> String {
     if w.waiters == 100_000 && w.locks == 1_000 {
         String::new()
     } else {
