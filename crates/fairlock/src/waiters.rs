@@ -132,12 +132,19 @@ impl WaiterRegistry {
                 ticket: None,
             },
         );
-        state
-            .by_lock
-            .entry(keys.owner().to_owned())
-            .or_insert_with(|| (Arc::clone(keys), HashSet::new()))
-            .1
-            .insert(member);
+        // The lock's entry usually exists already (its other waiters):
+        // its key is copied only when the entry is made.
+        match state.by_lock.get_mut(keys.owner()) {
+            Some((_, members)) => {
+                members.insert(member);
+            }
+            None => {
+                let members = HashSet::from([member]);
+                state
+                    .by_lock
+                    .insert(keys.owner().to_owned(), (Arc::clone(keys), members));
+            }
+        }
         slot
     }
 
