@@ -56,12 +56,15 @@ fn parse(payload: &str) -> Option<Notice<'_>> {
 /// Hands a grant for `member` (one of ours) to its waiting task, or back
 /// to the lock if nobody here waits for it. `confirm` marks a grant found
 /// by a heartbeat rather than announced (see [`WaiterEvent::Granted`]).
+///
+/// The lock's keys are only needed to hand a grant back, so `keys` makes
+/// them then: a grant that reaches its waiter allocates nothing here.
 pub(crate) fn route_grant(
     state: &Arc<ClientState>,
-    keys: Arc<LockKeys>,
     member: &str,
     token: u64,
     confirm: bool,
+    keys: impl FnOnce() -> Option<Arc<LockKeys>>,
 ) {
     if state
         .waiters
@@ -74,7 +77,13 @@ pub(crate) fn route_grant(
     if state.held.contains(member) {
         return;
     }
-    state.hand_back(keys, member.to_owned());
+    match keys() {
+        Some(keys) => state.hand_back(keys, member.to_owned()),
+        None => tracing::warn!(
+            member,
+            "fairlock could not hand back a grant nobody waits for: its key is unknown"
+        ),
+    }
 }
 
 fn route(state: &Arc<ClientState>, payload: &str) {
@@ -83,12 +92,11 @@ fn route(state: &Arc<ClientState>, payload: &str) {
             member,
             token,
             owner_key,
-        }) => match LockKeys::from_owner_key(owner_key)
-            .or_else(|| LockKeys::from_holders_key(owner_key))
-        {
-            Some(keys) => route_grant(state, Arc::new(keys), member, token, false),
-            None => tracing::warn!(%payload, "fairlock ignored a grant for an unknown key"),
-        },
+        }) => route_grant(state, member, token, false, || {
+            LockKeys::from_owner_key(owner_key)
+                .or_else(|| LockKeys::from_holders_key(owner_key))
+                .map(Arc::new)
+        }),
         Some(Notice::Revoked { member, .. }) => {
             if let Some(held) = state.held.get(member) {
                 state.held.forget(member);
@@ -115,7 +123,7 @@ pub(crate) fn spawn_router(
                 tokio::select! {
                     _ = shutdown.requested() => return,
                     message = messages.recv(|_| heal(&state)) => match message {
-                        Some((channel, payload)) if state.is_our_channel(&channel) => route(&state, &payload),
+                        Some(message) if state.is_our_channel(message.channel()) => route(&state, &message.payload()),
                         Some(_) => {}
                         None => return,
                     },

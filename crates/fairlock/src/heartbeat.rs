@@ -100,7 +100,7 @@ async fn beat_lock(state: &Arc<ClientState>, lock: LockWaiters) {
                 .is_some_and(|(holder, _)| *holder == lock.probe);
             if let Some((holder, token)) = reply.holder {
                 if state.is_ours(&holder) {
-                    route_grant(state, Arc::clone(&lock.keys), &holder, token, true);
+                    route_grant(state, &holder, token, true, || Some(Arc::clone(&lock.keys)));
                 }
             }
             // The probe left the queue. Usually it was granted while this

@@ -18,6 +18,7 @@
 //! (see [`keep_connected`]): fred ends that task for good on some routing
 //! errors, and a client whose task ended answers no call again.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -568,26 +569,40 @@ enum EvalError {
     Other(Error),
 }
 
-/// Pub/sub messages: `(channel, payload)`.
+/// Pub/sub messages, each read where fred's reader left it.
 pub(crate) struct Messages {
     rx: broadcast::Receiver<fred::types::Message>,
+}
+
+/// One pub/sub message. Its channel and payload are read in place: a
+/// grant costs no copy of either.
+pub(crate) struct PubSubMessage(fred::types::Message);
+
+impl PubSubMessage {
+    /// The channel it came on.
+    pub(crate) fn channel(&self) -> &str {
+        &self.0.channel
+    }
+
+    /// Its payload as text (our scripts publish text; anything else is
+    /// rendered for the warning that names it).
+    pub(crate) fn payload(&self) -> Cow<'_, str> {
+        match &self.0.value {
+            Value::String(s) => Cow::Borrowed(s),
+            Value::Bytes(b) => String::from_utf8_lossy(b),
+            other => Cow::Owned(format!("{other:?}")),
+        }
+    }
 }
 
 impl Messages {
     /// The next message, or `None` once the connection is closed for good.
     /// A lagging receiver skips what it missed and calls `on_lag`: a waiter
     /// heartbeat re-delivers every grant that a lost message carried.
-    pub(crate) async fn recv(&mut self, mut on_lag: impl FnMut(u64)) -> Option<(String, String)> {
+    pub(crate) async fn recv(&mut self, mut on_lag: impl FnMut(u64)) -> Option<PubSubMessage> {
         loop {
             match self.rx.recv().await {
-                Ok(message) => {
-                    let payload = match message.value {
-                        Value::String(s) => s.to_string(),
-                        Value::Bytes(b) => String::from_utf8_lossy(&b).into_owned(),
-                        other => format!("{other:?}"),
-                    };
-                    return Some((message.channel.to_string(), payload));
-                }
+                Ok(message) => return Some(PubSubMessage(message)),
                 Err(broadcast::error::RecvError::Lagged(missed)) => {
                     tracing::warn!(
                         missed,

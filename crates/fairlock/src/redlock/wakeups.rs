@@ -75,7 +75,7 @@ impl Wakeups {
                     tokio::select! {
                         () = stop.requested() => break,
                         message = messages.recv(|_| wake_all(&weak)) => match message {
-                            Some((channel, _)) => wake(&weak, &channel),
+                            Some(message) => wake(&weak, message.channel()),
                             None => break,
                         },
                         reconnected = reconnects.next() => {
