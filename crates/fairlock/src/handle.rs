@@ -183,16 +183,23 @@ where
         value = body(held) => Some(value),
     };
     match outcome {
-        Some(value) => match guard.release().await {
-            Ok(()) => Ok(value),
-            Err(Error::NotOwner { .. }) => Err(Error::LeaseLost { name }),
-            Err(error) => Err(error),
-        },
+        Some(value) => released_outcome(value, false, guard.release().await, name),
         None => {
             // Dropping the guard hands the lock on if it is still ours.
             drop(guard);
             Err(Error::LeaseLost { name })
         }
+    }
+}
+
+/// What a scoped body's caller gets once its lock was released: the body's
+/// value, or [`Error::LeaseLost`] if the lease was `lost` before the
+/// release or the release found the lock no longer ours.
+fn released_outcome<T>(value: T, lost: bool, released: Result<()>, name: String) -> Result<T> {
+    match released {
+        Ok(()) if !lost => Ok(value),
+        Ok(()) | Err(Error::NotOwner { .. }) => Err(Error::LeaseLost { name }),
+        Err(error) => Err(error),
     }
 }
 
@@ -262,10 +269,6 @@ impl LockClient {
         let guard_name = held.name().to_owned();
         let value = body(held);
         let lost = guard.is_lost();
-        match runtime.block_on(guard.release()) {
-            Ok(()) if !lost => Ok(value),
-            Ok(()) | Err(Error::NotOwner { .. }) => Err(Error::LeaseLost { name: guard_name }),
-            Err(error) => Err(error),
-        }
+        released_outcome(value, lost, runtime.block_on(guard.release()), guard_name)
     }
 }
