@@ -28,7 +28,7 @@
 //!   the run is audited against Redis (`examples/seckill.rs`);
 //! * [`http`]: the same three ways behind an axum service
 //!   (`examples/seckill_http.rs`, loaded by `examples/seckill_load.sh`);
-//! * [`line`]: the HTTP service's own bounded line per item, which
+//! * [`line`](mod@line): the HTTP service's own bounded line per item, which
 //!   answers 429 before a buyer costs Redis anything;
 //! * [`sale_runtime`]: the runtime the service's sales run on, apart
 //!   from the one serving HTTP;
