@@ -110,7 +110,7 @@ pub async fn data_client(server: &RedisServer) -> Client {
 }
 
 /// A bare subscriber on `channel`, standing in for the process of a waiter
-/// crafted with raw script calls: a handoff reaches only members whose
+/// crafted with raw script calls: a handoff reaches only owner ids whose
 /// process listens. Keep it alive while the waiter should count as live.
 pub async fn listener(server: &RedisServer, channel: &str) -> fred::clients::SubscriberClient {
     use fred::prelude::PubsubInterface;
@@ -147,12 +147,12 @@ pub async fn set_counter(client: &Client, key: &str, value: i64) {
         .expect("SET");
 }
 
-/// An `acquire.lua` call of `member` that waits in the queue, for tests
+/// An `acquire.lua` call of `owner_id` that waits in the queue, for tests
 /// that run the scripts raw: its grants are published under
 /// `test:nobody:`, where nobody listens unless the test does.
-pub fn waiting_acquire<'a>(member: &'a str, timings: &'a Timings) -> Acquire<'a> {
+pub fn waiting_acquire<'a>(owner_id: &'a str, timings: &'a Timings) -> Acquire<'a> {
     Acquire {
-        member,
+        owner_id,
         mode: AcquireMode::Wait,
         timings,
         channel_prefix: "test:nobody:",
@@ -308,7 +308,7 @@ pub async fn cluster_client(cluster: &fairlock_testkit::RedisCluster) -> LockCli
         .expect("client connects to the cluster")
 }
 
-/// Waits (bounded, 20 s) until zset `key` has at least `count` members.
+/// Waits (bounded, 20 s) until zset `key` has at least `count` owner ids.
 pub async fn wait_for_zcard(server: &RedisServer, key: &str, count: i64) {
     for _ in 0..4000 {
         if zcard(server, key) >= count {
@@ -316,7 +316,7 @@ pub async fn wait_for_zcard(server: &RedisServer, key: &str, count: i64) {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    panic!("{key} never reached {count} members");
+    panic!("{key} never reached {count} owner ids");
 }
 
 /// Awaits `future`, failing the test if it takes longer than 20 s: a

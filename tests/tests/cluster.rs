@@ -319,7 +319,7 @@ async fn core_cases_hold_on_the_cluster() {
         ..Timings::default()
     };
     let dead = Acquire {
-        member: "dead0000000000000000000000000000.0000000000000000.60000",
+        owner_id: "dead0000000000000000000000000000.0000000000000000.60000",
         mode: AcquireMode::Wait,
         timings: &dead_timings,
         channel_prefix: "test:nobody:",

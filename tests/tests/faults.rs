@@ -122,8 +122,8 @@ async fn dead_waiter_at_the_head_is_skipped() {
         waiter_ttl_ms: 300,
         ..Timings::default()
     };
-    let dead = |member: &'static str| Acquire {
-        member,
+    let dead = |owner_id: &'static str| Acquire {
+        owner_id,
         mode: AcquireMode::Wait,
         timings: &dead_timings,
         channel_prefix: "test:nobody:",

@@ -507,7 +507,7 @@ async fn garbage_values_are_refused_or_repaired() {
     // Owner strings fairlock did not write: refused, untouched.
     for value in [
         "somebody else's data",
-        "member-without-token",
+        "owner-id-without-token",
         "",
         "a b c 1",
     ] {
@@ -530,9 +530,9 @@ async fn garbage_values_are_refused_or_repaired() {
 
     // Queue entries of no live process, well-formed or not, are dropped
     // by the next caller, who gets the lock.
-    let dead_member = format!("{}.00000000000000ee.1000", "0".repeat(32));
-    for member in [
-        dead_member.as_str(),
+    let dead_owner_id = format!("{}.00000000000000ee.1000", "0".repeat(32));
+    for owner_id in [
+        dead_owner_id.as_str(),
         "garbage",
         "a.b.c",
         "",
@@ -541,7 +541,9 @@ async fn garbage_values_are_refused_or_repaired() {
     ] {
         for op in ["lock", "try_lock"] {
             server.cmd(&["FLUSHALL"]).expect("flush");
-            server.cmd(&["ZADD", k.queue(), "1", member]).expect("ZADD");
+            server
+                .cmd(&["ZADD", k.queue(), "1", owner_id])
+                .expect("ZADD");
             server
                 .cmd(&["PEXPIRE", k.queue(), "60000"])
                 .expect("PEXPIRE");
@@ -552,12 +554,12 @@ async fn garbage_values_are_refused_or_repaired() {
                 _ => bounded("try", client.try_lock(name)).await,
             };
             let guard = guard
-                .unwrap_or_else(|e| panic!("queue entry {member:?}, {op}: {e}"))
-                .unwrap_or_else(|| panic!("queue entry {member:?}, {op}: still busy"));
+                .unwrap_or_else(|e| panic!("queue entry {owner_id:?}, {op}: {e}"))
+                .unwrap_or_else(|| panic!("queue entry {owner_id:?}, {op}: still busy"));
             guard.release().await.expect("release");
         }
         let state = client.inspect(name).await.expect("inspect");
-        assert_eq!(state.queue_len, 0, "{member:?} was dropped");
+        assert_eq!(state.queue_len, 0, "{owner_id:?} was dropped");
     }
 
     // A process whose alive deadline passed (0, or long ago), and one with
@@ -565,7 +567,7 @@ async fn garbage_values_are_refused_or_repaired() {
     for deadline in ["0", "-inf", "+inf"] {
         server.cmd(&["FLUSHALL"]).expect("flush");
         server
-            .cmd(&["ZADD", k.queue(), "1", &dead_member])
+            .cmd(&["ZADD", k.queue(), "1", &dead_owner_id])
             .expect("ZADD");
         server
             .cmd(&["ZADD", k.alive(), deadline, "00000000000000ee"])
@@ -614,7 +616,7 @@ async fn garbage_values_are_refused_or_repaired() {
         .expect("lock after the ghost");
     guard.release().await.expect("release");
 
-    // freed holding another member: a release by a non-owner is refused.
+    // freed holding another owner id: a release by a non-owner is refused.
     server.cmd(&["FLUSHALL"]).expect("flush");
     server
         .cmd(&["SET", k.freed(), "someone", "PX", "60000"])
@@ -626,20 +628,20 @@ async fn garbage_values_are_refused_or_repaired() {
     );
 }
 
-/// A queued member whose process is alive but whose lease field is not a
+/// A queued owner id whose process is alive but whose lease field is not a
 /// usable PX (0, or too big for Redis) once made the granting script fail
 /// half-way (`SET ... PX 0` after the ZREM and the seq write); such an
 /// entry is now dropped like a dead one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn queued_member_with_an_unusable_lease_is_passed_over() {
+async fn queued_owner_id_with_an_unusable_lease_is_passed_over() {
     let server = server();
     let client = client(&server).await;
     let k = keys("lease0");
     for lease in ["0", "99999999999999999999"] {
         server.cmd(&["FLUSHALL"]).expect("flush");
-        let member = format!("{}.00000000000000ee.{lease}", "0".repeat(32));
+        let owner_id = format!("{}.00000000000000ee.{lease}", "0".repeat(32));
         server
-            .cmd(&["ZADD", k.queue(), "1", &member])
+            .cmd(&["ZADD", k.queue(), "1", &owner_id])
             .expect("ZADD");
         server
             .cmd(&["ZADD", k.alive(), "+inf", "00000000000000ee"])

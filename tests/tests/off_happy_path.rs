@@ -7,7 +7,7 @@ use std::time::Duration;
 use fairlock::{
     ClientConfig, Error, EvictionCheck, FencedOp, FencingToken, LockClient, LockOptions,
 };
-use fairlock_core::{Acquire, AcquireMode, AcquireReply, Member, Release, ReleaseReply, Timings};
+use fairlock_core::{Acquire, AcquireMode, AcquireReply, OwnerId, Release, ReleaseReply, Timings};
 use fairlock_tests::*;
 
 /// Hang guard for waits that must end.
@@ -134,15 +134,17 @@ async fn a_grant_whose_release_reply_is_lost_is_found_by_the_heartbeat() {
         Resp::Bulk(Some(value)) => String::from_utf8(value).expect("owner value"),
         other => panic!("owner key: {other:?}"),
     };
-    let member = owner.split(' ').next().expect("owner member").to_owned();
-    let tag = Member::tag_of(&member).expect("member's tag").to_owned();
+    let owner_id = owner.split(' ').next().expect("owner id").to_owned();
+    let tag = OwnerId::tag_of(&owner_id)
+        .expect("owner id's tag")
+        .to_owned();
     let timings = Timings::default();
     let published = calls(&server, "publish");
     let reply = raw(
         &server,
         name,
         &Release {
-            member: &member,
+            owner_id: &owner_id,
             timings: &timings,
             channel_prefix: "fairlock:notify:",
             reply_to: &tag,
@@ -179,7 +181,7 @@ async fn a_grant_whose_release_reply_is_lost_is_found_by_the_heartbeat() {
 async fn a_waiter_granted_in_its_own_acquire_reply_keeps_its_own_lease() {
     let server = server();
     let timings = Timings::default();
-    let acquire = |member: &'static str| waiting_acquire(member, &timings);
+    let acquire = |owner_id: &'static str| waiting_acquire(owner_id, &timings);
     const HOLDER: &str = "aa000000000000000000000000000000.00000000000000a1.30000";
     const WAITER: &str = "bb000000000000000000000000000000.00000000000000b2.60000";
     let name = "regrant";
@@ -323,15 +325,15 @@ async fn a_grant_nobody_waits_for_is_handed_back() {
     // An entry of clients[1]'s process with no task behind it, asking for
     // a 60 s lease.
     let probe = clients[1].lock("probe").await.expect("probe");
-    let tag = Member::tag_of(probe.owner_id()).expect("tag").to_owned();
+    let tag = OwnerId::tag_of(probe.owner_id()).expect("tag").to_owned();
     probe.release().await.expect("release");
-    let orphan = Member::new("0bad0bad0bad0bad0bad0bad0bad0bad", &tag, 60_000);
+    let orphan = OwnerId::new("0bad0bad0bad0bad0bad0bad0bad0bad", &tag, 60_000);
     let timings = Timings::default();
     let queued = raw(
         &server,
         "orphan",
         &Acquire {
-            member: orphan.as_str(),
+            owner_id: orphan.as_str(),
             mode: AcquireMode::Wait,
             timings: &timings,
             channel_prefix: "fairlock:notify:",
@@ -455,7 +457,7 @@ async fn a_waiter_outlives_the_old_thirty_second_refresh() {
         .inspect_queue("patient", 1)
         .await
         .expect("inspect");
-    assert_eq!(after.waiters[0].member, before.waiters[0].member);
+    assert_eq!(after.waiters[0].owner_id, before.waiters[0].owner_id);
     assert_eq!(
         after.waiters[0].ticket, before.waiters[0].ticket,
         "same place in line"
@@ -565,7 +567,7 @@ async fn a_heartbeat_whose_probe_was_just_granted_keeps_the_process_alive() {
     let client = client(&server).await;
     let name = "probe-granted";
     let tag = "00000000000000c3";
-    let member = "c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3.00000000000000c3.60000";
+    let owner_id = "c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3.00000000000000c3.60000";
     let timings = Timings::default();
     // The waiter's process listens, so the handoff is heard.
     let _process = listener(&server, &format!("test:c3:{tag}")).await;
@@ -574,7 +576,7 @@ async fn a_heartbeat_whose_probe_was_just_granted_keeps_the_process_alive() {
         &server,
         name,
         &Acquire {
-            member,
+            owner_id,
             mode: AcquireMode::Wait,
             timings: &timings,
             channel_prefix: "test:c3:",
@@ -601,12 +603,15 @@ async fn a_heartbeat_whose_probe_was_just_granted_keeps_the_process_alive() {
         name,
         &fairlock_core::Heartbeat {
             tag,
-            probe: member,
+            probe: owner_id,
             timings: &timings,
             channel_prefix: "test:c3:",
         },
     );
-    assert_eq!(beat.holder.as_ref().map(|(m, _)| m.as_str()), Some(member));
+    assert_eq!(
+        beat.holder.as_ref().map(|(m, _)| m.as_str()),
+        Some(owner_id)
+    );
     assert!(!beat.probe_queued, "the probe holds the lock now");
     assert!(
         deadline(&server) > before,

@@ -330,13 +330,13 @@ async fn a_grant_racing_a_cancel_is_passed_on_at_once() {
     }
 }
 
-/// Every script is safe to run twice with the same member: the second run
+/// Every script is safe to run twice with the same owner id: the second run
 /// changes nothing (heartbeat only moves deadlines) and answers the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_are_idempotent_on_retry() {
     let server = server();
     let timings = Timings::default();
-    let acquire = |member: &'static str| waiting_acquire(member, &timings);
+    let acquire = |owner_id: &'static str| waiting_acquire(owner_id, &timings);
     let name = "idem";
     const AA: &str = "aa000000000000000000000000000000.00000000000000a1.30000";
     const BB: &str = "bb000000000000000000000000000000.00000000000000b2.40000";
@@ -371,7 +371,7 @@ async fn scripts_are_idempotent_on_retry() {
         without_deadlines(snapshot)
     );
 
-    // BB's "process": a handoff reaches only members whose process listens.
+    // BB's "process": a handoff reaches only owner ids whose process listens.
     let _bb_process = listener(&server, "test:nobody:00000000000000b2").await;
     let beat = Heartbeat {
         tag: "00000000000000b2",
@@ -393,7 +393,7 @@ async fn scripts_are_idempotent_on_retry() {
     let renew = RenewBatch {
         items: vec![RenewItem {
             owner_key: &owner_key,
-            member: AA,
+            owner_id: AA,
             lease_ms: 40_000,
         }],
     };
@@ -402,7 +402,7 @@ async fn scripts_are_idempotent_on_retry() {
     assert_eq!(raw_renew(&server, &renew), once);
 
     let release = Release {
-        member: AA,
+        owner_id: AA,
         timings: &timings,
         channel_prefix: "test:nobody:",
         reply_to: "",
@@ -414,7 +414,7 @@ async fn scripts_are_idempotent_on_retry() {
     else {
         panic!("the release hands the lock to BB");
     };
-    assert_eq!(next.member, BB);
+    assert_eq!(next.owner_id, BB);
     assert!(next.token > 0);
     assert!(!next.unheard, "BB's process listens: {next:?}");
     let snapshot = dump(&server);
@@ -429,7 +429,7 @@ async fn scripts_are_idempotent_on_retry() {
     assert_eq!(dump(&server), snapshot, "and changes nothing");
 
     let cancel = Cancel {
-        member: BB,
+        owner_id: BB,
         timings: &timings,
         channel_prefix: "test:nobody:",
     };

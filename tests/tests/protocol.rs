@@ -134,8 +134,8 @@ async fn try_lock_never_overtakes_a_queued_waiter() {
 
     // Free but queued: craft it with raw script calls. A holder whose lease
     // has run out, and a queued waiter that has not been granted yet.
-    let acquire = |member: &'static str| Acquire {
-        member,
+    let acquire = |owner_id: &'static str| Acquire {
+        owner_id,
         mode: AcquireMode::Wait,
         timings: &timings,
         channel_prefix: "test:nobody:",

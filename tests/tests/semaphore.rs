@@ -25,7 +25,7 @@ fn server_ms(server: &RedisServer) -> i64 {
     secs * 1000 + micros / 1000
 }
 
-/// Waits (bounded) until `key` holds exactly `count` members.
+/// Waits (bounded) until `key` holds exactly `count` owner ids.
 async fn wait_until_zcard_is(server: &RedisServer, key: &str, count: i64) {
     for _ in 0..4000 {
         if zcard(server, key) == count {
@@ -33,10 +33,10 @@ async fn wait_until_zcard_is(server: &RedisServer, key: &str, count: i64) {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    panic!("{key} never came to {count} members");
+    panic!("{key} never came to {count} owner ids");
 }
 
-/// Waits (bounded) until `count` members are queued on `name`.
+/// Waits (bounded) until `count` owner ids are queued on `name`.
 async fn until_queued(server: &RedisServer, name: &str, count: i64) {
     wait_for_zcard(server, sem_keys(name).queue(), count).await;
 }
@@ -51,7 +51,7 @@ async fn never_more_than_permits_holders_under_a_swarm_that_kills_holders() {
     let stop = Arc::new(AtomicBool::new(false));
 
     // Redis's own view, polled throughout: the holders set never has more
-    // members than permits (expired ones not yet removed included).
+    // owner ids than permits (expired ones not yet removed included).
     let poller = {
         let server = Arc::clone(&server);
         let stop = Arc::clone(&stop);
@@ -437,7 +437,7 @@ async fn dead_permit_waiters_are_purged_in_bounded_steps() {
             .flat_map(|i| {
                 [
                     (i + 1).to_string(),
-                    fairlock_core::PermitMember::new(
+                    fairlock_core::PermitOwnerId::new(
                         &format!("{i:032x}"),
                         "00000000000000dd",
                         30_000,

@@ -232,7 +232,7 @@ fn server_counters(server: &RedisServer) -> Result<ServerCounters, String> {
     Ok(counters)
 }
 
-/// `(member, ticket)` of every waiter queued on the soak's locks.
+/// `(owner id, ticket)` of every waiter queued on the soak's locks.
 async fn queues(
     client: &LockClient,
     config: &SoakConfig,
@@ -248,7 +248,7 @@ async fn queues(
             state
                 .waiters
                 .into_iter()
-                .map(|w| (w.member, w.ticket))
+                .map(|w| (w.owner_id, w.ticket))
                 .collect(),
         );
     }

@@ -69,7 +69,7 @@ pub enum Command {
         /// Required: this bypasses the holder, who loses the lock.
         #[arg(long, required = true)]
         force: bool,
-        /// Free the lock only if this holder still has it (a member as
+        /// Free the lock only if this holder still has it (an owner id as
         /// `inspect` shows it, optionally followed by a space and the
         /// token); otherwise change nothing and exit with code 3.
         #[arg(long)]

@@ -34,7 +34,7 @@ pub async fn release(
 ) -> Result<(), Failure> {
     let released = match holder {
         Some(holder) => {
-            let expected = expand_owner_id(client, name, holder).await?;
+            let expected = expand_nonce(client, name, holder).await?;
             client.force_release_from(name, &expected).await?
         }
         None => client.force_release(name).await?,
@@ -73,18 +73,18 @@ pub async fn release(
     }
 }
 
-/// `--holder` as the script takes it. A bare owner id (32 hex digits, as
-/// `inspect` shows under `owner_id`) is expanded to the exact grant it
-/// names now, `<member> <token>`; a member, or a member and token, is
+/// `--holder` as the script takes it. A bare nonce (32 hex digits, as
+/// `inspect` shows under `nonce`) is expanded to the exact grant it
+/// names now, `<owner id> <token>`; an owner id, or an owner id and token, is
 /// passed as given. Either way only that grant can be freed.
-async fn expand_owner_id(client: &LockClient, name: &str, holder: &str) -> Result<String, Failure> {
+async fn expand_nonce(client: &LockClient, name: &str, holder: &str) -> Result<String, Failure> {
     if holder.contains(['.', ' ']) {
         return Ok(holder.to_owned());
     }
     let state = client.inspect(name).await?;
     Ok(match state.owner {
-        Some(member) if member.split('.').next() == Some(holder) => {
-            format!("{member} {}", state.token)
+        Some(owner_id) if owner_id.split('.').next() == Some(holder) => {
+            format!("{owner_id} {}", state.token)
         }
         _ => holder.to_owned(),
     })

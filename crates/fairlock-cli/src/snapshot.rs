@@ -17,11 +17,11 @@ use crate::duration::human_millis;
 pub struct LockView {
     /// The lock name.
     pub name: String,
-    /// The holder's member (`<owner id>.<client tag>.<lease ms>`), the id
+    /// The holder's owner id (`<nonce>.<client tag>.<lease ms>`), the id
     /// `release --force --holder` takes; `None` when free.
     pub holder: Option<String>,
-    /// The holder's random owner id (first part of the member).
-    pub owner_id: Option<String>,
+    /// The holder's nonce (the first part of its owner id).
+    pub nonce: Option<String>,
     /// The holder's fencing token, `None` when free.
     pub token: Option<u64>,
     /// The holder's remaining lease, ms; `None` when free.
@@ -41,8 +41,8 @@ pub struct LockView {
 pub struct WaiterView {
     /// 1 for the next in line.
     pub position: u64,
-    /// The waiter's member.
-    pub member: String,
+    /// The waiter's owner id.
+    pub owner_id: String,
     /// Its ticket: grants follow ticket order.
     pub ticket: u64,
     /// How long it has waited, estimated: a ticket is never below the
@@ -69,7 +69,7 @@ impl LockView {
                 position,
                 age_ms_estimate: now_ms.saturating_sub(waiter.ticket / 1_000),
                 alive: waiter.deadline_ms.is_some_and(|deadline| deadline > now_ms),
-                member: waiter.member,
+                owner_id: waiter.owner_id,
                 ticket: waiter.ticket,
                 deadline_ms: waiter.deadline_ms,
             })
@@ -77,7 +77,7 @@ impl LockView {
         let held = state.owner.is_some();
         Self {
             name: name.to_owned(),
-            owner_id: state.owner.as_deref().map(owner_id_of),
+            nonce: state.owner.as_deref().map(nonce_of),
             holder: state.owner,
             token: held.then_some(state.token),
             // PTTL -1 (no TTL) cannot happen for a fairlock owner key; show
@@ -113,7 +113,7 @@ impl LockView {
         if !self.waiters.is_empty() {
             let _ = writeln!(
                 out,
-                "  {:>3}  {:<18}  {:>8}  {:<22}  member",
+                "  {:>3}  {:<18}  {:>8}  {:<22}  owner id",
                 "pos", "ticket", "age(est)", "liveness"
             );
             for waiter in &self.waiters {
@@ -124,7 +124,7 @@ impl LockView {
                     waiter.ticket,
                     format!("~{}", human_millis(waiter.age_ms_estimate)),
                     self.liveness(waiter),
-                    waiter.member
+                    waiter.owner_id
                 );
             }
             let listed = self.waiters.len() as u64;
@@ -149,7 +149,7 @@ impl LockView {
     }
 }
 
-/// The owner id part of a member (`<owner id>.<tag>.<lease>`).
-fn owner_id_of(member: &str) -> String {
-    member.split('.').next().unwrap_or(member).to_owned()
+/// The nonce part of an owner id (`<nonce>.<tag>.<lease>`).
+fn nonce_of(owner_id: &str) -> String {
+    owner_id.split('.').next().unwrap_or(owner_id).to_owned()
 }

@@ -66,16 +66,16 @@ async fn until(client: &LockClient, name: &str, done: impl Fn(&fairlock::LockSta
 /// A queue entry whose process has no heartbeat: how a crashed waiter
 /// looks until a grant purges it.
 fn add_dead_waiter(server: &RedisServer, lock_key_tag: &str, ticket: u64) -> String {
-    let member = format!("{:032x}.{:016x}.30000", 0xdead_u128, 0xbeef_u64);
+    let owner_id = format!("{:032x}.{:016x}.30000", 0xdead_u128, 0xbeef_u64);
     server
         .cmd_ok(&[
             "ZADD",
             &format!("fairlock:{{{lock_key_tag}}}:queue"),
             &ticket.to_string(),
-            &member,
+            &owner_id,
         ])
         .unwrap();
-    member
+    owner_id
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -101,10 +101,7 @@ async fn inspect_shows_holder_token_lease_and_queue_with_liveness() {
     let view = json(&output);
     assert_eq!(view["name"], "orders:42");
     assert_eq!(view["holder"], guard.owner_id());
-    assert_eq!(
-        view["owner_id"],
-        guard.owner_id().split('.').next().unwrap()
-    );
+    assert_eq!(view["nonce"], guard.owner_id().split('.').next().unwrap());
     assert_eq!(view["token"], guard.token().value());
     assert!(view["lease_left_ms"].as_u64().unwrap() > 0);
     assert_eq!(view["queue_len"], 3);
@@ -128,7 +125,7 @@ async fn inspect_shows_holder_token_lease_and_queue_with_liveness() {
         .map(|w| w["alive"].as_bool().unwrap())
         .collect();
     assert_eq!(alive, [true, true, false]);
-    assert_eq!(listed[2]["member"], dead.as_str());
+    assert_eq!(listed[2]["owner_id"], dead.as_str());
     assert_eq!(listed[2]["deadline_ms"], Value::Null);
 
     let output = run(&server, &["inspect", "orders:42"]).await;
@@ -278,11 +275,11 @@ async fn release_force_frees_only_the_named_holder_and_is_idempotent() {
     assert!(output.status.success(), "{output:?}");
     assert_eq!(json(&output)["released"], false);
 
-    // The holder changed since the operator looked: refused, by member and
-    // by bare owner id alike, and the new holder keeps the lock.
+    // The holder changed since the operator looked: refused, by owner id and
+    // by bare nonce alike, and the new holder keeps the lock.
     let second = client.lock("stuck").await.unwrap();
-    let first_owner_id = first.owner_id().split('.').next().unwrap().to_owned();
-    for stale in [first.owner_id(), first_owner_id.as_str()] {
+    let first_nonce = first.owner_id().split('.').next().unwrap().to_owned();
+    for stale in [first.owner_id(), first_nonce.as_str()] {
         let output = run(&server, &["release", "--force", "stuck", "--holder", stale]).await;
         assert_eq!(output.status.code(), Some(3), "{output:?}");
     }
@@ -292,11 +289,11 @@ async fn release_force_frees_only_the_named_holder_and_is_idempotent() {
         Some(second.owner_id())
     );
 
-    // A bare owner id of the current holder frees it.
-    let second_owner_id = second.owner_id().split('.').next().unwrap().to_owned();
+    // A bare nonce of the current holder frees it.
+    let second_nonce = second.owner_id().split('.').next().unwrap().to_owned();
     let output = run(
         &server,
-        &["release", "--force", "stuck", "--holder", &second_owner_id],
+        &["release", "--force", "stuck", "--holder", &second_nonce],
     )
     .await;
     assert!(output.status.success(), "{output:?}");

@@ -2,7 +2,7 @@
 -- join the FIFO queue (mode "wait") or report busy (mode "try").
 --
 -- KEYS[1] owner   KEYS[2] queue   KEYS[3] alive   KEYS[4] seq   KEYS[5] freed
--- ARGV[1] member          the caller: owner id, client tag and lease (ms)
+-- ARGV[1] owner_id        the caller: nonce, client tag and lease (ms)
 -- ARGV[2] mode            "wait" to enqueue when busy, "try" to never enqueue
 -- ARGV[3] waiter_ttl_ms   heartbeat deadline given to the caller's process
 -- ARGV[4] queue_ttl_ms    TTL of the queue keys, refreshed by every heartbeat
@@ -18,20 +18,20 @@
 --
 -- Cost: 4 commands when the lock is free and nobody waits (ZCARD, TIME,
 -- SET seq, SET owner NX); 6 to join a queue that exists.
--- Idempotent: run again with the same member it returns the same grant
--- (the member owns the lock) or the same ticket (it keeps its place).
+-- Idempotent: run again with the same owner id it returns the same grant
+-- (the owner id owns the lock) or the same ticket (it keeps its place).
 -- No barging: a caller is granted a free lock only if no live waiter is
 -- older.
 
-local member = ARGV[1]
+local owner_id = ARGV[1]
 local waiter_ttl_ms = tonumber(ARGV[3])
--- TTLs only passed on to commands stay digits (see parse_member).
+-- TTLs only passed on to commands stay digits (see parse_owner_id).
 local queue_ttl_ms = ARGV[4]
 local idle_ms = ARGV[5]
 local channel_prefix = ARGV[6]
-local tag, lease_ms, lease_str = parse_member(member)
+local tag, lease_ms, lease_str = parse_owner_id(owner_id)
 if not tag or not usable(lease_ms) then
-  return redis.error_reply('ERR fairlock acquire: malformed member ' .. member)
+  return redis.error_reply('ERR fairlock acquire: malformed owner id ' .. owner_id)
 end
 
 -- `drawn` is {value seq had} when this call already drew a number.
@@ -55,12 +55,12 @@ local function enqueue(now, now_str, ticket, ticket_str, drawn, ahead, queue_was
     ticket, previous, ticket_str = next_seq(now, idle_ms, now_str)
     drawn = {previous}
   end
-  if redis.call('ZADD', KEYS[2], 'NX', ticket_str, member) == 0 then
+  if redis.call('ZADD', KEYS[2], 'NX', ticket_str, owner_id) == 0 then
     -- A resend: keep the place taken the first time, and the counter as
     -- it was.
     restore_seq(drawn[1])
-    ticket = tonumber(redis.call('ZSCORE', KEYS[2], member))
-    ahead = redis.call('ZRANK', KEYS[2], member)
+    ticket = tonumber(redis.call('ZSCORE', KEYS[2], owner_id))
+    ahead = redis.call('ZRANK', KEYS[2], owner_id)
   end
   if queue_was_empty then
     redis.call('PEXPIRE', KEYS[2], queue_ttl_ms)
@@ -76,7 +76,7 @@ if waiting == 0 then
   -- Nobody waits: take the lock unless it is held.
   local now, now_str = now_us()
   local seq, previous, seq_str = next_seq(now, idle_ms, now_str)
-  local held = redis.pcall('SET', KEYS[1], member .. ' ' .. seq_str, 'NX', 'GET', 'PX', lease_str)
+  local held = redis.pcall('SET', KEYS[1], owner_id .. ' ' .. seq_str, 'NX', 'GET', 'PX', lease_str)
   if type(held) == 'table' and held.err then
     if string.sub(held.err, 1, 9) ~= 'WRONGTYPE' then
       restore_seq(previous)
@@ -92,11 +92,11 @@ if waiting == 0 then
     restore_seq(previous)
     return foreign_owner_error()
   end
-  if holder == member or ARGV[2] == 'try' then
+  if holder == owner_id or ARGV[2] == 'try' then
     -- A resend of a granted acquire, or a try on a held lock: nothing to
     -- keep of this call, not even the number it drew.
     restore_seq(previous)
-    if holder == member then
+    if holder == owner_id then
       return {1, token}
     end
     return {3, 0, 0}
@@ -115,7 +115,7 @@ local holder, token, ours = parse_owner(held)
 if not ours then
   return foreign_owner_error()
 end
-if holder == member then
+if holder == owner_id then
   return {1, token}
 end
 local dropped, more = 0, false
@@ -124,7 +124,7 @@ if not held then
   -- others wait: the oldest live waiter gets the lock, not the caller.
   local head, head_token, unheard
   head, head_token, dropped, more, unheard = grant_next(idle_ms, channel_prefix, waiter_ttl_ms)
-  if head == member then
+  if head == owner_id then
     if unheard then
       -- The caller's own grant, unheard: its subscriber is down, but the
       -- caller learns of it from this reply, so it keeps its own lease.
@@ -137,7 +137,7 @@ if not held then
     if waiting == 0 then
       -- Only dead waiters were queued: the lock is the caller's.
       local now, now_str = now_us()
-      return {1, (grant(now, member, idle_ms, lease_str, now_str))}
+      return {1, (grant(now, owner_id, idle_ms, lease_str, now_str))}
     end
   else
     waiting = waiting - dropped - 1

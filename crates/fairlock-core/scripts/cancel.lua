@@ -3,7 +3,7 @@
 -- on at once.
 --
 -- KEYS[1] owner   KEYS[2] queue   KEYS[3] alive   KEYS[4] seq   KEYS[5] freed
--- ARGV[1] member          the waiter giving up
+-- ARGV[1] owner_id        the waiter giving up
 -- ARGV[2] idle_ms         TTL of the seq and freed keys
 -- ARGV[3] channel_prefix  waiters are woken on channel_prefix .. client tag
 -- ARGV[4] waiter_ttl_ms   lease of a grant whose message reached nobody
@@ -11,13 +11,13 @@
 -- Reply: {was_queued, was_owner, dropped, more}
 --
 -- Idempotent: a second run finds nothing to remove and changes nothing
--- (a member is never queued again once it gave up).
+-- (an owner id is never queued again once it gave up).
 
-local member = ARGV[1]
+local owner_id = ARGV[1]
 local holder = parse_owner(redis.call('GET', KEYS[1]))
-local was_queued = redis.call('ZREM', KEYS[2], member)
-if holder ~= member then
+local was_queued = redis.call('ZREM', KEYS[2], owner_id)
+if holder ~= owner_id then
   return {was_queued, 0, 0, 0}
 end
-local _, _, dropped, more = release_and_hand_on(member, tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]))
+local _, _, dropped, more = release_and_hand_on(owner_id, tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]))
 return {was_queued, 1, dropped, more and 1 or 0}

@@ -1,11 +1,11 @@
 -- force_release.lua: ADMIN ONLY. Frees the lock from the holder the caller
 -- saw (`expected`, read with inspect) and hands it to the oldest live
 -- waiter. The evicted holder's process is told on its channel
--- ("<member> revoked"), so its lease-lost signal fires at once.
+-- ("<owner id> revoked"), so its lease-lost signal fires at once.
 --
 -- KEYS[1] owner   KEYS[2] queue   KEYS[3] alive   KEYS[4] seq   KEYS[5] freed
--- ARGV[1] expected        the holder as the caller saw it: "<member> <token>"
---                         (exactly that grant), or "<member>" (that member's
+-- ARGV[1] expected        the holder as the caller saw it: "<owner id> <token>"
+--                         (exactly that grant), or "<owner id>" (that owner id's
 --                         grant, whatever its token), or "" to only hand a
 --                         free lock on
 -- ARGV[2] idle_ms         TTL of the seq and freed keys

@@ -6,7 +6,7 @@
 -- Reply: {holder, token, pttl, queue_len, last_seq, now_ms, waiters...}
 --   holder "" and token 0 when free; pttl -2 when free; last_seq is the
 --   last token or ticket issued (0 if the counter expired); then for each
---   listed waiter, oldest first: member, ticket, its process's deadline
+--   listed waiter, oldest first: owner id, ticket, its process's deadline
 --   (ms of server time, -1 if the process is not alive there)
 
 local held = redis.call('GET', KEYS[1])
@@ -28,9 +28,9 @@ local limit = tonumber(ARGV[1])
 if limit > 0 then
   local waiters = redis.call('ZRANGE', KEYS[2], 0, limit - 1, 'WITHSCORES')
   for i = 1, #waiters, 2 do
-    local member = waiters[i]
-    local deadline = redis.call('ZSCORE', KEYS[3], tag_of(member) or '-')
-    reply[#reply + 1] = member
+    local owner_id = waiters[i]
+    local deadline = redis.call('ZSCORE', KEYS[3], tag_of(owner_id) or '-')
+    reply[#reply + 1] = owner_id
     reply[#reply + 1] = digits(tonumber(waiters[i + 1]))
     reply[#reply + 1] = tonumber(deadline or '-1')
   end

@@ -5,7 +5,7 @@
 -- so the caller never overtakes them.
 --
 -- KEYS[1] holders   KEYS[2] queue   KEYS[3] alive   KEYS[4] seq   KEYS[5] grants
--- ARGV[1] member          the caller: owner id, client tag, lease (ms), permits
+-- ARGV[1] owner_id        the caller: nonce, client tag, lease (ms), permits
 -- ARGV[2] mode            "wait" to enqueue when no permit fits, "try" never
 -- ARGV[3] waiter_ttl_ms   heartbeat deadline given to the caller's process
 -- ARGV[4] queue_ttl_ms    TTL of the queue keys, refreshed by every heartbeat
@@ -19,20 +19,20 @@
 --
 -- Idempotent: run again by a holder it answers the same token (and sets
 -- the holder's own lease from now: a waiter whose grant message was lost
--- learns of its grant this way); run again by a queued member it keeps
+-- learns of its grant this way); run again by a queued owner id it keeps
 -- its place.
 
-local member = ARGV[1]
+local owner_id = ARGV[1]
 local waiter_ttl_ms = tonumber(ARGV[3])
 local queue_ttl_ms = tonumber(ARGV[4])
 local idle_ms = tonumber(ARGV[5])
-local tag, lease_ms, permits = parse_permit_member(member)
+local tag, lease_ms, permits = parse_permit_owner_id(owner_id)
 if not tag then
-  return redis.error_reply('ERR fairlock permit_acquire: malformed member ' .. member)
+  return redis.error_reply('ERR fairlock permit_acquire: malformed owner id ' .. owner_id)
 end
 
-local held = read_key(1, 'ZSCORE', member)
-local ticket = read_key(2, 'ZSCORE', member)
+local held = read_key(1, 'ZSCORE', owner_id)
+local ticket = read_key(2, 'ZSCORE', owner_id)
 read_key(3, 'ZSCORE', tag)
 local stored = read_key(5, 'HGET', 'limit')
 local now = now_us()
@@ -40,19 +40,19 @@ local now_ms = math.floor(now / 1000)
 
 -- The caller holds, with its own lease from now.
 local function holding(token)
-  redis.call('ZADD', KEYS[1], 'XX', now_ms + lease_ms, member)
+  redis.call('ZADD', KEYS[1], 'XX', now_ms + lease_ms, owner_id)
   keep_for(KEYS[1], lease_ms)
   keep_for(KEYS[5], lease_ms)
   return {1, token}
 end
 
 if held and tonumber(held) > now_ms then
-  local token = tonumber(redis.call('HGET', KEYS[5], member))
+  local token = tonumber(redis.call('HGET', KEYS[5], owner_id))
   if token then
     return holding(token)
   end
   -- Its token is gone (the hash was lost): not a usable grant.
-  redis.call('ZREM', KEYS[1], member)
+  redis.call('ZREM', KEYS[1], owner_id)
 end
 expire_holders(now_ms)
 if permits > 0 and stored ~= tostring(permits) then
@@ -64,16 +64,16 @@ local granted, dropped, more = grant_waiting(now, idle_ms, ARGV[6], waiter_ttl_m
 local flags = more and 1 or 0
 if ticket then
   for i = 1, #granted, 3 do
-    if granted[i] == member then
+    if granted[i] == owner_id then
       return holding(granted[i + 1])
     end
   end
-  if redis.call('ZSCORE', KEYS[2], member) then
+  if redis.call('ZSCORE', KEYS[2], owner_id) then
     -- A resend or a re-check: the caller keeps its place.
     redis.call('ZADD', KEYS[3], now_ms + waiter_ttl_ms, tag)
     redis.call('PEXPIRE', KEYS[2], queue_ttl_ms)
     redis.call('PEXPIRE', KEYS[3], queue_ttl_ms)
-    return {2, tonumber(ticket), redis.call('ZRANK', KEYS[2], member), dropped, flags}
+    return {2, tonumber(ticket), redis.call('ZRANK', KEYS[2], owner_id), dropped, flags}
   end
   -- Dropped as dead meanwhile (its process missed heartbeats): it joins
   -- again at the back, below.
@@ -81,14 +81,14 @@ end
 
 local waiting = redis.call('ZCARD', KEYS[2])
 if waiting == 0 and fits(permits, permits) then
-  return {1, grant_permit(now, member, lease_ms, idle_ms)}
+  return {1, grant_permit(now, owner_id, lease_ms, idle_ms)}
 end
 if ARGV[2] == 'try' then
   return {3, dropped, flags}
 end
 redis.call('ZADD', KEYS[3], now_ms + waiter_ttl_ms, tag)
 local new_ticket = next_seq(now, idle_ms)
-redis.call('ZADD', KEYS[2], 'NX', digits(new_ticket), member)
+redis.call('ZADD', KEYS[2], 'NX', digits(new_ticket), owner_id)
 redis.call('PEXPIRE', KEYS[2], queue_ttl_ms)
 redis.call('PEXPIRE', KEYS[3], queue_ttl_ms)
 return {2, new_ticket, waiting, dropped, flags}

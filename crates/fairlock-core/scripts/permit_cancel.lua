@@ -4,28 +4,28 @@
 -- up lets the readers behind it in).
 --
 -- KEYS[1] holders   KEYS[2] queue   KEYS[3] alive   KEYS[4] seq   KEYS[5] grants
--- ARGV[1] member          the waiter giving up
+-- ARGV[1] owner_id        the waiter giving up
 -- ARGV[2] idle_ms         TTL of the seq key
 -- ARGV[3] channel_prefix  waiters are woken on channel_prefix .. client tag
 -- ARGV[4] waiter_ttl_ms   lease of a grant whose message reached nobody
 --
 -- Reply: {was_queued, was_holder, dropped, more}
 --
--- Idempotent: a second run finds nothing to remove (a member is never
+-- Idempotent: a second run finds nothing to remove (an owner id is never
 -- queued again once it gave up).
 
-local member = ARGV[1]
-local deadline = read_key(1, 'ZSCORE', member)
+local owner_id = ARGV[1]
+local deadline = read_key(1, 'ZSCORE', owner_id)
 read_key(2, 'ZCARD')
 read_key(3, 'ZCARD')
 read_key(5, 'HGET', 'limit')
 local now = now_us()
 local now_ms = math.floor(now / 1000)
-local was_queued = redis.call('ZREM', KEYS[2], member)
+local was_queued = redis.call('ZREM', KEYS[2], owner_id)
 local was_holder = 0
 if deadline then
-  redis.call('ZREM', KEYS[1], member)
-  redis.call('HDEL', KEYS[5], member)
+  redis.call('ZREM', KEYS[1], owner_id)
+  redis.call('HDEL', KEYS[5], owner_id)
   if tonumber(deadline) > now_ms then
     was_holder = 1
   end

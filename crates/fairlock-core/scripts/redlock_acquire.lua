@@ -3,11 +3,11 @@
 -- RedLock runs this on each of N independent primaries; the caller holds
 -- the lock when a majority voted for it within the lease (the client
 -- checks the time). A primary votes by setting the owner key, if free, to
--- the caller's member with the lease as its TTL.
+-- the caller's owner id with the lease as its TTL.
 --
--- KEYS[1] owner  string  the member of the holder on this primary; TTL = lease
+-- KEYS[1] owner  string  the owner id of the holder on this primary; TTL = lease
 -- KEYS[2] seq    string  the last fencing token issued on this primary
--- ARGV[1] member         the caller's random owner id (32 hex)
+-- ARGV[1] owner_id       the caller's random owner id (32 hex)
 -- ARGV[2] lease_ms       the lease asked for
 -- ARGV[3] min_uptime_ms  the delayed-restart rule: a server up for less
 --                        than this may have lost, in a restart without
@@ -18,14 +18,14 @@
 --   {1, floor}        voted for the caller (or had already: a resend);
 --                     floor = max(seq, server time in us), the least
 --                     token this primary lets the grant take
---   {2, pttl, holder} the key is another member's; pttl its lease left (ms)
+--   {2, pttl, holder} the key is another owner id's; pttl its lease left (ms)
 --   {3, uptime_ms}    too recently started to vote; nothing written
 --
 -- Cost: O(1). INFO server is read inside the script so that the uptime and
 -- the vote belong to one server instance: a restart between a check and
 -- the vote is impossible.
 
-local member = ARGV[1]
+local owner_id = ARGV[1]
 local lease_ms = tonumber(ARGV[2])
 local min_uptime_ms = tonumber(ARGV[3])
 
@@ -36,11 +36,11 @@ if uptime_ms < min_uptime_ms then
 end
 
 local holder = redis.call('GET', KEYS[1])
-if holder and holder ~= member then
+if holder and holder ~= owner_id then
   return {2, redis.call('PTTL', KEYS[1]), holder}
 end
 if not holder then
-  redis.call('SET', KEYS[1], member, 'PX', lease_ms)
+  redis.call('SET', KEYS[1], owner_id, 'PX', lease_ms)
 end
 local now = now_us()
 local floor = math.max(read_seq(KEYS[2], now) or 0, now)

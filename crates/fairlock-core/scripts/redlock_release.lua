@@ -1,13 +1,13 @@
 -- redlock_release.lua: give back one primary's vote.
 --
--- KEYS[1] owner    string  the member of the holder on this primary
--- ARGV[1] member           the releasing owner id
+-- KEYS[1] owner    string  the owner id of the holder on this primary
+-- ARGV[1] owner_id         the releasing owner id
 -- ARGV[2] channel          where waiters hear of releases ("" = tell nobody:
 --                          an attempt that failed to win a majority gives
 --                          back its votes without waking waiters, none of
 --                          whom was blocked by a holder that existed)
 --
--- Reply: 1 if this primary's key was the member's and is deleted, 0 if
+-- Reply: 1 if this primary's key was the owner id's and is deleted, 0 if
 -- it was not (expired, never set, or someone else's; nothing changed).
 --
 -- Cost: O(1) plus one PUBLISH. Idempotent: a resend finds nothing.

@@ -6,12 +6,12 @@
 -- that, a holder whose majority included a primary that died would lose
 -- the lock at its next renewal although nobody else could have won it.
 --
--- KEYS[1] owner    string  the member of the holder on this primary
--- ARGV[1] member           the holder's owner id
+-- KEYS[1] owner    string  the owner id of the holder on this primary
+-- ARGV[1] owner_id         the holder's owner id
 -- ARGV[2] lease_ms         the new lease, from now
 --
--- Reply: 1 if the key is the member's and now has the new lease, 0 if
--- another member holds it (nothing changed).
+-- Reply: 1 if the key is the owner id's and now has the new lease, 0 if
+-- another owner id holds it (nothing changed).
 --
 -- Cost: O(1). Idempotent.
 

@@ -3,7 +3,7 @@
 -- woken.
 --
 -- KEYS[1] owner   KEYS[2] queue   KEYS[3] alive   KEYS[4] seq   KEYS[5] freed
--- ARGV[1] member          the releasing owner
+-- ARGV[1] owner_id        the releasing owner
 -- ARGV[2] idle_ms         TTL of the seq and freed keys
 -- ARGV[3] channel_prefix  waiters are woken on channel_prefix .. client tag
 -- ARGV[4] waiter_ttl_ms   lease of a grant whose message reached nobody
@@ -13,7 +13,7 @@
 --
 -- Replies:
 --   {1, dropped, more, next, token, unheard}
---                            released; `next` is the member that now
+--                            released; `next` is the owner id that now
 --                            owns the lock with fencing `token` ("" and 0 if
 --                            none), so a releaser in the same process can
 --                            wake it without waiting for pub/sub (it must,
@@ -30,18 +30,18 @@
 -- Cost: 4 commands with nobody waiting (GET, ZRANGE, DEL, SET freed); 9
 -- for a handoff to a live head in another process, 8 in the caller's.
 -- Owner-only: anyone but the owner changes nothing. Idempotent: a resent
--- release by the member that freed the lock last answers {1, 0, 0, "", 0, 0}
+-- release by the owner id that freed the lock last answers {1, 0, 0, "", 0, 0}
 -- and changes nothing.
 
-local member = ARGV[1]
+local owner_id = ARGV[1]
 local holder = parse_owner(redis.call('GET', KEYS[1]))
-if holder ~= member then
-  if redis.call('GET', KEYS[5]) == member then
+if holder ~= owner_id then
+  if redis.call('GET', KEYS[5]) == owner_id then
     return {1, 0, 0, '', 0, 0}
   end
   return {0}
 end
 
 local next_owner, token, dropped, more, unheard =
-  release_and_hand_on(member, ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5])
+  release_and_hand_on(owner_id, ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5])
 return {1, dropped, more and 1 or 0, next_owner or '', token, unheard and 1 or 0}

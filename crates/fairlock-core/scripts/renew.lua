@@ -3,7 +3,7 @@
 -- lease is given, sets the lease to that long from now.
 --
 -- KEYS[1..n]   the owner key of each lock
--- ARGV[i]      for KEYS[i]: "<member> <lease_ms>", lease 0 to only check
+-- ARGV[i]      for KEYS[i]: "<owner id> <lease_ms>", lease 0 to only check
 --
 -- Reply: {status_1, ..., status_n}
 --   1 held (and renewed if asked), 0 lost (gone or owned by another),
@@ -13,11 +13,11 @@
 
 local reply = {}
 for i, key in ipairs(KEYS) do
-  local member, lease_ms = string.match(ARGV[i], '^(%S+) (%d+)$')
+  local owner_id, lease_ms = string.match(ARGV[i], '^(%S+) (%d+)$')
   local held = redis.pcall('GET', key)
   if type(held) == 'table' and held.err then
     reply[i] = -1
-  elseif parse_owner(held) == member then
+  elseif parse_owner(held) == owner_id then
     lease_ms = tonumber(lease_ms)
     if lease_ms > 0 then
       redis.call('PEXPIRE', key, lease_ms)

@@ -43,47 +43,47 @@ impl Default for Timings {
     }
 }
 
-/// A waiter's or holder's identity as stored in Redis: its random owner id,
+/// A waiter's or holder's identity as stored in Redis: its random nonce,
 /// the client tag of its process and the lease it asked for,
-/// `<owner id, 32 hex>.<client tag, 16 hex>.<lease ms>`.
+/// `<nonce, 32 hex>.<client tag, 16 hex>.<lease ms>`.
 ///
 /// The lease travels inside it, so a release can hand the lock to this
-/// member with its own lease, and the tag routes grants to its process.
+/// owner id with its own lease, and the tag routes grants to its process.
 ///
 /// ```
-/// let member = fairlock_core::Member::new("0123456789abcdef0123456789abcdef", "00000000000000ff", 30_000);
-/// assert_eq!(member.as_str(), "0123456789abcdef0123456789abcdef.00000000000000ff.30000");
-/// assert_eq!(fairlock_core::Member::tag_of(member.as_str()), Some("00000000000000ff"));
-/// assert_eq!(fairlock_core::Member::owner_id_of(member.as_str()), Some("0123456789abcdef0123456789abcdef"));
+/// let owner_id = fairlock_core::OwnerId::new("0123456789abcdef0123456789abcdef", "00000000000000ff", 30_000);
+/// assert_eq!(owner_id.as_str(), "0123456789abcdef0123456789abcdef.00000000000000ff.30000");
+/// assert_eq!(fairlock_core::OwnerId::tag_of(owner_id.as_str()), Some("00000000000000ff"));
+/// assert_eq!(fairlock_core::OwnerId::nonce_of(owner_id.as_str()), Some("0123456789abcdef0123456789abcdef"));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Member(String);
+pub struct OwnerId(String);
 
-impl Member {
-    /// Builds a member from its parts.
-    pub fn new(owner_id: &str, tag: &str, lease_ms: u64) -> Self {
-        Self(format!("{owner_id}.{tag}.{lease_ms}"))
+impl OwnerId {
+    /// Builds an owner id from its parts.
+    pub fn new(nonce: &str, tag: &str, lease_ms: u64) -> Self {
+        Self(format!("{nonce}.{tag}.{lease_ms}"))
     }
 
-    /// The member as stored in Redis.
+    /// The owner id as stored in Redis.
     pub fn as_str(&self) -> &str {
         &self.0
     }
 
-    /// The client tag (process) of a stored member.
-    pub fn tag_of(member: &str) -> Option<&str> {
-        let mut parts = member.split('.');
+    /// The client tag (process) of a stored owner id.
+    pub fn tag_of(owner_id: &str) -> Option<&str> {
+        let mut parts = owner_id.split('.');
         let (_, tag, _) = (parts.next()?, parts.next()?, parts.next()?);
         Some(tag)
     }
 
-    /// The owner id of a stored member.
-    pub fn owner_id_of(member: &str) -> Option<&str> {
-        member.split('.').next().filter(|id| !id.is_empty())
+    /// The nonce of a stored owner id.
+    pub fn nonce_of(owner_id: &str) -> Option<&str> {
+        owner_id.split('.').next().filter(|id| !id.is_empty())
     }
 }
 
-impl std::fmt::Display for Member {
+impl std::fmt::Display for OwnerId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
     }
@@ -102,7 +102,7 @@ pub enum AcquireMode {
 #[derive(Debug, Clone)]
 pub struct Acquire<'a> {
     /// The caller, with its lease inside.
-    pub member: &'a str,
+    pub owner_id: &'a str,
     /// Wait in the queue or not.
     pub mode: AcquireMode,
     /// Shared protocol timings.
@@ -164,7 +164,7 @@ impl ScriptCall for Acquire<'_> {
             AcquireMode::Try => "try",
         };
         vec![
-            self.member.to_owned(),
+            self.owner_id.to_owned(),
             mode.to_owned(),
             self.timings.waiter_ttl_ms.to_string(),
             self.timings.queue_ttl_ms.to_string(),
@@ -194,7 +194,7 @@ impl ScriptCall for Acquire<'_> {
 #[derive(Debug, Clone)]
 pub struct Release<'a> {
     /// The releasing owner.
-    pub member: &'a str,
+    pub owner_id: &'a str,
     /// Shared protocol timings.
     pub timings: &'a Timings,
     /// Where waiters are woken.
@@ -211,7 +211,7 @@ pub struct Release<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Handoff {
     /// The waiter that now holds.
-    pub member: String,
+    pub owner_id: String,
     /// Its fencing token.
     pub token: u64,
     /// The grant's message reached nobody, so the script cut the new
@@ -223,7 +223,7 @@ pub struct Handoff {
 /// What [`Release`] answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReleaseReply {
-    /// The lock was freed (or had been freed by this member already).
+    /// The lock was freed (or had been freed by this owner id already).
     Released {
         /// The waiter that now owns the lock, if any.
         handed_to: Option<Handoff>,
@@ -240,7 +240,7 @@ impl ScriptCall for Release<'_> {
 
     fn args(&self) -> Vec<String> {
         vec![
-            self.member.to_owned(),
+            self.owner_id.to_owned(),
             self.timings.idle_ms.to_string(),
             self.channel_prefix.to_owned(),
             self.timings.waiter_ttl_ms.to_string(),
@@ -253,12 +253,12 @@ impl ScriptCall for Release<'_> {
         match f.int()? {
             1 => {
                 let purged = Purged::read(&mut f)?;
-                let member = f.string()?;
+                let owner_id = f.string()?;
                 let token = f.uint()?;
                 let unheard = f.int()? == 1;
                 Ok(ReleaseReply::Released {
-                    handed_to: (!member.is_empty()).then_some(Handoff {
-                        member,
+                    handed_to: (!owner_id.is_empty()).then_some(Handoff {
+                        owner_id,
                         token,
                         unheard,
                     }),
@@ -278,7 +278,7 @@ pub struct RenewItem<'a> {
     /// The lock's owner key ([`crate::LockKeys::owner`]).
     pub owner_key: &'a str,
     /// The holder.
-    pub member: &'a str,
+    pub owner_id: &'a str,
     /// The new lease from now in ms, or 0 to check only.
     pub lease_ms: u64,
 }
@@ -313,11 +313,11 @@ impl RenewBatch<'_> {
         self.items.iter().map(|item| item.owner_key).collect()
     }
 
-    /// ARGV, one `"<member> <lease_ms>"` per key.
+    /// ARGV, one `"<owner id> <lease_ms>"` per key.
     pub fn args(&self) -> Vec<String> {
         self.items
             .iter()
-            .map(|item| format!("{} {}", item.member, item.lease_ms))
+            .map(|item| format!("{} {}", item.owner_id, item.lease_ms))
             .collect()
     }
 
@@ -405,7 +405,7 @@ impl ScriptCall for Heartbeat<'_> {
 #[derive(Debug, Clone)]
 pub struct Cancel<'a> {
     /// The waiter giving up.
-    pub member: &'a str,
+    pub owner_id: &'a str,
     /// Shared protocol timings.
     pub timings: &'a Timings,
     /// Where waiters are woken.
@@ -429,7 +429,7 @@ impl ScriptCall for Cancel<'_> {
 
     fn args(&self) -> Vec<String> {
         vec![
-            self.member.to_owned(),
+            self.owner_id.to_owned(),
             self.timings.idle_ms.to_string(),
             self.channel_prefix.to_owned(),
             self.timings.waiter_ttl_ms.to_string(),
@@ -505,8 +505,8 @@ pub struct Inspect {
 /// One queued waiter in a [`LockState`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueuedWaiter {
-    /// The waiter's member.
-    pub member: String,
+    /// The waiter's owner id.
+    pub owner_id: String,
     /// Its ticket.
     pub ticket: u64,
     /// Its process's heartbeat deadline (server ms), `None` if the process
@@ -517,7 +517,7 @@ pub struct QueuedWaiter {
 /// A snapshot of one lock, from [`Inspect`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockState {
-    /// The holder's member, if the lock is held.
+    /// The holder's owner id, if the lock is held.
     pub owner: Option<String>,
     /// The holder's fencing token (0 when free).
     pub token: u64,
@@ -555,11 +555,11 @@ impl ScriptCall for Inspect {
             waiters: Vec::new(),
         };
         while f.remaining() >= 3 {
-            let member = f.string()?;
+            let owner_id = f.string()?;
             let ticket = f.uint()?;
             let deadline = f.int()?;
             state.waiters.push(QueuedWaiter {
-                member,
+                owner_id,
                 ticket,
                 deadline_ms: u64::try_from(deadline).ok(),
             });
@@ -619,7 +619,7 @@ mod tests {
         let batch = RenewBatch {
             items: vec![RenewItem {
                 owner_key: "k",
-                member: "m.t.5",
+                owner_id: "m.t.5",
                 lease_ms: 30,
             }],
         };
@@ -642,7 +642,7 @@ mod tests {
             ["ff", "5000", "20000", "600000", "p:notify:", "a.ff.5"]
         );
         let args = Release {
-            member: "m.1.5",
+            owner_id: "m.1.5",
             timings: &timings,
             channel_prefix: "c:",
             reply_to: "1",
@@ -652,10 +652,10 @@ mod tests {
     }
 
     #[test]
-    fn members_carry_tag_and_lease() {
-        let member = Member::new("ab", "cd", 7);
-        assert_eq!(member.as_str(), "ab.cd.7");
-        assert_eq!(Member::tag_of("ab.cd.7"), Some("cd"));
-        assert_eq!(Member::tag_of("garbage"), None);
+    fn owner_ids_carry_tag_and_lease() {
+        let owner_id = OwnerId::new("ab", "cd", 7);
+        assert_eq!(owner_id.as_str(), "ab.cd.7");
+        assert_eq!(OwnerId::tag_of("ab.cd.7"), Some("cd"));
+        assert_eq!(OwnerId::tag_of("garbage"), None);
     }
 }

@@ -251,11 +251,11 @@ impl Default for KeyPrefix {
 ///
 /// | key | type | holds |
 /// |---|---|---|
-/// | `<prefix>{<name>}:owner` | string | `<member> <token>`; its TTL is the lease |
-/// | `<prefix>{<name>}:queue` | zset | waiter member → ticket |
+/// | `<prefix>{<name>}:owner` | string | `<owner id> <token>`; its TTL is the lease |
+/// | `<prefix>{<name>}:queue` | zset | waiter owner id → ticket |
 /// | `<prefix>{<name>}:alive` | zset | client tag → heartbeat deadline of that process (server ms) |
 /// | `<prefix>{<name>}:seq` | string | the last token or ticket issued; expires when idle |
-/// | `<prefix>{<name>}:freed` | string | the member of the last release; expires when idle |
+/// | `<prefix>{<name>}:freed` | string | the owner id of the last release; expires when idle |
 ///
 /// The name inside the braces is escaped (`%` → `%25`, `}` → `%7D`, and
 /// each byte that is not part of valid UTF-8 → `%XX`), so every name,
@@ -317,7 +317,7 @@ impl LockKeys {
         &self.keys[0]
     }
 
-    /// The FIFO queue: member → ticket.
+    /// The FIFO queue: owner id → ticket.
     pub fn queue(&self) -> &str {
         &self.keys[1]
     }
@@ -332,7 +332,7 @@ impl LockKeys {
         &self.keys[3]
     }
 
-    /// The member of the last release.
+    /// The owner id of the last release.
     pub fn freed(&self) -> &str {
         &self.keys[4]
     }

@@ -16,19 +16,19 @@
 //! connection; anything that can be checked without Redis is checked here.
 //!
 //! ```
-//! use fairlock_core::{Acquire, AcquireMode, AcquireReply, KeyPrefix, LockKeys, LockName, Member, Reply, ScriptCall, Timings};
+//! use fairlock_core::{Acquire, AcquireMode, AcquireReply, KeyPrefix, LockKeys, LockName, OwnerId, Reply, ScriptCall, Timings};
 //!
 //! let keys = LockKeys::new(&KeyPrefix::default(), &LockName::new("orders:42")?);
 //! assert_eq!(keys.owner(), "fairlock:{orders:42}:owner");
 //!
-//! let member = Member::new("0123456789abcdef0123456789abcdef", "00000000000000ff", 30_000);
+//! let owner_id = OwnerId::new("0123456789abcdef0123456789abcdef", "00000000000000ff", 30_000);
 //! let call = Acquire {
-//!     member: member.as_str(),
+//!     owner_id: owner_id.as_str(),
 //!     mode: AcquireMode::Wait,
 //!     timings: &Timings::default(),
 //!     channel_prefix: "fairlock:notify:",
 //! };
-//! assert_eq!(call.args()[0], member.as_str());
+//! assert_eq!(call.args()[0], owner_id.as_str());
 //! let granted = Acquire::decode(Reply::Array(vec![Reply::Int(1), Reply::Int(7)]))?;
 //! assert_eq!(granted, AcquireReply::Granted { token: 7 });
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -50,7 +50,7 @@ pub use keys::{
     key_slot, KeyPrefix, LockKeys, LockName, NameError, MAX_NAME_BYTES, MAX_PREFIX_BYTES,
 };
 pub use permit_calls::{
-    PermitAcquire, PermitCancel, PermitHeartbeat, PermitHeartbeatReply, PermitMember,
+    PermitAcquire, PermitCancel, PermitHeartbeat, PermitHeartbeatReply, PermitOwnerId,
     PermitRelease, PermitReleaseReply, PermitRenewBatch, PermitRenewItem, PermitRequest,
     MAX_PERMITS,
 };

@@ -37,27 +37,27 @@ impl PermitRequest {
 }
 
 /// A permit holder's or waiter's identity as stored in Redis:
-/// `<owner id, 32 hex>.<client tag, 16 hex>.<lease ms>.<permits>`, permits
-/// 0 for an exclusive request. Like a lock's [`crate::Member`] with the
-/// request added, so [`crate::Member::tag_of`] and
-/// [`crate::Member::owner_id_of`] read it too.
+/// `<nonce, 32 hex>.<client tag, 16 hex>.<lease ms>.<permits>`, permits
+/// 0 for an exclusive request. Like a lock's [`crate::OwnerId`] with the
+/// request added, so [`crate::OwnerId::tag_of`] and
+/// [`crate::OwnerId::nonce_of`] read it too.
 ///
 /// ```
-/// use fairlock_core::{Member, PermitMember, PermitRequest};
-/// let member = PermitMember::new("0123456789abcdef0123456789abcdef", "00000000000000ff", 30_000, PermitRequest::Shared(3));
-/// assert_eq!(member.as_str(), "0123456789abcdef0123456789abcdef.00000000000000ff.30000.3");
-/// assert_eq!(Member::tag_of(member.as_str()), Some("00000000000000ff"));
+/// use fairlock_core::{OwnerId, PermitOwnerId, PermitRequest};
+/// let owner_id = PermitOwnerId::new("0123456789abcdef0123456789abcdef", "00000000000000ff", 30_000, PermitRequest::Shared(3));
+/// assert_eq!(owner_id.as_str(), "0123456789abcdef0123456789abcdef.00000000000000ff.30000.3");
+/// assert_eq!(OwnerId::tag_of(owner_id.as_str()), Some("00000000000000ff"));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PermitMember(String);
+pub struct PermitOwnerId(String);
 
-impl PermitMember {
-    /// Builds a member from its parts.
-    pub fn new(owner_id: &str, tag: &str, lease_ms: u64, request: PermitRequest) -> Self {
-        Self(format!("{owner_id}.{tag}.{lease_ms}.{}", request.count()))
+impl PermitOwnerId {
+    /// Builds an owner id from its parts.
+    pub fn new(nonce: &str, tag: &str, lease_ms: u64, request: PermitRequest) -> Self {
+        Self(format!("{nonce}.{tag}.{lease_ms}.{}", request.count()))
     }
 
-    /// The member as stored in Redis.
+    /// The owner id as stored in Redis.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -73,8 +73,8 @@ fn purged(f: &mut Fields) -> Result<Purged, ProtocolError> {
 /// `permit_acquire.lua`.
 #[derive(Debug, Clone)]
 pub struct PermitAcquire<'a> {
-    /// The caller ([`PermitMember`]), with its lease and request inside.
-    pub member: &'a str,
+    /// The caller ([`PermitOwnerId`]), with its lease and request inside.
+    pub owner_id: &'a str,
     /// Wait in the queue or not.
     pub mode: AcquireMode,
     /// Shared protocol timings.
@@ -93,7 +93,7 @@ impl crate::ScriptCall for PermitAcquire<'_> {
             AcquireMode::Try => "try",
         };
         vec![
-            self.member.to_owned(),
+            self.owner_id.to_owned(),
             mode.to_owned(),
             self.timings.waiter_ttl_ms.to_string(),
             self.timings.queue_ttl_ms.to_string(),
@@ -123,7 +123,7 @@ impl crate::ScriptCall for PermitAcquire<'_> {
 #[derive(Debug, Clone)]
 pub struct PermitRelease<'a> {
     /// The releasing holder.
-    pub member: &'a str,
+    pub owner_id: &'a str,
     /// Shared protocol timings.
     pub timings: &'a Timings,
     /// Where waiters are woken.
@@ -150,7 +150,7 @@ impl crate::ScriptCall for PermitRelease<'_> {
 
     fn args(&self) -> Vec<String> {
         vec![
-            self.member.to_owned(),
+            self.owner_id.to_owned(),
             self.timings.idle_ms.to_string(),
             self.channel_prefix.to_owned(),
             self.timings.waiter_ttl_ms.to_string(),
@@ -164,11 +164,11 @@ impl crate::ScriptCall for PermitRelease<'_> {
                 let purged = purged(&mut f)?;
                 let mut granted = Vec::with_capacity(f.remaining() / 3);
                 while f.remaining() >= 3 {
-                    let member = f.string()?;
+                    let owner_id = f.string()?;
                     let token = f.uint()?;
                     let unheard = f.int()? == 1;
                     granted.push(Handoff {
-                        member,
+                        owner_id,
                         token,
                         unheard,
                     });
@@ -185,7 +185,7 @@ impl crate::ScriptCall for PermitRelease<'_> {
 #[derive(Debug, Clone)]
 pub struct PermitCancel<'a> {
     /// The waiter giving up.
-    pub member: &'a str,
+    pub owner_id: &'a str,
     /// Shared protocol timings.
     pub timings: &'a Timings,
     /// Where waiters are woken.
@@ -198,7 +198,7 @@ impl crate::ScriptCall for PermitCancel<'_> {
 
     fn args(&self) -> Vec<String> {
         vec![
-            self.member.to_owned(),
+            self.owner_id.to_owned(),
             self.timings.idle_ms.to_string(),
             self.channel_prefix.to_owned(),
             self.timings.waiter_ttl_ms.to_string(),
@@ -275,7 +275,7 @@ pub struct PermitRenewItem<'a> {
     /// The keys of the permit's set ([`LockKeys::permits`]).
     pub keys: &'a LockKeys,
     /// The holder.
-    pub member: &'a str,
+    pub owner_id: &'a str,
     /// The new lease from now in ms, or 0 to check only.
     pub lease_ms: u64,
 }
@@ -301,11 +301,11 @@ impl PermitRenewBatch<'_> {
             .collect()
     }
 
-    /// ARGV, one `"<member> <lease_ms>"` per permit.
+    /// ARGV, one `"<owner id> <lease_ms>"` per permit.
     pub fn args(&self) -> Vec<String> {
         self.items
             .iter()
-            .map(|item| format!("{} {}", item.member, item.lease_ms))
+            .map(|item| format!("{} {}", item.owner_id, item.lease_ms))
             .collect()
     }
 
@@ -348,12 +348,12 @@ mod tests {
             Ok(PermitReleaseReply::Released {
                 granted: vec![
                     Handoff {
-                        member: "a.b.5.3".into(),
+                        owner_id: "a.b.5.3".into(),
                         token: 7,
                         unheard: false
                     },
                     Handoff {
-                        member: "c.d.5.3".into(),
+                        owner_id: "c.d.5.3".into(),
                         token: 8,
                         unheard: true
                     }
@@ -371,9 +371,9 @@ mod tests {
     }
 
     #[test]
-    fn members_carry_the_request() {
-        let writer = PermitMember::new("ab", "cd", 7, PermitRequest::Exclusive);
+    fn owner_ids_carry_the_request() {
+        let writer = PermitOwnerId::new("ab", "cd", 7, PermitRequest::Exclusive);
         assert_eq!(writer.as_str(), "ab.cd.7.0");
-        assert_eq!(crate::Member::owner_id_of(writer.as_str()), Some("ab"));
+        assert_eq!(crate::OwnerId::nonce_of(writer.as_str()), Some("ab"));
     }
 }

@@ -1,6 +1,6 @@
 //! The key layout of a permit set: a fair semaphore or a read-write lock.
 //!
-//! A permit set keeps its holders in a sorted set (member → lease deadline),
+//! A permit set keeps its holders in a sorted set (owner id → lease deadline),
 //! so several can hold at once, each with its own lease. Its five keys share
 //! the lock's hash tag `{<name>}` but carry a family infix (`:sem:` or
 //! `:rw:`), so a lock, a semaphore and a read-write lock of the same name
@@ -11,11 +11,11 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `<prefix>{<name>}:<family>:holders` | zset | holder member → lease deadline (server ms) |
-//! | `<prefix>{<name>}:<family>:queue` | zset | waiter member → ticket |
+//! | `<prefix>{<name>}:<family>:holders` | zset | holder owner id → lease deadline (server ms) |
+//! | `<prefix>{<name>}:<family>:queue` | zset | waiter owner id → ticket |
 //! | `<prefix>{<name>}:<family>:alive` | zset | client tag → heartbeat deadline (server ms) |
 //! | `<prefix>{<name>}:<family>:seq` | string | the last token or ticket issued |
-//! | `<prefix>{<name>}:<family>:grants` | hash | holder member → fencing token; `limit` → the latest permit count |
+//! | `<prefix>{<name>}:<family>:grants` | hash | holder owner id → fencing token; `limit` → the latest permit count |
 
 use crate::keys::{KeyPrefix, LockKeys, LockName};
 

@@ -78,7 +78,7 @@ impl RedLockKeys {
         }
     }
 
-    /// The owner key: the member this primary voted for; its TTL is the lease.
+    /// The owner key: the owner id this primary voted for; its TTL is the lease.
     pub fn owner(&self) -> &str {
         &self.owner
     }
@@ -98,7 +98,7 @@ impl RedLockKeys {
 #[derive(Debug, Clone)]
 pub struct RedlockAcquire<'a> {
     /// The caller's owner id.
-    pub member: &'a str,
+    pub owner_id: &'a str,
     /// The lease asked for, in ms.
     pub lease_ms: u64,
     /// A primary up for less than this does not vote (the delayed-restart
@@ -115,11 +115,11 @@ pub enum Vote {
         /// max(its counter, its clock in µs).
         floor: u64,
     },
-    /// Another member holds the key on this primary.
+    /// Another owner id holds the key on this primary.
     Held {
         /// Its lease left in ms; negative if the key has no TTL.
         pttl_ms: i64,
-        /// The member holding it.
+        /// The owner id holding it.
         holder: String,
     },
     /// The primary started too recently to vote.
@@ -135,7 +135,7 @@ impl ScriptCall for RedlockAcquire<'_> {
 
     fn args(&self) -> Vec<String> {
         vec![
-            self.member.to_owned(),
+            self.owner_id.to_owned(),
             self.lease_ms.to_string(),
             self.min_uptime_ms.to_string(),
         ]
@@ -180,11 +180,11 @@ impl ScriptCall for RedlockFence {
 }
 
 /// `redlock_release.lua`; KEYS: owner. Replies whether the key was the
-/// member's (and is now deleted).
+/// owner id's (and is now deleted).
 #[derive(Debug, Clone)]
 pub struct RedlockRelease<'a> {
     /// The releasing owner id.
-    pub member: &'a str,
+    pub owner_id: &'a str,
     /// The release channel, or `""` to tell nobody.
     pub channel: &'a str,
 }
@@ -194,7 +194,7 @@ impl ScriptCall for RedlockRelease<'_> {
     type Output = bool;
 
     fn args(&self) -> Vec<String> {
-        vec![self.member.to_owned(), self.channel.to_owned()]
+        vec![self.owner_id.to_owned(), self.channel.to_owned()]
     }
 
     fn decode(reply: Reply) -> Result<bool, ProtocolError> {
@@ -203,12 +203,12 @@ impl ScriptCall for RedlockRelease<'_> {
 }
 
 /// `redlock_renew.lua`; KEYS: owner. Replies whether the key is now the
-/// member's with the new lease (taken again if it was missing); `false` if
-/// another member holds it.
+/// owner id's with the new lease (taken again if it was missing); `false` if
+/// another owner id holds it.
 #[derive(Debug, Clone)]
 pub struct RedlockRenew<'a> {
     /// The holder's owner id.
-    pub member: &'a str,
+    pub owner_id: &'a str,
     /// The new lease, in ms.
     pub lease_ms: u64,
 }
@@ -218,7 +218,7 @@ impl ScriptCall for RedlockRenew<'_> {
     type Output = bool;
 
     fn args(&self) -> Vec<String> {
-        vec![self.member.to_owned(), self.lease_ms.to_string()]
+        vec![self.owner_id.to_owned(), self.lease_ms.to_string()]
     }
 
     fn decode(reply: Reply) -> Result<bool, ProtocolError> {

@@ -11,7 +11,7 @@
 mod support;
 
 use fairlock_core::{
-    Acquire, AcquireMode, AcquireReply, Heartbeat, KeyPrefix, LockKeys, LockName, Member, Purged,
+    Acquire, AcquireMode, AcquireReply, Heartbeat, KeyPrefix, LockKeys, LockName, OwnerId, Purged,
     Release, ReleaseReply, Reply, Script, ScriptCall, Timings,
 };
 use fairlock_testkit::RedisServer;
@@ -73,10 +73,10 @@ fn crowd(with_holder: bool) -> Crowd {
     let server = RedisServer::start().unwrap();
     load_scripts(&server);
     let keys = LockKeys::new(&KeyPrefix::default(), &LockName::new("crowd").unwrap());
-    let live_waiter = Member::new(&"b".repeat(32), LIVE_TAG, LIVE_LEASE_MS)
+    let live_waiter = OwnerId::new(&"b".repeat(32), LIVE_TAG, LIVE_LEASE_MS)
         .as_str()
         .to_owned();
-    let holder = Member::new(&"c".repeat(32), LIVE_TAG, 30_000)
+    let holder = OwnerId::new(&"c".repeat(32), LIVE_TAG, 30_000)
         .as_str()
         .to_owned();
     let key_refs: Vec<&str> = keys.all().iter().map(String::as_str).collect();
@@ -186,7 +186,7 @@ fn release_is_bounded_behind_ten_thousand_dead_waiters() {
     let key_refs: Vec<&str> = crowd.keys.all().iter().map(String::as_str).collect();
     let timings = timings();
     let release = Release {
-        member: &crowd.holder,
+        owner_id: &crowd.holder,
         timings: &timings,
         channel_prefix: CHANNEL_PREFIX,
         reply_to: "",
@@ -222,9 +222,9 @@ fn acquire_is_bounded_behind_ten_thousand_dead_waiters() {
     let crowd = crowd(false);
     let key_refs: Vec<&str> = crowd.keys.all().iter().map(String::as_str).collect();
     let timings = timings();
-    let newcomer = Member::new(&"d".repeat(32), LIVE_TAG, 30_000);
+    let newcomer = OwnerId::new(&"d".repeat(32), LIVE_TAG, 30_000);
     let acquire = Acquire {
-        member: newcomer.as_str(),
+        owner_id: newcomer.as_str(),
         mode: AcquireMode::Try,
         timings: &timings,
         channel_prefix: CHANNEL_PREFIX,

@@ -8,7 +8,7 @@
 //! that never go back even when keys are lost, every key expiring) are
 //! properties of sequences, and the faults that broke them showed only off
 //! the happy path. The model states each script's header as plain Rust
-//! over a `Vec` queue; proptest mixes acquires (wait and try) by members of
+//! over a `Vec` queue; proptest mixes acquires (wait and try) by owner ids of
 //! 2-4 processes with different leases, cancels, heartbeats, batched
 //! renewals, releases, forced releases, resends, process deaths, lease
 //! expiry and the loss of any key, and shrinks a failure to a short,
@@ -23,7 +23,7 @@
 //! instead: drawn numbers strictly increase within a step and across the
 //! whole case, key loss included, and none is below the server clock read
 //! before the step. A pattern subscriber checks that each grant and each
-//! revocation is published once, on the member's own channel.
+//! revocation is published once, on the owner id's own channel.
 //!
 //! `FAIRLOCK_MODEL_CASES` sets the number of cases (default 500, about
 //! 5 s); a failure prints the shrunk sequence, one numbered step a line.
@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use fairlock_core::{
     Acquire, AcquireMode, AcquireReply, Cancel, ForceRelease, Heartbeat, Inspect, KeyPrefix,
-    LockKeys, LockName, Member, Release, RenewBatch, RenewItem, Reply, ScriptCall, Timings,
+    LockKeys, LockName, OwnerId, Release, RenewBatch, RenewItem, Reply, ScriptCall, Timings,
 };
 use fairlock_testkit::RedisServer;
 use proptest::prelude::*;
@@ -51,12 +51,12 @@ const TIMINGS: Timings = Timings {
     queue_ttl_ms: 300_000,
     idle_ms: 900_000,
 };
-/// Members ask for different leases, so a handoff with the wrong lease shows.
+/// Owner ids ask for different leases, so a handoff with the wrong lease shows.
 const LEASES: [u64; 4] = [20_000, 45_000, 90_000, 150_000];
 /// Holds the second lock of every case, so a batch renews two locks.
 const OTHER_HOLDER: Who = Who { p: 0, m: 0 };
 const OTHER_LEASE_MS: u64 = 70_000;
-/// The lease a renewal asks for, distinct from every member's own.
+/// The lease a renewal asks for, distinct from every owner id's own.
 const RENEW_LEASE_MS: u64 = 33_000;
 /// How far below the lease just set a PTTL read right after may be.
 const PTTL_SLACK_MS: i64 = 2_000;
@@ -84,7 +84,7 @@ fn readable(message: String) -> String {
 // Operations
 // ---------------------------------------------------------------------------
 
-/// A waiter or holder: member `m` of process `p`.
+/// A waiter or holder: owner id `m` of process `p`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct Who {
     p: u8,
@@ -102,27 +102,27 @@ fn tag(p: u8) -> String {
 }
 
 impl Who {
-    fn member(self) -> String {
+    fn owner_id(self) -> String {
         let id = format!("{:032x}", u64::from(self.p) * 16 + u64::from(self.m) + 1);
         let lease = LEASES[usize::from(self.p + self.m) % LEASES.len()];
-        Member::new(&id, &tag(self.p), lease).as_str().to_owned()
+        OwnerId::new(&id, &tag(self.p), lease).as_str().to_owned()
     }
 }
 
-fn lease_of(member: &str) -> u64 {
-    member.rsplit('.').next().unwrap().parse().unwrap()
+fn lease_of(owner_id: &str) -> u64 {
+    owner_id.rsplit('.').next().unwrap().parse().unwrap()
 }
 
-fn tag_of(member: &str) -> &str {
-    Member::tag_of(member).unwrap()
+fn tag_of(owner_id: &str) -> &str {
+    OwnerId::tag_of(owner_id).unwrap()
 }
 
 #[derive(Clone, Copy, Debug)]
 enum ForceTarget {
     /// The holder an admin saw with `inspect` ("" if the lock was free).
     SeenHolder,
-    /// A member that may have held the lock once: stale or current.
-    Member(Who),
+    /// An owner id that may have held the lock once: stale or current.
+    OwnerId(Who),
     /// "": only hand a free lock on.
     Free,
 }
@@ -141,7 +141,7 @@ enum Op {
     Acquire(Who, AcquireMode),
     Release(Who),
     Cancel(Who),
-    /// A heartbeat of process `p`, with one of its members as the probe or
+    /// A heartbeat of process `p`, with one of its owner ids as the probe or
     /// none (the purge call).
     Heartbeat {
         p: u8,
@@ -178,7 +178,7 @@ fn op(procs: u8) -> impl Strategy<Value = Op> {
         2 => proptest::collection::vec((who(procs), prop_oneof![Just(0), Just(RENEW_LEASE_MS)], any::<bool>()), 1..4)
             .prop_map(Op::Renew),
         1 => Just(Op::ForceRelease(ForceTarget::SeenHolder)),
-        1 => who(procs).prop_map(|w| Op::ForceRelease(ForceTarget::Member(w))),
+        1 => who(procs).prop_map(|w| Op::ForceRelease(ForceTarget::OwnerId(w))),
         1 => Just(Op::ForceRelease(ForceTarget::Free)),
         3 => (0..64usize).prop_map(Op::Resend),
         2 => Just(Op::ResendLast),
@@ -196,7 +196,7 @@ fn op(procs: u8) -> impl Strategy<Value = Op> {
     ]
 }
 
-/// A case: the operations, among members of 2-4 processes. Shown one
+/// A case: the operations, among owner ids of 2-4 processes. Shown one
 /// numbered step a line, so a shrunk failure reads as a short script.
 #[derive(Clone)]
 struct Ops(Vec<Op>);
@@ -223,20 +223,20 @@ fn case() -> impl Strategy<Value = Ops> {
 #[derive(Clone, Debug)]
 enum Call {
     Acquire {
-        member: String,
+        owner_id: String,
         mode: AcquireMode,
     },
     Release {
-        member: String,
+        owner_id: String,
     },
     Cancel {
-        member: String,
+        owner_id: String,
     },
     Heartbeat {
         tag: String,
         probe: String,
     },
-    /// Member, lease, and whether the item is for the other lock.
+    /// Owner id, lease, and whether the item is for the other lock.
     Renew {
         items: Vec<(String, u64, bool)>,
     },
@@ -255,9 +255,9 @@ impl Call {
     ) -> Result<Reply, String> {
         let lock_keys: Vec<&str> = keys.all().iter().map(String::as_str).collect();
         let (reply, decoded) = match self {
-            Call::Acquire { member, mode } => {
+            Call::Acquire { owner_id, mode } => {
                 let call = Acquire {
-                    member,
+                    owner_id,
                     mode: *mode,
                     timings: &TIMINGS,
                     channel_prefix: CHANNEL_PREFIX,
@@ -265,19 +265,19 @@ impl Call {
                 let reply = run_script(server, Acquire::SCRIPT, &lock_keys, &call.args())?;
                 (reply.clone(), Acquire::decode(reply).map(drop))
             }
-            Call::Release { member } => {
+            Call::Release { owner_id } => {
                 let call = Release {
-                    member,
+                    owner_id,
                     timings: &TIMINGS,
                     channel_prefix: CHANNEL_PREFIX,
-                    reply_to: tag_of(member),
+                    reply_to: tag_of(owner_id),
                 };
                 let reply = run_script(server, Release::SCRIPT, &lock_keys, &call.args())?;
                 (reply.clone(), Release::decode(reply).map(drop))
             }
-            Call::Cancel { member } => {
+            Call::Cancel { owner_id } => {
                 let call = Cancel {
-                    member,
+                    owner_id,
                     timings: &TIMINGS,
                     channel_prefix: CHANNEL_PREFIX,
                 };
@@ -298,13 +298,13 @@ impl Call {
                 let batch = RenewBatch {
                     items: items
                         .iter()
-                        .map(|(member, lease_ms, on_other)| RenewItem {
+                        .map(|(owner_id, lease_ms, on_other)| RenewItem {
                             owner_key: if *on_other {
                                 other.owner()
                             } else {
                                 keys.owner()
                             },
-                            member,
+                            owner_id,
                             lease_ms: *lease_ms,
                         })
                         .collect(),
@@ -326,11 +326,11 @@ impl Call {
         Ok(reply)
     }
 
-    /// The member whose hold this call may end or extend, if any: a resend
+    /// The owner id whose hold this call may end or extend, if any: a resend
     /// of it must never touch a holder that is someone else.
     fn acts_for(&self) -> Vec<&str> {
         match self {
-            Call::Release { member } | Call::Cancel { member } => vec![member.as_str()],
+            Call::Release { owner_id } | Call::Cancel { owner_id } => vec![owner_id.as_str()],
             Call::ForceRelease { expected } => vec![expected.as_str()],
             Call::Renew { items } => items.iter().map(|(m, _, _)| m.as_str()).collect(),
             Call::Acquire { .. } | Call::Heartbeat { .. } => Vec::new(),
@@ -344,7 +344,7 @@ impl Call {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Owner {
-    member: String,
+    owner_id: String,
     token: u64,
 }
 
@@ -395,11 +395,11 @@ fn flag(b: bool) -> Reply {
 
 impl Model {
     fn holder(&self) -> Option<&str> {
-        self.state.owner.as_ref().map(|o| o.member.as_str())
+        self.state.owner.as_ref().map(|o| o.owner_id.as_str())
     }
 
-    fn live(&self, member: &str) -> bool {
-        self.state.alive.get(tag_of(member)) == Some(&true)
+    fn live(&self, owner_id: &str) -> bool {
+        self.state.alive.get(tag_of(owner_id)) == Some(&true)
     }
 
     /// The next number of the sequence: above everything issued before.
@@ -416,13 +416,13 @@ impl Model {
         self.state.seq = seq;
     }
 
-    fn grant(&mut self, member: &str) -> u64 {
+    fn grant(&mut self, owner_id: &str) -> u64 {
         let token = self.draw();
         self.state.owner = Some(Owner {
-            member: member.to_owned(),
+            owner_id: owner_id.to_owned(),
             token,
         });
-        self.owner_lease_ms = lease_of(member);
+        self.owner_lease_ms = lease_of(owner_id);
         self.lease_set = true;
         token
     }
@@ -441,7 +441,7 @@ impl Model {
             }
             let live = self.state.queue[..window]
                 .iter()
-                .position(|(member, _)| self.live(member));
+                .position(|(owner_id, _)| self.live(owner_id));
             if let Some(i) = live {
                 let head = self.state.queue[i].0.clone();
                 self.state.queue.drain(..=i);
@@ -477,38 +477,38 @@ impl Model {
         self.grant_next_replying_to("")
     }
 
-    /// One message to the member's own process: no herd.
-    fn notify(&mut self, member: &str, what: String) {
-        let channel = format!("{CHANNEL_PREFIX}{}", tag_of(member));
+    /// One message to the owner id's own process: no herd.
+    fn notify(&mut self, owner_id: &str, what: String) {
+        let channel = format!("{CHANNEL_PREFIX}{}", tag_of(owner_id));
         let owner_key = LockKeys::new(
             &KeyPrefix::default(),
             &LockName::new("model").expect("the model's lock name"),
         );
         self.notes
-            .push((channel, format!("{member} {what} {}", owner_key.owner())));
+            .push((channel, format!("{owner_id} {what} {}", owner_key.owner())));
     }
 
     fn release_and_hand_on(
         &mut self,
-        member: &str,
+        owner_id: &str,
         reply_to: &str,
     ) -> (Option<String>, u64, u64, bool) {
         let next = self.grant_next_replying_to(reply_to);
         if next.0.is_none() {
             self.state.owner = None;
         }
-        self.state.freed = Some(member.to_owned());
+        self.state.freed = Some(owner_id.to_owned());
         next
     }
 
     /// Joins the queue (or keeps the place already taken); revives the
     /// caller's process. Returns the ticket and the waiters ahead.
-    fn enqueue(&mut self, member: &str, ticket: Option<u64>) -> (u64, u64) {
-        self.state.alive.insert(tag_of(member).to_owned(), true);
-        self.refreshed.push(tag_of(member).to_owned());
+    fn enqueue(&mut self, owner_id: &str, ticket: Option<u64>) -> (u64, u64) {
+        self.state.alive.insert(tag_of(owner_id).to_owned(), true);
+        self.refreshed.push(tag_of(owner_id).to_owned());
         let before = self.state.seq;
         let drawn = ticket.unwrap_or_else(|| self.draw());
-        if let Some(rank) = self.state.queue.iter().position(|(m, _)| m == member) {
+        if let Some(rank) = self.state.queue.iter().position(|(m, _)| m == owner_id) {
             // A resend keeps its place and puts the counter back.
             if ticket.is_none() {
                 self.undraw(before);
@@ -516,33 +516,33 @@ impl Model {
             return (self.state.queue[rank].1, rank as u64);
         }
         let ahead = self.state.queue.len() as u64;
-        self.state.queue.push((member.to_owned(), drawn));
+        self.state.queue.push((owner_id.to_owned(), drawn));
         (drawn, ahead)
     }
 
-    fn acquire(&mut self, member: &str, mode: AcquireMode) -> Reply {
+    fn acquire(&mut self, owner_id: &str, mode: AcquireMode) -> Reply {
         if self.state.queue.is_empty() {
             // A resend of a granted acquire, or a try on a held lock, puts
             // back the number it drew.
             return match &self.state.owner {
                 None => {
                     let seq = self.draw();
-                    self.grant_with(member, seq);
+                    self.grant_with(owner_id, seq);
                     Reply::Array(vec![int(1), int(seq)])
                 }
-                Some(owner) if owner.member == member => {
+                Some(owner) if owner.owner_id == owner_id => {
                     Reply::Array(vec![int(1), int(owner.token)])
                 }
                 Some(_) if mode == AcquireMode::Try => Reply::Array(vec![int(3), int(0), int(0)]),
                 Some(_) => {
                     let seq = self.draw();
-                    let (ticket, ahead) = self.enqueue(member, Some(seq));
+                    let (ticket, ahead) = self.enqueue(owner_id, Some(seq));
                     Reply::Array(vec![int(2), int(ticket), int(ahead), int(0), int(0)])
                 }
             };
         }
         if let Some(owner) = &self.state.owner {
-            if owner.member == member {
+            if owner.owner_id == owner_id {
                 return Reply::Array(vec![int(1), int(owner.token)]);
             }
         }
@@ -550,20 +550,20 @@ impl Model {
         if self.state.owner.is_none() {
             let (head, token);
             (head, token, dropped, more) = self.grant_next();
-            if head.as_deref() == Some(member) {
+            if head.as_deref() == Some(owner_id) {
                 return Reply::Array(vec![int(1), int(token)]);
             }
             if head.is_none() && self.state.queue.is_empty() {
                 // Only dead waiters were queued: no live one is older.
                 let token = self.draw();
-                self.grant_with(member, token);
+                self.grant_with(owner_id, token);
                 return Reply::Array(vec![int(1), int(token)]);
             }
         }
         if mode == AcquireMode::Try {
             return Reply::Array(vec![int(3), int(dropped), flag(more)]);
         }
-        let (ticket, ahead) = self.enqueue(member, None);
+        let (ticket, ahead) = self.enqueue(owner_id, None);
         Reply::Array(vec![
             int(2),
             int(ticket),
@@ -573,25 +573,25 @@ impl Model {
         ])
     }
 
-    fn grant_with(&mut self, member: &str, token: u64) {
+    fn grant_with(&mut self, owner_id: &str, token: u64) {
         self.state.owner = Some(Owner {
-            member: member.to_owned(),
+            owner_id: owner_id.to_owned(),
             token,
         });
-        self.owner_lease_ms = lease_of(member);
+        self.owner_lease_ms = lease_of(owner_id);
         self.lease_set = true;
     }
 
-    fn release(&mut self, member: &str) -> Reply {
-        if self.holder() != Some(member) {
-            if self.state.freed.as_deref() == Some(member) {
+    fn release(&mut self, owner_id: &str) -> Reply {
+        if self.holder() != Some(owner_id) {
+            if self.state.freed.as_deref() == Some(owner_id) {
                 // A resend: answered as released, nothing changes.
                 return Reply::Array(vec![int(1), int(0), int(0), text(""), int(0), int(0)]);
             }
             return Reply::Array(vec![int(0)]);
         }
-        // The client releasing a member of its own process passes its tag.
-        let (next, token, dropped, more) = self.release_and_hand_on(member, tag_of(member));
+        // The client releasing an owner id of its own process passes its tag.
+        let (next, token, dropped, more) = self.release_and_hand_on(owner_id, tag_of(owner_id));
         Reply::Array(vec![
             int(1),
             int(dropped),
@@ -605,22 +605,26 @@ impl Model {
         ])
     }
 
-    fn cancel(&mut self, member: &str) -> Reply {
-        let was_owner = self.holder() == Some(member);
+    fn cancel(&mut self, owner_id: &str) -> Reply {
+        let was_owner = self.holder() == Some(owner_id);
         let before = self.state.queue.len();
-        self.state.queue.retain(|(m, _)| m != member);
+        self.state.queue.retain(|(m, _)| m != owner_id);
         let was_queued = self.state.queue.len() < before;
         if !was_owner {
             return Reply::Array(vec![flag(was_queued), int(0), int(0), int(0)]);
         }
-        let (_, _, dropped, more) = self.release_and_hand_on(member, "");
+        let (_, _, dropped, more) = self.release_and_hand_on(owner_id, "");
         Reply::Array(vec![flag(was_queued), int(1), int(dropped), flag(more)])
     }
 
     fn heartbeat(&mut self, tag: &str, probe: &str) -> Reply {
         let probe_queued = !probe.is_empty() && self.state.queue.iter().any(|(m, _)| m == probe);
-        let probe_holds =
-            !probe.is_empty() && self.state.owner.as_ref().is_some_and(|o| o.member == probe);
+        let probe_holds = !probe.is_empty()
+            && self
+                .state
+                .owner
+                .as_ref()
+                .is_some_and(|o| o.owner_id == probe);
         if probe_queued || probe_holds {
             self.state.alive.insert(tag.to_owned(), true);
             self.refreshed.push(tag.to_owned());
@@ -632,7 +636,7 @@ impl Model {
             (_, _, dropped, more) = self.grant_next();
         }
         let (holder, token) = match &self.state.owner {
-            Some(owner) => (owner.member.clone(), owner.token),
+            Some(owner) => (owner.owner_id.clone(), owner.token),
             None => (String::new(), 0),
         };
         Reply::Array(vec![
@@ -646,11 +650,11 @@ impl Model {
 
     fn renew(&mut self, items: &[(String, u64, bool)]) -> Reply {
         let mut statuses = Vec::new();
-        for (member, lease_ms, on_other) in items {
+        for (owner_id, lease_ms, on_other) in items {
             let held = if *on_other {
-                self.state.other_owner == Some(format!("{member} 1"))
+                self.state.other_owner == Some(format!("{owner_id} 1"))
             } else {
-                self.holder() == Some(member.as_str())
+                self.holder() == Some(owner_id.as_str())
             };
             if held && *lease_ms > 0 {
                 if *on_other {
@@ -692,9 +696,9 @@ impl Model {
 
     fn apply(&mut self, call: &Call) -> Reply {
         match call {
-            Call::Acquire { member, mode } => self.acquire(member, *mode),
-            Call::Release { member } => self.release(member),
-            Call::Cancel { member } => self.cancel(member),
+            Call::Acquire { owner_id, mode } => self.acquire(owner_id, *mode),
+            Call::Release { owner_id } => self.release(owner_id),
+            Call::Cancel { owner_id } => self.cancel(owner_id),
             Call::Heartbeat { tag, probe } => self.heartbeat(tag, probe),
             Call::Renew { items } => self.renew(items),
             Call::ForceRelease { expected } => self.force_release(expected),
@@ -770,18 +774,18 @@ fn observe(server: &RedisServer, keys: &LockKeys, other: &LockKeys) -> Observed 
     }
     let owner = string(parts.next().unwrap());
     let owner = (!owner.is_empty()).then(|| {
-        let (member, token) = owner
+        let (owner_id, token) = owner
             .split_once(' ')
-            .expect("owner is \"<member> <token>\"");
+            .expect("owner is \"<owner id> <token>\"");
         Owner {
-            member: member.to_owned(),
+            owner_id: owner_id.to_owned(),
             token: token.parse().unwrap(),
         }
     });
     let mut queue = Vec::new();
     let mut entries = items(parts.next().unwrap()).into_iter();
-    while let (Some(member), Some(score)) = (entries.next(), entries.next()) {
-        queue.push((string(member), integer(score) as u64));
+    while let (Some(owner_id), Some(score)) = (entries.next(), entries.next()) {
+        queue.push((string(owner_id), integer(score) as u64));
     }
     let mut deadlines = BTreeMap::new();
     let mut entries = items(parts.next().unwrap()).into_iter();
@@ -839,7 +843,7 @@ impl Binding {
             (Reply::Array(e), Reply::Array(a)) => {
                 e.len() == a.len() && e.iter().zip(a).all(|(e, a)| self.reply(e, a))
             }
-            // Lua's "" and false both read as "no member".
+            // Lua's "" and false both read as "no owner id".
             (Reply::Str(e), Reply::Nil) => e.is_empty(),
             (e, a) => e == a,
         }
@@ -847,7 +851,7 @@ impl Binding {
 
     fn state(&mut self, expected: &State, actual: &State) -> bool {
         let owner = match (&expected.owner, &actual.owner) {
-            (Some(e), Some(a)) => e.member == a.member && self.number(e.token, a.token),
+            (Some(e), Some(a)) => e.owner_id == a.owner_id && self.number(e.token, a.token),
             (e, a) => e == a,
         };
         let queue = expected.queue.len() == actual.queue.len()
@@ -868,7 +872,7 @@ impl Binding {
             && expected.other_owner == actual.other_owner
     }
 
-    /// Messages "<member> <token> <owner key>" or "<member> revoked
+    /// Messages "<owner id> <token> <owner key>" or "<owner id> revoked
     /// <owner key>", in order.
     fn notes(&mut self, expected: &[(String, String)], actual: &[(String, String)]) -> bool {
         let split = |m: &'_ str| -> Option<(String, String, String)> {
@@ -881,13 +885,13 @@ impl Binding {
         };
         expected.len() == actual.len()
             && expected.iter().zip(actual).all(|((ec, em), (ac, am))| {
-                let (Some((e_member, e_what, e_key)), Some((a_member, a_what, a_key))) =
+                let (Some((e_owner_id, e_what, e_key)), Some((a_owner_id, a_what, a_key))) =
                     (split(em), split(am))
                 else {
                     return false;
                 };
                 ec == ac
-                    && e_member == a_member
+                    && e_owner_id == a_owner_id
                     && e_key == a_key
                     && match (e_what.parse::<u64>(), a_what.parse::<u64>()) {
                         (Ok(e), Ok(a)) => self.number(e, a),
@@ -967,7 +971,7 @@ impl<'a> Case<'a> {
         let mut subscriber = Subscriber::psubscribe(&server.addr(), &format!("{CHANNEL_PREFIX}*"));
         subscriber.drain();
         let other = LockKeys::new(&KeyPrefix::default(), &LockName::new("other").unwrap());
-        let other_owner = format!("{} 1", OTHER_HOLDER.member());
+        let other_owner = format!("{} 1", OTHER_HOLDER.owner_id());
         let lease = OTHER_LEASE_MS.to_string();
         let set = server
             .cmd(&["SET", other.owner(), &other_owner, "PX", &lease])
@@ -1011,25 +1015,31 @@ impl<'a> Case<'a> {
         let mut resent_last = None;
         let call = match op {
             Op::Acquire(w, mode) => Some(Call::Acquire {
-                member: w.member(),
+                owner_id: w.owner_id(),
                 mode: *mode,
             }),
-            Op::Release(w) => Some(Call::Release { member: w.member() }),
-            Op::Cancel(w) => Some(Call::Cancel { member: w.member() }),
+            Op::Release(w) => Some(Call::Release {
+                owner_id: w.owner_id(),
+            }),
+            Op::Cancel(w) => Some(Call::Cancel {
+                owner_id: w.owner_id(),
+            }),
             Op::Heartbeat { p, probe } => Some(Call::Heartbeat {
                 tag: tag(*p),
-                probe: probe.map(|m| Who { p: *p, m }.member()).unwrap_or_default(),
+                probe: probe
+                    .map(|m| Who { p: *p, m }.owner_id())
+                    .unwrap_or_default(),
             }),
             Op::Renew(items) => Some(Call::Renew {
                 items: items
                     .iter()
-                    .map(|(w, lease, on_other)| (w.member(), *lease, *on_other))
+                    .map(|(w, lease, on_other)| (w.owner_id(), *lease, *on_other))
                     .collect(),
             }),
             Op::ForceRelease(target) => Some(Call::ForceRelease {
                 expected: match target {
                     ForceTarget::SeenHolder => self.inspect()?,
-                    ForceTarget::Member(w) => w.member(),
+                    ForceTarget::OwnerId(w) => w.owner_id(),
                     ForceTarget::Free => String::new(),
                 },
             }),
@@ -1197,7 +1207,7 @@ impl<'a> Case<'a> {
         let seen = Inspect::decode(reply).map_err(|e| e.to_string())?;
         let state = &self.model.state;
         let expected = (
-            state.owner.as_ref().map(|o| o.member.clone()),
+            state.owner.as_ref().map(|o| o.owner_id.clone()),
             state.owner.as_ref().map_or(0, |o| o.token),
             state.queue.len() as u64,
             state.seq.unwrap_or(0),
@@ -1214,7 +1224,7 @@ impl<'a> Case<'a> {
         let waiters: Vec<(String, u64)> = seen
             .waiters
             .iter()
-            .map(|w| (w.member.clone(), w.ticket))
+            .map(|w| (w.owner_id.clone(), w.ticket))
             .collect();
         if waiters != state.queue[..state.queue.len().min(10)] {
             return Err(format!(
@@ -1239,11 +1249,11 @@ impl<'a> Case<'a> {
                 if owner.token <= self.last_token {
                     return Err(format!(
                         "token {} granted to {} after token {}",
-                        owner.token, owner.member, self.last_token
+                        owner.token, owner.owner_id, self.last_token
                     ));
                 }
                 self.last_token = owner.token;
-                if let Some(place) = before.queue.iter().position(|(m, _)| *m == owner.member) {
+                if let Some(place) = before.queue.iter().position(|(m, _)| *m == owner.owner_id) {
                     Coverage::count(&self.coverage.handoffs);
                     if place > 0 {
                         Coverage::count(&self.coverage.handoffs_past_dead);
@@ -1364,7 +1374,7 @@ impl<'a> Case<'a> {
     }
 
     /// A resend of a release, cancel, renewal or forced release never
-    /// changes a holder that is not the member it acts for.
+    /// changes a holder that is not the owner id it acts for.
     fn check_later_holder_untouched(
         call: &Call,
         before: &State,
@@ -1374,7 +1384,7 @@ impl<'a> Case<'a> {
         let Some(holder) = &before.owner else {
             return Ok(());
         };
-        if call.acts_for().contains(&holder.member.as_str()) {
+        if call.acts_for().contains(&holder.owner_id.as_str()) {
             return Ok(());
         }
         if observed.state.owner.as_ref() != Some(holder) || observed.pttl[0] > before_pttl {
@@ -1404,7 +1414,7 @@ fn run_case(server: &RedisServer, coverage: &Coverage, ops: &[Op]) -> Result<(),
             if before
                 .owner
                 .as_ref()
-                .is_some_and(|o| !call.acts_for().contains(&o.member.as_str()))
+                .is_some_and(|o| !call.acts_for().contains(&o.owner_id.as_str()))
             {
                 Coverage::count(&coverage.resends_beside_a_holder);
             }
@@ -1499,14 +1509,14 @@ fn a_forced_hand_on_names_the_new_holder() {
     }
 }
 
-/// A forced release that names the holder by member only frees, when
-/// resent, a later grant to the same member. The client never reuses a
-/// member (a new random id per acquire) and passes "<member> <token>", which
-/// `force_release.lua` compares exactly; this case keeps the member-only
+/// A forced release that names the holder by owner id only frees, when
+/// resent, a later grant to the same owner id. The client never reuses a
+/// owner id (a new random id per acquire) and passes "<owner id> <token>", which
+/// `force_release.lua` compares exactly; this case keeps the owner id-only
 /// form's limit on record.
 #[test]
-#[ignore = "documents the member-only form's limit; the client names member and token"]
-fn a_resent_forced_release_spares_a_new_grant_to_the_same_member() {
+#[ignore = "documents the owner-id-only form's limit; the client names owner id and token"]
+fn a_resent_forced_release_spares_a_new_grant_to_the_same_owner_id() {
     let server = RedisServer::start().unwrap();
     load_scripts(&server);
     let coverage = Coverage::default();
@@ -1514,7 +1524,7 @@ fn a_resent_forced_release_spares_a_new_grant_to_the_same_member() {
     let owner = Who { p: 0, m: 0 };
     for op in [
         Op::Acquire(owner, AcquireMode::Wait),
-        Op::ForceRelease(ForceTarget::Member(owner)),
+        Op::ForceRelease(ForceTarget::OwnerId(owner)),
         Op::Acquire(owner, AcquireMode::Wait),
     ] {
         case.step(&op).unwrap();

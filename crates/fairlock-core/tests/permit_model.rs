@@ -19,7 +19,7 @@
 //! Time is deterministic without sleeping: leases and heartbeat deadlines
 //! are a minute long; a death plants a deadline in the past
 //! (`ZADD alive 1 <tag>`) and an expiry a lease deadline of 1
-//! (`ZADD holders XX 1 <member>`).
+//! (`ZADD holders XX 1 <owner id>`).
 //!
 //! `FAIRLOCK_MODEL_CASES` sets the number of cases (default 300).
 
@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 
 use fairlock_core::{
     AcquireMode, AcquireReply, CancelReply, KeyPrefix, LockKeys, LockName, PermitAcquire,
-    PermitCancel, PermitFamily, PermitHeartbeat, PermitMember, PermitRelease, PermitReleaseReply,
+    PermitCancel, PermitFamily, PermitHeartbeat, PermitOwnerId, PermitRelease, PermitReleaseReply,
     PermitRequest, Purged, ScriptCall, Timings,
 };
 use fairlock_testkit::{RedisServer, Resp};
@@ -120,7 +120,7 @@ impl Model {
         count < self.limit.unwrap_or(own) as usize
     }
 
-    /// The members granted from the head, in order, and the dead dropped.
+    /// The owner ids granted from the head, in order, and the dead dropped.
     fn grant_waiting(&mut self) -> (Vec<usize>, u64) {
         let (mut granted, mut dropped) = (Vec::new(), 0);
         while let Some(&head) = self.queue.first() {
@@ -142,7 +142,7 @@ impl Model {
 struct Case<'a> {
     server: &'a RedisServer,
     keys: LockKeys,
-    members: Vec<String>,
+    owner_ids: Vec<String>,
     model: Model,
 }
 
@@ -162,11 +162,11 @@ impl Case<'_> {
         C::decode(reply).map_err(|e| TestCaseError::fail(e.to_string()))
     }
 
-    fn who(&self, member: &str) -> usize {
-        self.members
+    fn who(&self, owner_id: &str) -> usize {
+        self.owner_ids
             .iter()
-            .position(|m| m == member)
-            .expect("a member of the case")
+            .position(|m| m == owner_id)
+            .expect("an owner id of the case")
     }
 
     /// Binds the tokens of grants made by this step (in grant order) and
@@ -175,7 +175,7 @@ impl Case<'_> {
         for &who in granted {
             let token = self
                 .server
-                .cmd(&["HGET", &self.keys.all()[4], &self.members[who]])
+                .cmd(&["HGET", &self.keys.all()[4], &self.owner_ids[who]])
                 .expect("HGET")
                 .as_str()
                 .and_then(|t| t.parse::<u64>().ok())
@@ -195,7 +195,7 @@ impl Case<'_> {
             Op::Acquire(who, try_) => self.acquire(who, try_),
             Op::Release(who) => {
                 let reply = self.call(&PermitRelease {
-                    member: &self.members[who],
+                    owner_id: &self.owner_ids[who],
                     timings: &TIMINGS,
                     channel_prefix: CHANNEL_PREFIX,
                 })?;
@@ -213,7 +213,7 @@ impl Case<'_> {
                 else {
                     return check(false, format!("release by {who} refused"));
                 };
-                let got_who: Vec<usize> = got.iter().map(|g| self.who(&g.member)).collect();
+                let got_who: Vec<usize> = got.iter().map(|g| self.who(&g.owner_id)).collect();
                 check(
                     got_who == granted,
                     format!("release granted {got_who:?}, model {granted:?}"),
@@ -221,7 +221,7 @@ impl Case<'_> {
                 check(purged.dropped == dropped, format!("dropped {purged:?}"))?;
                 self.bind_new_grants(&granted)?;
                 for grant in got {
-                    let who = self.who(&grant.member);
+                    let who = self.who(&grant.owner_id);
                     check(
                         self.model.holders.get(&who) == Some(&grant.token),
                         format!("reply token of {who}"),
@@ -231,7 +231,7 @@ impl Case<'_> {
             }
             Op::Cancel(who) => {
                 let reply = self.call(&PermitCancel {
-                    member: &self.members[who],
+                    owner_id: &self.owner_ids[who],
                     timings: &TIMINGS,
                     channel_prefix: CHANNEL_PREFIX,
                 })?;
@@ -260,7 +260,7 @@ impl Case<'_> {
             Op::Heartbeat(process, probe) => {
                 let reply = self.call(&PermitHeartbeat {
                     tag: &tag(process),
-                    probe: &self.members[probe],
+                    probe: &self.owner_ids[probe],
                     timings: &TIMINGS,
                     channel_prefix: CHANNEL_PREFIX,
                 })?;
@@ -289,7 +289,7 @@ impl Case<'_> {
             }
             Op::Expire(who) => {
                 self.server
-                    .cmd(&["ZADD", self.keys.owner(), "XX", "1", &self.members[who]])
+                    .cmd(&["ZADD", self.keys.owner(), "XX", "1", &self.owner_ids[who]])
                     .expect("ZADD");
                 self.model.holders.remove(&who);
                 Ok(())
@@ -299,7 +299,7 @@ impl Case<'_> {
 
     fn acquire(&mut self, who: usize, try_: bool) -> Result<(), TestCaseError> {
         let reply = self.call(&PermitAcquire {
-            member: &self.members[who],
+            owner_id: &self.owner_ids[who],
             mode: if try_ {
                 AcquireMode::Try
             } else {
@@ -382,14 +382,14 @@ impl Case<'_> {
 
     /// Redis holds what the model holds.
     fn compare(&self) -> Result<(), TestCaseError> {
-        let members = |resp: Resp| -> Vec<usize> {
+        let owner_ids = |resp: Resp| -> Vec<usize> {
             resp.as_array()
                 .expect("array")
                 .iter()
-                .map(|m| self.who(m.as_str().expect("member")))
+                .map(|m| self.who(m.as_str().expect("owner id")))
                 .collect()
         };
-        let mut holders = members(
+        let mut holders = owner_ids(
             self.server
                 .cmd(&["ZRANGEBYSCORE", self.keys.owner(), "2", "+inf"])
                 .expect("holders"),
@@ -400,7 +400,7 @@ impl Case<'_> {
             holders == model_holders,
             format!("holders {holders:?}, model {model_holders:?}"),
         )?;
-        let queue = members(
+        let queue = owner_ids(
             self.server
                 .cmd(&["ZRANGE", self.keys.queue(), "0", "-1"])
                 .expect("queue"),
@@ -433,9 +433,9 @@ fn run_case(
         &LockName::new("model").expect("name"),
         PermitFamily::Semaphore,
     );
-    let members = (0..MEMBERS)
+    let owner_ids = (0..MEMBERS)
         .map(|who| {
-            PermitMember::new(
+            PermitOwnerId::new(
                 &format!("{:032x}", who + 1),
                 &tag(process_of(who)),
                 LEASE_MS,
@@ -448,7 +448,7 @@ fn run_case(
     let mut case = Case {
         server,
         keys,
-        members,
+        owner_ids,
         model: Model {
             requests: requests.to_vec(),
             holders: BTreeMap::new(),
@@ -495,7 +495,7 @@ fn a_foreign_key_fails_a_permit_script_and_changes_nothing() {
         &LockName::new("foreign").expect("name"),
         PermitFamily::ReadWrite,
     );
-    let member = PermitMember::new(&"a".repeat(32), &tag(0), LEASE_MS, PermitRequest::Exclusive);
+    let owner_id = PermitOwnerId::new(&"a".repeat(32), &tag(0), LEASE_MS, PermitRequest::Exclusive);
     for (i, key) in keys.all().iter().enumerate() {
         if i == 3 {
             continue; // seq: repaired by next_seq, as for a lock
@@ -504,7 +504,7 @@ fn a_foreign_key_fails_a_permit_script_and_changes_nothing() {
         server.cmd(&["SET", key, "not fairlock's"]).expect("SET");
         let all: Vec<&str> = keys.all().iter().map(String::as_str).collect();
         let call = PermitAcquire {
-            member: member.as_str(),
+            owner_id: owner_id.as_str(),
             mode: AcquireMode::Wait,
             timings: &TIMINGS,
             channel_prefix: CHANNEL_PREFIX,

@@ -8,7 +8,7 @@
 mod support;
 
 use fairlock_core::{
-    Acquire, AcquireMode, Cancel, ForceRelease, Heartbeat, KeyPrefix, LockKeys, LockName, Member,
+    Acquire, AcquireMode, Cancel, ForceRelease, Heartbeat, KeyPrefix, LockKeys, LockName, OwnerId,
     Release, RenewBatch, RenewItem, Reply, Script, ScriptCall, Timings,
 };
 use fairlock_testkit::{RedisServer, Resp};
@@ -17,8 +17,8 @@ use support::{load_scripts, run_script};
 
 const CHANNEL_PREFIX: &str = "wrong:notify:";
 
-fn member(id: char, tag: &str) -> String {
-    Member::new(&id.to_string().repeat(32), tag, 30_000)
+fn owner_id(id: char, tag: &str) -> String {
+    OwnerId::new(&id.to_string().repeat(32), tag, 30_000)
         .as_str()
         .to_owned()
 }
@@ -52,7 +52,7 @@ fn setup(server: &RedisServer, lock: &Lock, start: Start) {
     let timings = Timings::default();
     let acquire = |who: &str| {
         let call = Acquire {
-            member: who,
+            owner_id: who,
             mode: AcquireMode::Wait,
             timings: &timings,
             channel_prefix: CHANNEL_PREFIX,
@@ -64,7 +64,7 @@ fn setup(server: &RedisServer, lock: &Lock, start: Start) {
         Start::HeldWithWaiter => acquire(&lock.waiter),
         Start::Free => {
             let call = Release {
-                member: &lock.holder,
+                owner_id: &lock.holder,
                 timings: &timings,
                 channel_prefix: CHANNEL_PREFIX,
                 reply_to: "",
@@ -106,7 +106,7 @@ fn calls(lock: &Lock, t: &Timings) -> Vec<(&'static Script, Vec<String>, &'stati
     let c = CHANNEL_PREFIX;
     let acquire = |who: &str, mode| {
         Acquire {
-            member: who,
+            owner_id: who,
             mode,
             timings: t,
             channel_prefix: c,
@@ -132,7 +132,7 @@ fn calls(lock: &Lock, t: &Timings) -> Vec<(&'static Script, Vec<String>, &'stati
         (
             Release::SCRIPT,
             Release {
-                member: &lock.holder,
+                owner_id: &lock.holder,
                 timings: t,
                 channel_prefix: c,
                 reply_to: "",
@@ -143,7 +143,7 @@ fn calls(lock: &Lock, t: &Timings) -> Vec<(&'static Script, Vec<String>, &'stati
         (
             Cancel::SCRIPT,
             Cancel {
-                member: &lock.waiter,
+                owner_id: &lock.waiter,
                 timings: t,
                 channel_prefix: c,
             }
@@ -197,9 +197,9 @@ fn a_foreign_key_fails_a_script_cleanly_or_not_at_all() {
     load_scripts(&server);
     let lock = Lock {
         keys: LockKeys::new(&KeyPrefix::default(), &LockName::new("foreign").unwrap()),
-        holder: member('a', "00000000000000a1"),
-        waiter: member('b', "00000000000000b2"),
-        newcomer: member('c', "00000000000000c3"),
+        holder: owner_id('a', "00000000000000a1"),
+        waiter: owner_id('b', "00000000000000b2"),
+        newcomer: owner_id('c', "00000000000000c3"),
         tag: "00000000000000b2".to_owned(),
     };
     let (mut failed, mut answered) = (0, 0);
@@ -244,7 +244,7 @@ fn a_foreign_owner_key_is_reported_by_renew() {
     let batch = RenewBatch {
         items: vec![RenewItem {
             owner_key: keys.owner(),
-            member: "m.t.5",
+            owner_id: "m.t.5",
             lease_ms: 5,
         }],
     };

@@ -8,7 +8,7 @@ use crate::{RedisServer, TestkitError};
 /// A topology's server processes; each is SIGKILLed when the set is dropped.
 #[derive(Debug)]
 pub(crate) struct NodeSet {
-    /// What the topology calls its members, for error messages.
+    /// What the topology calls its owner ids, for error messages.
     what: &'static str,
     nodes: Vec<RedisServer>,
     /// Ports of nodes killed by [`kill`](Self::kill) and not restarted.

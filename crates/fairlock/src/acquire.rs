@@ -2,7 +2,7 @@
 //! script call, then (if queued) a wait for the grant, which arrives
 //! already made: the releasing script made this waiter the owner, with its
 //! own lease, before waking it. Locks and permits share this one loop; they
-//! differ only in their member, their script and their renewal
+//! differ only in their owner id, their script and their renewal
 //! ([`Request`]).
 //!
 //! Waiting costs Redis nothing per waiter: the wait has no timer of its
@@ -149,11 +149,11 @@ async fn acquire_validated(
         Lease::Fixed(lease) => lease,
         Lease::Watchdog => state.config.watchdog_lease,
     };
-    let member = match request {
-        Request::Lock => state.new_member(millis(lease_len)),
-        Request::Permit(permits) => state.new_permit_member(millis(lease_len), permits),
+    let owner_id = match request {
+        Request::Lock => state.new_owner_id(millis(lease_len)),
+        Request::Permit(permits) => state.new_permit_owner_id(millis(lease_len), permits),
     };
-    let mut pending = PendingAcquire::new(state, &keys, &member, &telemetry);
+    let mut pending = PendingAcquire::new(state, &keys, &owner_id, &telemetry);
     // The wait timeout's timer, boxed: most waits have none, and a timer
     // kept inline would make every waiting task larger.
     let mut deadline = options
@@ -188,7 +188,7 @@ async fn acquire_validated(
             let reply = match request {
                 Request::Lock => {
                     let call = Acquire {
-                        member: &member,
+                        owner_id: &owner_id,
                         mode: mode.script_mode(),
                         timings: &state.timings,
                         channel_prefix: &channel_prefix,
@@ -197,7 +197,7 @@ async fn acquire_validated(
                 }
                 Request::Permit(_) => {
                     let call = PermitAcquire {
-                        member: &member,
+                        owner_id: &owner_id,
                         mode: mode.script_mode(),
                         timings: &state.timings,
                         channel_prefix: &channel_prefix,
@@ -267,7 +267,7 @@ async fn acquire_validated(
                 "fairlock waiting in the queue"
             );
         }
-        state.waiters.mark_queued(&member, queued_with);
+        state.waiters.mark_queued(&owner_id, queued_with);
 
         // The arms only say what happened; the awaits come after, so no
         // error is kept inline while the caller waits.
@@ -296,7 +296,7 @@ async fn acquire_validated(
             // that came before it in the replication stream.
             let confirm = confirm || state.config.replica_acks.is_some();
             if confirm
-                && !Box::pin(confirm_lease(state, &keys, &member, lease_len, request)).await?
+                && !Box::pin(confirm_lease(state, &keys, &owner_id, lease_len, request)).await?
             {
                 // The short lease of an unheard grant ran out first: the
                 // lock went on; queue again.
@@ -446,7 +446,7 @@ async fn replicated_or_given_back(
 async fn confirm_lease(
     state: &ClientState,
     keys: &LockKeys,
-    member: &str,
+    owner_id: &str,
     lease: std::time::Duration,
     request: Request,
 ) -> Result<bool> {
@@ -455,7 +455,7 @@ async fn confirm_lease(
         Request::Lock => {
             let items = vec![RenewItem {
                 owner_key: keys.owner(),
-                member,
+                owner_id,
                 lease_ms,
             }];
             state.renew(&RenewBatch { items }).await?
@@ -463,7 +463,7 @@ async fn confirm_lease(
         Request::Permit(_) => {
             let items = vec![PermitRenewItem {
                 keys,
-                member,
+                owner_id,
                 lease_ms,
             }];
             state.renew_permits(&PermitRenewBatch { items }).await?
@@ -484,7 +484,7 @@ async fn deadline_passed(deadline: &mut Option<Pin<Box<tokio::time::Sleep>>>) {
 struct PendingAcquire<'a> {
     state: &'a Arc<ClientState>,
     keys: &'a Arc<LockKeys>,
-    member: &'a str,
+    owner_id: &'a str,
     events: Option<Arc<WaiterSlot>>,
     started: Instant,
     telemetry: &'a LockTelemetry,
@@ -495,18 +495,18 @@ impl<'a> PendingAcquire<'a> {
     fn new(
         state: &'a Arc<ClientState>,
         keys: &'a Arc<LockKeys>,
-        member: &'a str,
+        owner_id: &'a str,
         telemetry: &'a LockTelemetry,
     ) -> Self {
         // Register before the first script call: the grant may be published
         // the instant the script queues us. A try caller registers too: a
         // heartbeat reply naming it as the new holder may be handled before
         // its own reply, and must reach it rather than be handed back.
-        let events = Some(state.waiters.register(member, keys));
+        let events = Some(state.waiters.register(owner_id, keys));
         Self {
             state,
             keys,
-            member,
+            owner_id,
             events,
             started: Instant::now(),
             telemetry,
@@ -525,7 +525,7 @@ impl<'a> PendingAcquire<'a> {
     fn finished(&mut self) {
         self.done = true;
         if self.events.take().is_some() {
-            self.state.waiters.deregister(self.member);
+            self.state.waiters.deregister(self.owner_id);
         }
     }
 
@@ -537,7 +537,7 @@ impl<'a> PendingAcquire<'a> {
         let held = Arc::new(HeldLock::new(
             name.clone(),
             Arc::clone(self.keys),
-            self.member.to_owned(),
+            self.owner_id.to_owned(),
             grant,
             self.telemetry.clone(),
         ));
@@ -553,7 +553,7 @@ impl<'a> PendingAcquire<'a> {
     /// the error so the waiting future need not keep one inline.
     async fn give_up(&mut self, error: Error, outcome: &'static str) -> Error {
         self.finished();
-        self.state.cancel(self.keys, self.member).await;
+        self.state.cancel(self.keys, self.owner_id).await;
         self.telemetry.acquire_ended(outcome, self.started);
         error
     }
@@ -568,8 +568,8 @@ impl Drop for PendingAcquire<'_> {
         self.telemetry.acquire_ended("cancelled", self.started);
         let state = Arc::clone(self.state);
         let keys = Arc::clone(self.keys);
-        let member = self.member.to_owned();
+        let owner_id = self.owner_id.to_owned();
         self.state
-            .spawn(async move { state.cancel(&keys, &member).await });
+            .spawn(async move { state.cancel(&keys, &owner_id).await });
     }
 }

@@ -197,7 +197,7 @@ impl LockClient {
         let name = LockName::new(name)?;
         let keys = self.state().keys_of(&name);
         self.state()
-            .release_member(name.as_str(), &keys, owner_id)
+            .release_owner_id(name.as_str(), &keys, owner_id)
             .await
     }
 
@@ -216,7 +216,7 @@ impl LockClient {
         let batch = RenewBatch {
             items: vec![RenewItem {
                 owner_key: keys.owner(),
-                member: owner_id,
+                owner_id,
                 lease_ms: millis(lease),
             }],
         };
@@ -242,8 +242,8 @@ impl LockClient {
         let name = LockName::new(name)?;
         let keys = self.state().keys_of(&name);
         let seen = self.state().run(&keys, &Inspect { waiters: 0 }).await?;
-        // The grant seen, member and token: a resend never frees a later
-        // grant, not even one to the same member.
+        // The grant seen, owner id and token: a resend never frees a later
+        // grant, not even one to the same owner id.
         let holder = seen
             .owner
             .map(|owner| format!("{owner} {}", seen.token))

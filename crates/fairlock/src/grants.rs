@@ -3,8 +3,8 @@
 //! Each process subscribes once, at connect, to its own channel
 //! `<prefix>notify:<client tag>`, before any of its tasks can enqueue: a
 //! grant can never be published before its waiter listens. Scripts publish
-//! `<member> <token> <owner key>` on the channel of the granted member's
-//! process when they hand it the lock, and `<member> revoked <owner key>`
+//! `<owner id> <token> <owner key>` on the channel of the granted owner id's
+//! process when they hand it the lock, and `<owner id> revoked <owner key>`
 //! when an administrator force-releases it. For a semaphore or read-write
 //! lock the last part is the permit set's holders key; the message is the
 //! same, so one router serves both.
@@ -12,7 +12,7 @@
 //! [`route_grant`] is the one place a grant reaches a waiter, whether it
 //! came by pub/sub, in a heartbeat reply (a lost message) or in the reply
 //! of a release made here: the waiting task is woken through its slot; a
-//! grant for a member that holds the lock already is a duplicate; a grant
+//! grant for an owner id that holds the lock already is a duplicate; a grant
 //! nobody here waits for any more is handed back at once, so it never
 //! stalls the lock.
 
@@ -30,30 +30,33 @@ use crate::waiters::WaiterEvent;
 #[derive(Debug, PartialEq, Eq)]
 enum Notice<'a> {
     Granted {
-        member: &'a str,
+        owner_id: &'a str,
         token: u64,
         owner_key: &'a str,
     },
     Revoked {
-        member: &'a str,
+        owner_id: &'a str,
         owner_key: &'a str,
     },
 }
 
 fn parse(payload: &str) -> Option<Notice<'_>> {
     let mut parts = payload.splitn(3, ' ');
-    let (member, what, owner_key) = (parts.next()?, parts.next()?, parts.next()?);
+    let (owner_id, what, owner_key) = (parts.next()?, parts.next()?, parts.next()?);
     if what == "revoked" {
-        return Some(Notice::Revoked { member, owner_key });
+        return Some(Notice::Revoked {
+            owner_id,
+            owner_key,
+        });
     }
     Some(Notice::Granted {
-        member,
+        owner_id,
         token: what.parse().ok()?,
         owner_key,
     })
 }
 
-/// Hands a grant for `member` (one of ours) to its waiting task, or back
+/// Hands a grant for `owner_id` (one of ours) to its waiting task, or back
 /// to the lock if nobody here waits for it. `confirm` marks a grant found
 /// by a heartbeat rather than announced (see [`WaiterEvent::Granted`]).
 ///
@@ -61,26 +64,26 @@ fn parse(payload: &str) -> Option<Notice<'_>> {
 /// them then: a grant that reaches its waiter allocates nothing here.
 pub(crate) fn route_grant(
     state: &Arc<ClientState>,
-    member: &str,
+    owner_id: &str,
     token: u64,
     confirm: bool,
     keys: impl FnOnce() -> Option<Arc<LockKeys>>,
 ) {
     if state
         .waiters
-        .deliver(member, WaiterEvent::Granted { token, confirm })
+        .deliver(owner_id, WaiterEvent::Granted { token, confirm })
     {
         return;
     }
     // A waiter registers its grant with the held locks before it leaves
     // the registry, so this is never a grant in the middle of being taken.
-    if state.held.contains(member) {
+    if state.held.contains(owner_id) {
         return;
     }
     match keys() {
-        Some(keys) => state.hand_back(keys, member.to_owned()),
+        Some(keys) => state.hand_back(keys, owner_id.to_owned()),
         None => tracing::warn!(
-            member,
+            owner_id,
             "fairlock could not hand back a grant nobody waits for: its key is unknown"
         ),
     }
@@ -89,17 +92,17 @@ pub(crate) fn route_grant(
 fn route(state: &Arc<ClientState>, payload: &str) {
     match parse(payload) {
         Some(Notice::Granted {
-            member,
+            owner_id,
             token,
             owner_key,
-        }) => route_grant(state, member, token, false, || {
+        }) => route_grant(state, owner_id, token, false, || {
             LockKeys::from_owner_key(owner_key)
                 .or_else(|| LockKeys::from_holders_key(owner_key))
                 .map(Arc::new)
         }),
-        Some(Notice::Revoked { member, .. }) => {
-            if let Some(held) = state.held.get(member) {
-                state.held.forget(member);
+        Some(Notice::Revoked { owner_id, .. }) => {
+            if let Some(held) = state.held.get(owner_id) {
+                state.held.forget(owner_id);
                 held.mark_lost("an administrator force-released the lock");
             }
         }
@@ -152,7 +155,7 @@ mod tests {
         assert_eq!(
             parse("abc.01.5 42 p:{a b}:owner"),
             Some(Notice::Granted {
-                member: "abc.01.5",
+                owner_id: "abc.01.5",
                 token: 42,
                 owner_key: "p:{a b}:owner"
             })
@@ -160,7 +163,7 @@ mod tests {
         assert_eq!(
             parse("abc.01.5 revoked k"),
             Some(Notice::Revoked {
-                member: "abc.01.5",
+                owner_id: "abc.01.5",
                 owner_key: "k"
             })
         );

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fairlock_core::{LockName, Member, RenewBatch, RenewItem, RenewStatus};
+use fairlock_core::{LockName, OwnerId, RenewBatch, RenewItem, RenewStatus};
 
 use crate::config::{millis, LockOptions};
 use crate::error::{Error, Result};
@@ -29,21 +29,22 @@ pub struct FencingToken {
 
 impl FencingToken {
     /// A token as received from another process: its value and the
-    /// holder's owner id (the 32 hex digits of [`LockGuard::owner_id`]).
-    /// `None` if the owner id is not 32 hex digits.
+    /// holder's owner id ([`LockGuard::owner_id`]) or just its nonce, the
+    /// owner id's first 32 hex digits. `None` if the nonce is not 32 hex
+    /// digits.
     pub fn new(value: u64, owner_id: &str) -> Option<Self> {
-        let id = Member::owner_id_of(owner_id).unwrap_or(owner_id);
-        if id.len() != 32 {
+        let nonce = OwnerId::nonce_of(owner_id).unwrap_or(owner_id);
+        if nonce.len() != 32 {
             return None;
         }
-        let holder = u128::from_str_radix(id, 16).ok()?;
+        let holder = u128::from_str_radix(nonce, 16).ok()?;
         Some(Self { value, holder })
     }
 
-    /// The token of a grant to `member` (one of this client's), whose owner
-    /// id is always 32 hex digits; holder 0 if it were not.
-    pub(crate) fn of_member(value: u64, member: &str) -> Self {
-        Self::new(value, member).unwrap_or(Self { value, holder: 0 })
+    /// The token of a grant to `owner_id` (one of this client's), whose
+    /// nonce is always 32 hex digits; holder 0 if it were not.
+    pub(crate) fn of_owner_id(value: u64, owner_id: &str) -> Self {
+        Self::new(value, owner_id).unwrap_or(Self { value, holder: 0 })
     }
 
     /// The number: strictly greater for every later grant of the lock.
@@ -51,7 +52,7 @@ impl FencingToken {
         self.value
     }
 
-    /// The holder's owner id, 32 hex digits.
+    /// The holder's nonce (the first part of its owner id), 32 hex digits.
     pub fn holder(&self) -> String {
         format!("{:032x}", self.holder)
     }
@@ -118,7 +119,7 @@ impl LockGuard {
 
     /// The fencing token of this grant; re-entry keeps it.
     pub fn token(&self) -> FencingToken {
-        FencingToken::new(self.held.token, &self.held.member).unwrap_or(FencingToken {
+        FencingToken::new(self.held.token, &self.held.owner_id).unwrap_or(FencingToken {
             value: self.held.token,
             holder: 0,
         })
@@ -134,7 +135,7 @@ impl LockGuard {
     /// This holder's identity as stored in Redis: its random 128-bit owner
     /// id, the client's routing tag and the lease it asked for.
     pub fn owner_id(&self) -> &str {
-        &self.held.member
+        &self.held.owner_id
     }
 
     /// Whether the lease is known to be lost: the watchdog found the lock
@@ -178,7 +179,7 @@ impl LockGuard {
         let batch = RenewBatch {
             items: vec![RenewItem {
                 owner_key: self.held.keys.owner(),
-                member: &self.held.member,
+                owner_id: &self.held.owner_id,
                 lease_ms: millis(lease),
             }],
         };
@@ -229,7 +230,7 @@ impl fmt::Debug for LockGuard {
         f.debug_struct("LockGuard")
             .field("name", &self.held.name)
             .field("token", &self.held.token)
-            .field("owner_id", &self.held.member)
+            .field("owner_id", &self.held.owner_id)
             .finish()
     }
 }

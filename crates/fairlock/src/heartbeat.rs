@@ -45,11 +45,11 @@ pub(crate) fn spawn_heartbeat(state: Arc<ClientState>) -> BackgroundTask {
 /// here, run concurrently.
 async fn beat(state: &Arc<ClientState>) {
     let mut calls = JoinSet::new();
-    for (keys, members) in state.waiters.take_cancels() {
+    for (keys, owner_ids) in state.waiters.take_cancels() {
         let state = Arc::clone(state);
         calls.spawn(async move {
-            for member in members {
-                state.cancel(&keys, &member).await;
+            for owner_id in owner_ids {
+                state.cancel(&keys, &owner_id).await;
             }
         });
     }

@@ -21,8 +21,8 @@ use crate::telemetry::LockTelemetry;
 pub(crate) struct HeldLock {
     pub(crate) name: LockName,
     pub(crate) keys: Arc<LockKeys>,
-    /// The holder's identity in Redis (see `fairlock_core::Member`).
-    pub(crate) member: String,
+    /// The holder's identity in Redis (see `fairlock_core::OwnerId`).
+    pub(crate) owner_id: String,
     pub(crate) token: u64,
     /// The queue ticket, if the grant came after waiting in the queue.
     pub(crate) ticket: Option<u64>,
@@ -54,14 +54,14 @@ impl HeldLock {
     pub(crate) fn new(
         name: LockName,
         keys: Arc<LockKeys>,
-        member: String,
+        owner_id: String,
         grant: Grant,
         telemetry: LockTelemetry,
     ) -> Self {
         Self {
             name,
             keys,
-            member,
+            owner_id,
             token: grant.token,
             ticket: grant.ticket,
             lease: grant.lease,
@@ -157,33 +157,33 @@ impl HeldLock {
     }
 }
 
-/// Every grant this client holds, by member.
+/// Every grant this client holds, by owner id.
 #[derive(Default)]
 pub(crate) struct HeldLocks {
-    by_member: Mutex<HashMap<String, Arc<HeldLock>>>,
+    by_owner_id: Mutex<HashMap<String, Arc<HeldLock>>>,
 }
 
 impl HeldLocks {
     fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<HeldLock>>> {
         // Every critical section is one map operation: a poisoned lock is
         // still consistent.
-        self.by_member.lock().unwrap_or_else(|p| p.into_inner())
+        self.by_owner_id.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn track(&self, lock: &Arc<HeldLock>) {
-        self.map().insert(lock.member.clone(), Arc::clone(lock));
+        self.map().insert(lock.owner_id.clone(), Arc::clone(lock));
     }
 
-    pub(crate) fn forget(&self, member: &str) {
-        self.map().remove(member);
+    pub(crate) fn forget(&self, owner_id: &str) {
+        self.map().remove(owner_id);
     }
 
-    pub(crate) fn get(&self, member: &str) -> Option<Arc<HeldLock>> {
-        self.map().get(member).cloned()
+    pub(crate) fn get(&self, owner_id: &str) -> Option<Arc<HeldLock>> {
+        self.map().get(owner_id).cloned()
     }
 
-    pub(crate) fn contains(&self, member: &str) -> bool {
-        self.map().contains_key(member)
+    pub(crate) fn contains(&self, owner_id: &str) -> bool {
+        self.map().contains_key(owner_id)
     }
 
     pub(crate) fn all(&self) -> Vec<Arc<HeldLock>> {

@@ -57,7 +57,7 @@ impl Permit {
     /// grant of the same semaphore or read-write lock (so a write hold's
     /// token is greater than every read hold's granted before it).
     pub fn token(&self) -> FencingToken {
-        FencingToken::of_member(self.held.token, &self.held.member)
+        FencingToken::of_owner_id(self.held.token, &self.held.owner_id)
     }
 
     /// The queue ticket this permit waited with, or `None` if it was
@@ -68,7 +68,7 @@ impl Permit {
 
     /// This holder's identity as stored in Redis.
     pub fn owner_id(&self) -> &str {
-        &self.held.member
+        &self.held.owner_id
     }
 
     /// Whether the lease is known to be lost: the watchdog found the permit
@@ -88,7 +88,7 @@ impl Permit {
         let batch = PermitRenewBatch {
             items: vec![PermitRenewItem {
                 keys: &self.held.keys,
-                member: &self.held.member,
+                owner_id: &self.held.owner_id,
                 lease_ms: 0,
             }],
         };
@@ -118,7 +118,7 @@ impl fmt::Debug for Permit {
         f.debug_struct("Permit")
             .field("name", &self.held.name)
             .field("token", &self.held.token)
-            .field("owner_id", &self.held.member)
+            .field("owner_id", &self.held.owner_id)
             .finish()
     }
 }

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use fairlock_core::{
-    LockKeys, PermitCancel, PermitHeartbeat, PermitMember, PermitRelease, PermitReleaseReply,
+    LockKeys, PermitCancel, PermitHeartbeat, PermitOwnerId, PermitRelease, PermitReleaseReply,
     PermitRenewBatch, PermitRequest, Purged, RenewStatus,
 };
 
@@ -23,10 +23,10 @@ use crate::state::ClientState;
 use crate::waiters::{LockWaiters, WaiterEvent};
 
 impl ClientState {
-    /// A new permit member: a random 128-bit owner id, this process's tag,
+    /// A new permit owner id: a random 128-bit nonce, this process's tag,
     /// the lease it asks for and its request.
-    pub(crate) fn new_permit_member(&self, lease_ms: u64, request: PermitRequest) -> String {
-        PermitMember::new(
+    pub(crate) fn new_permit_owner_id(&self, lease_ms: u64, request: PermitRequest) -> String {
+        PermitOwnerId::new(
             &uuid::Uuid::new_v4().simple().to_string(),
             &self.tag,
             lease_ms,
@@ -36,16 +36,16 @@ impl ClientState {
         .to_owned()
     }
 
-    /// Gives back the permit of `member`, waking at once the waiters of
+    /// Gives back the permit of `owner_id`, waking at once the waiters of
     /// this process that the release granted.
     pub(crate) async fn release_permit(
         self: &Arc<Self>,
         name: &str,
         keys: &Arc<LockKeys>,
-        member: &str,
+        owner_id: &str,
     ) -> Result<()> {
         let call = PermitRelease {
-            member,
+            owner_id,
             timings: &self.timings,
             channel_prefix: &self.channel_prefix(keys),
         };
@@ -64,14 +64,14 @@ impl ClientState {
         }
     }
 
-    /// Runs `permit_cancel.lua` for `member`; see [`ClientState::cancel`].
+    /// Runs `permit_cancel.lua` for `owner_id`; see [`ClientState::cancel`].
     pub(crate) async fn cancel_permit_call(
         self: &Arc<Self>,
         keys: &Arc<LockKeys>,
-        member: &str,
+        owner_id: &str,
     ) -> Result<Purged> {
         let call = PermitCancel {
-            member,
+            owner_id,
             timings: &self.timings,
             channel_prefix: &self.channel_prefix(keys),
         };

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use fairlock_core::{
-    Cancel, Heartbeat, Inspect, LockKeys, LockName, Member, PermitHeartbeat, Purged, Release,
+    Cancel, Heartbeat, Inspect, LockKeys, LockName, OwnerId, PermitHeartbeat, Purged, Release,
     ReleaseReply, RenewBatch, RenewStatus, ScriptCall, Timings,
 };
 use tokio::runtime::Handle;
@@ -41,7 +41,7 @@ pub(crate) struct ClientState {
     pub(crate) redis: RedisConnection,
     pub(crate) config: ClientConfig,
     pub(crate) timings: Timings,
-    /// Random routing tag of this process, inside every member it makes.
+    /// Random routing tag of this process, inside every owner id it makes.
     pub(crate) tag: String,
     /// On a single server, waiters are woken on this prefix + their
     /// process's tag (on a cluster, see [`ClientState::channel_prefix`]).
@@ -204,10 +204,10 @@ impl ClientState {
         Box::pin(self.redis.renew(batch)).await
     }
 
-    /// A new member: a random 128-bit owner id, this process's tag and
+    /// A new owner id: a random 128-bit nonce, this process's tag and
     /// the lease it asks for.
-    pub(crate) fn new_member(&self, lease_ms: u64) -> String {
-        Member::new(
+    pub(crate) fn new_owner_id(&self, lease_ms: u64) -> String {
+        OwnerId::new(
             &uuid::Uuid::new_v4().simple().to_string(),
             &self.tag,
             lease_ms,
@@ -216,9 +216,9 @@ impl ClientState {
         .to_owned()
     }
 
-    /// Whether a member was made by this process.
-    pub(crate) fn is_ours(&self, member: &str) -> bool {
-        Member::tag_of(member) == Some(self.tag.as_str())
+    /// Whether an owner id was made by this process.
+    pub(crate) fn is_ours(&self, owner_id: &str) -> bool {
+        OwnerId::tag_of(owner_id) == Some(self.tag.as_str())
     }
 
     /// Releases a guard's grant.
@@ -228,36 +228,36 @@ impl ClientState {
             return Ok(());
         }
         // Still tracked while the release is on its way: a grant notice for
-        // this member that arrives meanwhile (a heartbeat reply, a message
+        // this owner id that arrives meanwhile (a heartbeat reply, a message
         // sent before the release ran) is then known as ours and not
         // handed back by a second release, which could run first.
         let result = self
-            .release_member(held.name.as_str(), &held.keys, &held.member)
+            .release_owner_id(held.name.as_str(), &held.keys, &held.owner_id)
             .await;
-        self.held.forget(&held.member);
+        self.held.forget(&held.owner_id);
         held.telemetry.held_for(held.granted_at);
         tracing::debug!(lock = %held.name, token = held.token, ok = result.is_ok(), "fairlock lock released");
         result?;
         self.confirm_replicated().await
     }
 
-    /// Releases the grant of `member`, waking the next owner at once if it
+    /// Releases the grant of `owner_id`, waking the next owner at once if it
     /// waits in this process.
-    pub(crate) async fn release_member(
+    pub(crate) async fn release_owner_id(
         self: &Arc<Self>,
         name: &str,
         keys: &Arc<LockKeys>,
-        member: &str,
+        owner_id: &str,
     ) -> Result<()> {
         if keys.permit_family().is_some() {
-            return self.release_permit(name, keys, member).await;
+            return self.release_permit(name, keys, owner_id).await;
         }
         let reply = self
             .run_on(
                 Lane::Holders,
                 keys,
                 &Release {
-                    member,
+                    owner_id,
                     timings: &self.timings,
                     channel_prefix: &self.channel_prefix(keys),
                     reply_to: &self.tag,
@@ -267,13 +267,13 @@ impl ClientState {
         match reply {
             ReleaseReply::Released { handed_to, purged } => {
                 self.after_purge(keys, purged);
-                if let Some(next) = handed_to.filter(|next| self.is_ours(&next.member)) {
+                if let Some(next) = handed_to.filter(|next| self.is_ours(&next.owner_id)) {
                     // The next owner is of this very process: the script
                     // sent it no message, so this reply is the one place it
                     // is woken (one hop, no pub/sub round trip). If nobody
                     // here waits for it any more, the lock goes on at once.
-                    if !self.waiters.deliver_handoff(&next) && !self.held.contains(&next.member) {
-                        self.hand_back(Arc::clone(keys), next.member);
+                    if !self.waiters.deliver_handoff(&next) && !self.held.contains(&next.owner_id) {
+                        self.hand_back(Arc::clone(keys), next.owner_id);
                     }
                 }
                 Ok(())
@@ -284,33 +284,33 @@ impl ClientState {
         }
     }
 
-    /// A grant for `member` of ours arrived and nobody here waits for it
+    /// A grant for `owner_id` of ours arrived and nobody here waits for it
     /// or holds it (the waiter gave up): hand the lock on at once.
-    pub(crate) fn hand_back(self: &Arc<Self>, keys: Arc<LockKeys>, member: String) {
+    pub(crate) fn hand_back(self: &Arc<Self>, keys: Arc<LockKeys>, owner_id: String) {
         let state = Arc::clone(self);
         self.spawn(async move {
-            tracing::debug!(lock = keys.owner(), %member, "fairlock handing back a grant nobody here waits for");
-            match state.release_member(keys.owner(), &keys, &member).await {
+            tracing::debug!(lock = keys.owner(), %owner_id, "fairlock handing back a grant nobody here waits for");
+            match state.release_owner_id(keys.owner(), &keys, &owner_id).await {
                 Ok(()) | Err(Error::NotOwner { .. }) => {}
                 Err(error) if !retry_may_cure(&error) => {
                     tracing::warn!(%error, "fairlock could not hand back an orphaned grant; its lease will run out");
                 }
                 Err(error) => {
                     tracing::warn!(%error, "fairlock could not hand back an orphaned grant; the heartbeat retries");
-                    state.waiters.cancel_later(&keys, &member);
+                    state.waiters.cancel_later(&keys, &owner_id);
                 }
             }
         });
     }
 
-    /// Leaves the queue for `member`, passing on a grant that raced the
+    /// Leaves the queue for `owner_id`, passing on a grant that raced the
     /// cancellation. A failure is retried by the heartbeat.
-    pub(crate) async fn cancel(self: &Arc<Self>, keys: &Arc<LockKeys>, member: &str) {
+    pub(crate) async fn cancel(self: &Arc<Self>, keys: &Arc<LockKeys>, owner_id: &str) {
         let result = if keys.permit_family().is_some() {
-            self.cancel_permit_call(keys, member).await
+            self.cancel_permit_call(keys, owner_id).await
         } else {
             let call = Cancel {
-                member,
+                owner_id,
                 timings: &self.timings,
                 channel_prefix: &self.channel_prefix(keys),
             };
@@ -324,7 +324,7 @@ impl ClientState {
             }
             Err(error) => {
                 tracing::warn!(%error, "fairlock could not leave the queue; retrying with the next heartbeat");
-                self.waiters.cancel_later(keys, member);
+                self.waiters.cancel_later(keys, owner_id);
             }
         }
     }
@@ -375,7 +375,7 @@ impl ClientState {
     /// Whether `held` still owns its lock, asked of Redis (read-only).
     pub(crate) async fn owns(&self, held: &HeldLock) -> Result<bool> {
         let state = self.run(&held.keys, &Inspect { waiters: 0 }).await?;
-        Ok(state.owner.as_deref() == Some(held.member.as_str()))
+        Ok(state.owner.as_deref() == Some(held.owner_id.as_str()))
     }
 }
 
@@ -414,7 +414,7 @@ mod tests {
         let server = RedisServer::start().expect("redis-server");
         let client = LockClient::connect(&server.url()).await.expect("client");
         let guard = client.lock("releasing").await.expect("holder");
-        let member = guard.owner_id().to_owned();
+        let owner_id = guard.owner_id().to_owned();
         let state = client.state().clone();
         server
             .cmd_ok(&["CLIENT", "PAUSE", "5000", "WRITE"])
@@ -422,7 +422,7 @@ mod tests {
         let release = tokio::spawn(async move { guard.release().await });
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!release.is_finished(), "the release waits in Redis");
-        let tracked_in_flight = state.held.contains(&member);
+        let tracked_in_flight = state.held.contains(&owner_id);
         server.cmd_ok(&["CLIENT", "UNPAUSE"]).expect("unpause");
         release
             .await
@@ -432,7 +432,7 @@ mod tests {
             tracked_in_flight,
             "forgotten while its release was in flight"
         );
-        assert!(!state.held.contains(&member), "forgotten once released");
+        assert!(!state.held.contains(&owner_id), "forgotten once released");
         client.shutdown().await;
     }
 

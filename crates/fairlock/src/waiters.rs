@@ -1,8 +1,8 @@
 //! The waiter registry: which task waits for which grant.
 //!
 //! A grant arrives (by pub/sub, in a release reply of this process, or in
-//! a heartbeat reply) naming a member; the registry hands it to the task
-//! waiting under that member. It also groups waiters by lock, so the
+//! a heartbeat reply) naming an owner id; the registry hands it to the task
+//! waiting under that owner id. It also groups waiters by lock, so the
 //! heartbeat keeps all of a lock's waiters alive with one call and probes
 //! the oldest of them, and it remembers cancels that failed, so the
 //! heartbeat retries them.
@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 /// What a waiting task is told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum WaiterEvent {
-    /// The task's member now owns the lock, with this fencing token.
+    /// The task's owner id now owns the lock, with this fencing token.
     /// `confirm`: the grant was found by a heartbeat, or a release here
     /// saw that it went unheard, rather than being announced by
     /// pub/sub; its message may have reached nobody, in which case the
@@ -95,13 +95,13 @@ pub(crate) struct LockWaiters {
 
 #[derive(Default)]
 struct State {
-    /// Member → its waiter. The member string is shared with `by_lock`
+    /// Owner id → its waiter. The owner id string is shared with `by_lock`
     /// (one allocation per waiter, not two: a process may have ten
     /// thousand).
     waiters: HashMap<Arc<str>, Waiter>,
-    /// Lock (owner key) → members waiting on it.
+    /// Lock (owner key) → owner ids waiting on it.
     by_lock: HashMap<String, (Arc<LockKeys>, HashSet<Arc<str>>)>,
-    /// Lock (owner key) → members whose cancel failed, to retry.
+    /// Lock (owner key) → owner ids whose cancel failed, to retry.
     cancels: HashMap<String, (Arc<LockKeys>, HashSet<String>)>,
 }
 
@@ -118,14 +118,14 @@ impl WaiterRegistry {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers `member` before its first acquire call, so a grant that is
+    /// Registers `owner_id` before its first acquire call, so a grant that is
     /// published the moment it is queued is not missed.
-    pub(crate) fn register(&self, member: &str, keys: &Arc<LockKeys>) -> Arc<WaiterSlot> {
+    pub(crate) fn register(&self, owner_id: &str, keys: &Arc<LockKeys>) -> Arc<WaiterSlot> {
         let slot = Arc::new(WaiterSlot::default());
-        let member: Arc<str> = Arc::from(member);
+        let owner_id: Arc<str> = Arc::from(owner_id);
         let mut state = self.state();
         state.waiters.insert(
-            Arc::clone(&member),
+            Arc::clone(&owner_id),
             Waiter {
                 keys: Arc::clone(keys),
                 slot: Arc::clone(&slot),
@@ -135,53 +135,53 @@ impl WaiterRegistry {
         // The lock's entry usually exists already (its other waiters):
         // its key is copied only when the entry is made.
         match state.by_lock.get_mut(keys.owner()) {
-            Some((_, members)) => {
-                members.insert(member);
+            Some((_, owner_ids)) => {
+                owner_ids.insert(owner_id);
             }
             None => {
-                let members = HashSet::from([member]);
+                let owner_ids = HashSet::from([owner_id]);
                 state
                     .by_lock
-                    .insert(keys.owner().to_owned(), (Arc::clone(keys), members));
+                    .insert(keys.owner().to_owned(), (Arc::clone(keys), owner_ids));
             }
         }
         slot
     }
 
-    /// Forgets `member`; later grants for it are handed back.
-    pub(crate) fn deregister(&self, member: &str) {
+    /// Forgets `owner_id`; later grants for it are handed back.
+    pub(crate) fn deregister(&self, owner_id: &str) {
         let mut state = self.state();
-        if let Some(waiter) = state.waiters.remove(member) {
+        if let Some(waiter) = state.waiters.remove(owner_id) {
             let lock = waiter.keys.owner();
-            if let Some((_, members)) = state.by_lock.get_mut(lock) {
-                members.remove(member);
-                if members.is_empty() {
+            if let Some((_, owner_ids)) = state.by_lock.get_mut(lock) {
+                owner_ids.remove(owner_id);
+                if owner_ids.is_empty() {
                     state.by_lock.remove(lock);
                 }
             }
         }
     }
 
-    /// Records that `member` is queued with `ticket`, so heartbeats cover it.
-    pub(crate) fn mark_queued(&self, member: &str, ticket: u64) {
-        if let Some(waiter) = self.state().waiters.get_mut(member) {
+    /// Records that `owner_id` is queued with `ticket`, so heartbeats cover it.
+    pub(crate) fn mark_queued(&self, owner_id: &str, ticket: u64) {
+        if let Some(waiter) = self.state().waiters.get_mut(owner_id) {
             waiter.ticket = Some(ticket);
         }
     }
 
-    /// Whether `member`'s task still waits here (registered, not yet
+    /// Whether `owner_id`'s task still waits here (registered, not yet
     /// granted, cancelled or given up).
-    pub(crate) fn is_waiting(&self, member: &str) -> bool {
-        self.state().waiters.contains_key(member)
+    pub(crate) fn is_waiting(&self, owner_id: &str) -> bool {
+        self.state().waiters.contains_key(owner_id)
     }
 
-    /// Routes an event to `member`'s task; `false` if nobody waits for it.
+    /// Routes an event to `owner_id`'s task; `false` if nobody waits for it.
     /// The registry's lock is not held while the task is woken.
-    pub(crate) fn deliver(&self, member: &str, event: WaiterEvent) -> bool {
+    pub(crate) fn deliver(&self, owner_id: &str, event: WaiterEvent) -> bool {
         let slot = self
             .state()
             .waiters
-            .get(member)
+            .get(owner_id)
             .map(|waiter| Arc::clone(&waiter.slot));
         match slot {
             Some(slot) => {
@@ -198,7 +198,7 @@ impl WaiterRegistry {
     /// sets its own lease first.
     pub(crate) fn deliver_handoff(&self, handoff: &Handoff) -> bool {
         self.deliver(
-            &handoff.member,
+            &handoff.owner_id,
             WaiterEvent::Granted {
                 token: handoff.token,
                 confirm: handoff.unheard,
@@ -213,8 +213,8 @@ impl WaiterRegistry {
             state
                 .by_lock
                 .get(owner_key)
-                .map(|(_, members)| {
-                    members
+                .map(|(_, owner_ids)| {
+                    owner_ids
                         .iter()
                         .filter_map(|m| state.waiters.get(m).map(|w| Arc::clone(&w.slot)))
                         .collect()
@@ -232,12 +232,12 @@ impl WaiterRegistry {
         state
             .by_lock
             .values()
-            .filter_map(|(keys, members)| {
+            .filter_map(|(keys, owner_ids)| {
                 let mut probe: Option<(u64, &Arc<str>)> = None;
-                for member in members {
-                    if let Some(ticket) = state.waiters.get(member).and_then(|w| w.ticket) {
+                for owner_id in owner_ids {
+                    if let Some(ticket) = state.waiters.get(owner_id).and_then(|w| w.ticket) {
                         if probe.is_none_or(|(oldest, _)| ticket < oldest) {
-                            probe = Some((ticket, member));
+                            probe = Some((ticket, owner_id));
                         }
                     }
                 }
@@ -250,13 +250,13 @@ impl WaiterRegistry {
     }
 
     /// Remembers a cancel that failed, for the heartbeat to retry.
-    pub(crate) fn cancel_later(&self, keys: &Arc<LockKeys>, member: &str) {
+    pub(crate) fn cancel_later(&self, keys: &Arc<LockKeys>, owner_id: &str) {
         self.state()
             .cancels
             .entry(keys.owner().to_owned())
             .or_insert_with(|| (Arc::clone(keys), HashSet::new()))
             .1
-            .insert(member.to_owned());
+            .insert(owner_id.to_owned());
     }
 
     /// Takes the cancels to retry.
@@ -264,7 +264,7 @@ impl WaiterRegistry {
         self.state()
             .cancels
             .drain()
-            .map(|(_, (keys, members))| (keys, members.into_iter().collect()))
+            .map(|(_, (keys, owner_ids))| (keys, owner_ids.into_iter().collect()))
             .collect()
     }
 
@@ -330,7 +330,7 @@ mod tests {
         ));
         let slot = registry.register("m1", &keys);
         let unheard = Handoff {
-            member: "m1".to_owned(),
+            owner_id: "m1".to_owned(),
             token: 7,
             unheard: true,
         };

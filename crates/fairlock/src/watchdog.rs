@@ -105,7 +105,7 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
                 .zip(&leases)
                 .map(|(lock, &lease_ms)| PermitRenewItem {
                     keys: &lock.keys,
-                    member: &lock.member,
+                    owner_id: &lock.owner_id,
                     lease_ms,
                 })
                 .collect(),
@@ -118,7 +118,7 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
                 .zip(&leases)
                 .map(|(lock, &lease_ms)| RenewItem {
                     owner_key: lock.keys.owner(),
-                    member: &lock.member,
+                    owner_id: &lock.owner_id,
                     lease_ms,
                 })
                 .collect(),
@@ -148,7 +148,7 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
                     RenewStatus::Held => {}
                     RenewStatus::Lost | RenewStatus::WrongType => {
                         lease_renewal("lost");
-                        state.held.forget(&lock.member);
+                        state.held.forget(&lock.owner_id);
                         lock.mark_lost("the lock is gone or owned by another");
                     }
                 }
@@ -158,7 +158,7 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
             lease_renewal("unreplicated");
             for (lock, lease_ms) in locks.iter().zip(leases) {
                 if lease_ms > 0 && !lock.is_released() {
-                    state.held.forget(&lock.member);
+                    state.held.forget(&lock.owner_id);
                     lock.mark_lost(&format!("a renewal was not replicated: {error}"));
                 }
             }
@@ -169,7 +169,7 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
             for lock in &locks {
                 // Fires once the lease has run out by the local clock.
                 if lock.is_lost() {
-                    state.held.forget(&lock.member);
+                    state.held.forget(&lock.owner_id);
                 }
             }
         }

@@ -2,21 +2,21 @@
 --
 -- Every lock script takes the same five keys, all under one hash tag
 -- (`<prefix>{<escaped name>}:...`), so a lock lives in one cluster slot:
---   KEYS[1] owner  string "<member> <token>"; its TTL is the holder's lease
---   KEYS[2] queue  zset   member -> ticket (FIFO order)
+--   KEYS[1] owner  string "<owner id> <token>"; its TTL is the holder's lease
+--   KEYS[2] queue  zset   owner id -> ticket (FIFO order)
 --   KEYS[3] alive  zset   client tag -> heartbeat deadline, ms of server time
 --   KEYS[4] seq    string the last token or ticket issued (one counter for both)
---   KEYS[5] freed  string the member of the last release, so a resent
+--   KEYS[5] freed  string the owner id of the last release, so a resent
 --                         release is recognised
 -- Every key expires: owner with the lease, queue and alive with the queue
 -- TTL that heartbeats refresh, seq and freed with the idle TTL. An idle
 -- lock leaves nothing behind.
 --
--- A member is `<owner id, 32 hex>.<client tag, 16 hex>.<lease ms>`. The
+-- An owner id is `<nonce, 32 hex>.<client tag, 16 hex>.<lease ms>`. The
 -- client tag names the waiter's process: its pub/sub channel
 -- (channel prefix .. tag) and its liveness (one `alive` entry per process
 -- and lock, refreshed by one heartbeat call however many waiters it has).
--- The lease travels inside the member, so a handoff grants the waiter's
+-- The lease travels inside the owner id, so a handoff grants the waiter's
 -- own lease with no confirm round trip.
 --
 -- Scripts read every key they will write before their first write (a read
@@ -36,15 +36,15 @@ local function now_us()
   return tonumber(t[1]) * 1000000 + tonumber(t[2]), t[1] .. string.sub('00000' .. t[2], -6)
 end
 
-local function tag_of(member)
-  return string.match(member, '^%x+%.(%x+)%.%d+$')
+local function tag_of(owner_id)
+  return string.match(owner_id, '^%x+%.(%x+)%.%d+$')
 end
 
-local function lease_of(member)
-  return tonumber(string.match(member, '%.(%d+)$'))
+local function lease_of(owner_id)
+  return tonumber(string.match(owner_id, '%.(%d+)$'))
 end
 
--- The longest lease a member may carry (a day, the client's own limit):
+-- The longest lease an owner id may carry (a day, the client's own limit):
 -- an entry asking for more, or for none, was not written by fairlock and
 -- is dropped like a dead one instead of failing the grant.
 local MAX_LEASE_MS = 86400000
@@ -53,24 +53,24 @@ local function usable(lease)
   return lease ~= nil and lease >= 1 and lease <= MAX_LEASE_MS
 end
 
--- A member's tag and lease in one pattern match (each match costs Redis
--- time on every call; the hot paths parse a member once). The lease comes
--- as a number and as the member's own digits, which commands take as they
+-- An owner id's tag and lease in one pattern match (each match costs Redis
+-- time on every call; the hot paths parse an owner id once). The lease comes
+-- as a number and as the owner id's own digits, which commands take as they
 -- are (a number argument costs Redis a printf).
-local function parse_member(member)
-  local tag, lease = string.match(member, '^%x+%.(%x+)%.(%d+)$')
+local function parse_owner_id(owner_id)
+  local tag, lease = string.match(owner_id, '^%x+%.(%x+)%.(%d+)$')
   return tag, tonumber(lease), lease
 end
 
--- The owner value "<member> <token>": its member and token, and whether
+-- The owner value "<owner id> <token>": its owner id and token, and whether
 -- fairlock wrote it (false for a value another program wrote, which is
--- returned whole as the member).
+-- returned whole as the owner id).
 local function parse_owner(value)
   if not value then
     return false, 0, true
   end
-  local member, token = string.match(value, '^(%S+) (%d+)$')
-  return member or value, tonumber(token) or 0, member ~= nil
+  local owner_id, token = string.match(value, '^(%S+) (%d+)$')
+  return owner_id or value, tonumber(token) or 0, owner_id ~= nil
 end
 
 -- An owner value fairlock did not write (another program uses the key).
@@ -141,31 +141,31 @@ local function restore_seq(previous)
   end
 end
 
--- publish: tell one member's process, on its own channel, what happened to it:
--- "<member> <token> <owner key>" for a grant, "<member> revoked <owner
+-- publish: tell one owner id's process, on its own channel, what happened to it:
+-- "<owner id> <token> <owner key>" for a grant, "<owner id> revoked <owner
 -- key>" for a forced release. The owner key names the lock, so a grant
 -- that reaches a process where nobody waits for it can be handed back.
 -- One message reaches one subscriber: no herd.
 -- On a cluster the channel prefix carries a hash tag in the lock's own
 -- slot and the message goes by SPUBLISH, so it never crosses the cluster
 -- bus. Returns how many subscribers received it.
-local function publish(channel_prefix, member, what, tag)
+local function publish(channel_prefix, owner_id, what, tag)
   local command = string.find(channel_prefix, '{', 1, true) and 'SPUBLISH' or 'PUBLISH'
-  return redis.call(command, channel_prefix .. (tag or tag_of(member)), member .. ' ' .. what .. ' ' .. KEYS[1])
+  return redis.call(command, channel_prefix .. (tag or tag_of(owner_id)), owner_id .. ' ' .. what .. ' ' .. KEYS[1])
 end
 
--- Make `member` the owner with a fresh token and its own lease (`lease`,
--- digits, or the member's). Returns the token as a number and in digits.
-local function grant(now, member, idle_ms, lease, now_str)
+-- Make `owner_id` the owner with a fresh token and its own lease (`lease`,
+-- digits, or the owner id's). Returns the token as a number and in digits.
+local function grant(now, owner_id, idle_ms, lease, now_str)
   local token, _, token_str = next_seq(now, idle_ms, now_str)
-  redis.call('SET', KEYS[1], member .. ' ' .. token_str, 'PX', lease or lease_of(member))
+  redis.call('SET', KEYS[1], owner_id .. ' ' .. token_str, 'PX', lease or lease_of(owner_id))
   return token, token_str
 end
 
 -- How many queue entries one call looks at, window by window, when it
 -- searches for the oldest live waiter past a dead head (the head itself
 -- is checked alone first: it is almost always alive, so a handoff reads
--- one member, not a hundred). Bounds the work of one script however many
+-- one owner id, not a hundred). Bounds the work of one script however many
 -- dead waiters the queue holds: 128 entries in all (a call that parses
 -- and removes 128 dead entries takes about 0.4 ms of Redis time on a slow
 -- 2-core machine; 256 took up to 1.2 ms), and the search stops at the
@@ -193,7 +193,7 @@ local function pop_live_head()
   end
   local now, now_str = now_us()
   local now_ms = math.floor(now / 1000)
-  local first_tag, first_lease, first_lease_str = parse_member(first)
+  local first_tag, first_lease, first_lease_str = parse_owner_id(first)
   if first_tag and usable(first_lease)
       and alive_at(redis.call('ZSCORE', KEYS[3], first_tag), now_ms) then
     redis.call('ZREM', KEYS[2], first)
@@ -207,11 +207,11 @@ local function pop_live_head()
     if #window == 0 then
       return false, dropped, false, now
     end
-    -- One pattern match per member: tag and lease are kept for the
+    -- One pattern match per owner id: tag and lease are kept for the
     -- second pass and for the grant.
     local tags, seen, tag_at, lease_at, lease_digits = {}, {}, {}, {}, {}
-    for i, member in ipairs(window) do
-      local tag, lease, lease_str = parse_member(member)
+    for i, owner_id in ipairs(window) do
+      local tag, lease, lease_str = parse_owner_id(owner_id)
       tag = tag or '-'
       tag_at[i] = tag
       lease_at[i] = lease
@@ -228,10 +228,10 @@ local function pop_live_head()
     end
     local remove = {}
     local head, head_at = false, 0
-    for i, member in ipairs(window) do
-      remove[#remove + 1] = member
+    for i, owner_id in ipairs(window) do
+      remove[#remove + 1] = owner_id
       if alive[tag_at[i]] and usable(lease_at[i]) then
-        head, head_at = member, i
+        head, head_at = owner_id, i
         break
       end
     end
@@ -282,13 +282,13 @@ local function grant_next(idle_ms, channel_prefix, unheard_ms, reply_to)
   return head, token, dropped, false, unheard
 end
 
--- Free the lock held by `member` (its owner) and hand it on. `freed`
+-- Free the lock held by `owner_id` (its owner) and hand it on. `freed`
 -- remembers the releaser, so a resent release is answered the same way.
-local function release_and_hand_on(member, idle_ms, channel_prefix, unheard_ms, reply_to)
+local function release_and_hand_on(owner_id, idle_ms, channel_prefix, unheard_ms, reply_to)
   local next_owner, token, dropped, more, unheard = grant_next(idle_ms, channel_prefix, unheard_ms, reply_to)
   if not next_owner then
     redis.call('DEL', KEYS[1])
   end
-  redis.call('SET', KEYS[5], member, 'PX', idle_ms)
+  redis.call('SET', KEYS[5], owner_id, 'PX', idle_ms)
   return next_owner, token, dropped, more, unheard
 end

@@ -5,19 +5,19 @@
 -- Every permit script takes the five keys of one permit set, all under the
 -- hash tag of its name (`<prefix>{<escaped name>}:<sem|rw>:...`), so a set
 -- lives in one cluster slot and never shares a key with a lock:
---   KEYS[1] holders  zset   holder member -> lease deadline, ms of server time
---   KEYS[2] queue    zset   waiter member -> ticket (FIFO order)
+--   KEYS[1] holders  zset   holder owner id -> lease deadline, ms of server time
+--   KEYS[2] queue    zset   waiter owner id -> ticket (FIFO order)
 --   KEYS[3] alive    zset   client tag -> heartbeat deadline, ms of server time
 --   KEYS[4] seq      string the last token or ticket issued (one counter)
---   KEYS[5] grants   hash   holder member -> its fencing token; the field
+--   KEYS[5] grants   hash   holder owner id -> its fencing token; the field
 --                           "limit" -> the permit count last asked for
 --
--- A member is `<owner id>.<client tag>.<lease ms>.<permits>`. permits >= 1
+-- An owner id is `<nonce>.<client tag>.<lease ms>.<permits>`. permits >= 1
 -- asks for one permit shared with at most that many holders in all (a
 -- semaphore permit, or a reader with a huge count); permits 0 asks to hold
 -- alone (a writer). A request fits when
 --   shared:    no exclusive holder, and fewer holders than the limit (the
---              stored "limit", or the member's own count if none is stored);
+--              stored "limit", or the owner id's own count if none is stored);
 --   exclusive: no holder at all.
 -- An exclusive holder therefore always holds alone, so whether one holds is
 -- a look at the single holder when there is exactly one: O(1).
@@ -40,10 +40,10 @@
 -- lock, which is in effect unlimited.
 local MAX_PERMITS = 1000000
 
--- The tag, lease and permit count of a member, or nil if fairlock did not
+-- The tag, lease and permit count of an owner id, or nil if fairlock did not
 -- write it (such an entry is dropped like a dead one).
-local function parse_permit_member(member)
-  local tag, lease, permits = string.match(member, '^%x+%.(%x+)%.(%d+)%.(%d+)$')
+local function parse_permit_owner_id(owner_id)
+  local tag, lease, permits = string.match(owner_id, '^%x+%.(%x+)%.(%d+)%.(%d+)$')
   if not tag then
     return nil
   end
@@ -97,7 +97,7 @@ local function fits(permits, limit)
     return false
   end
   if count == 1 then
-    local _, _, only = parse_permit_member(redis.call('ZRANGE', KEYS[1], 0, 0)[1])
+    local _, _, only = parse_permit_owner_id(redis.call('ZRANGE', KEYS[1], 0, 0)[1])
     if only == 0 then
       return false
     end
@@ -105,27 +105,27 @@ local function fits(permits, limit)
   return count < limit
 end
 
--- The shared limit for a member asking with `permits`.
+-- The shared limit for an owner id asking with `permits`.
 local function limit_for(stored, permits)
   return tonumber(stored) or permits
 end
 
--- Makes `member` a holder for `lease_ms` from now, with a fresh token.
-local function grant_permit(now, member, lease_ms, idle_ms)
+-- Makes `owner_id` a holder for `lease_ms` from now, with a fresh token.
+local function grant_permit(now, owner_id, lease_ms, idle_ms)
   local token = next_seq(now, idle_ms)
-  redis.call('ZADD', KEYS[1], math.floor(now / 1000) + lease_ms, member)
-  redis.call('HSET', KEYS[5], member, digits(token))
+  redis.call('ZADD', KEYS[1], math.floor(now / 1000) + lease_ms, owner_id)
+  redis.call('HSET', KEYS[5], owner_id, digits(token))
   keep_for(KEYS[1], lease_ms)
   keep_for(KEYS[5], lease_ms)
   return token
 end
 
--- common.lua's publish, for a member whose tag is already parsed (a permit
--- member has one field more than a lock's). Same message, so the client's
+-- common.lua's publish, for an owner id whose tag is already parsed (a permit
+-- owner id has one field more than a lock's). Same message, so the client's
 -- one grant router serves both; KEYS[1] names the set.
-local function publish_permit(channel_prefix, member, tag, what)
+local function publish_permit(channel_prefix, owner_id, tag, what)
   local command = string.find(channel_prefix, '{', 1, true) and 'SPUBLISH' or 'PUBLISH'
-  return redis.call(command, channel_prefix .. tag, member .. ' ' .. what .. ' ' .. KEYS[1])
+  return redis.call(command, channel_prefix .. tag, owner_id .. ' ' .. what .. ' ' .. KEYS[1])
 end
 
 -- Direct handoff to as many waiters as fit: from the head of the queue,
@@ -134,7 +134,7 @@ end
 -- at the first live one that does not. A grant whose message reached
 -- nobody keeps its place only for `unheard_ms` (the waiter TTL), as a
 -- lock's does. Work is bounded like pop_live_head's.
--- Returns the grants as a flat list {member, token, unheard, ...} (unheard:
+-- Returns the grants as a flat list {owner id, token, unheard, ...} (unheard:
 -- 1 if the grant's message reached nobody and its lease was cut to
 -- `unheard_ms`, so whoever wakes it must set its lease), the number of
 -- dead waiters dropped, and whether the search stopped with entries left
@@ -154,8 +154,8 @@ local function grant_waiting(now, idle_ms, channel_prefix, unheard_ms)
       return granted, dropped, false
     end
     local parsed, tags, seen = {}, {}, {}
-    for i, member in ipairs(window) do
-      local tag, lease, permits = parse_permit_member(member)
+    for i, owner_id in ipairs(window) do
+      local tag, lease, permits = parse_permit_owner_id(owner_id)
       parsed[i] = {tag, lease, permits}
       if tag and not seen[tag] then
         seen[tag] = true
@@ -171,20 +171,20 @@ local function grant_waiting(now, idle_ms, channel_prefix, unheard_ms)
       end
     end
     local remove, blocked = {}, false
-    for i, member in ipairs(window) do
+    for i, owner_id in ipairs(window) do
       local tag, lease, permits = parsed[i][1], parsed[i][2], parsed[i][3]
       if not (tag and alive[tag]) then
-        remove[#remove + 1] = member
+        remove[#remove + 1] = owner_id
         dropped = dropped + 1
       elseif fits(permits, limit_for(stored, permits)) then
-        local token = grant_permit(now, member, lease, idle_ms)
-        local unheard = publish_permit(channel_prefix, member, tag, digits(token)) == 0
+        local token = grant_permit(now, owner_id, lease, idle_ms)
+        local unheard = publish_permit(channel_prefix, owner_id, tag, digits(token)) == 0
           and unheard_ms < lease
         if unheard then
-          redis.call('ZADD', KEYS[1], 'XX', now_ms + unheard_ms, member)
+          redis.call('ZADD', KEYS[1], 'XX', now_ms + unheard_ms, owner_id)
         end
-        remove[#remove + 1] = member
-        granted[#granted + 1] = member
+        remove[#remove + 1] = owner_id
+        granted[#granted + 1] = owner_id
         granted[#granted + 1] = token
         granted[#granted + 1] = unheard and 1 or 0
       else

@@ -4,7 +4,7 @@
 -- under the same hash tag as the fair lock's keys (with the RedLock key
 -- prefix, `fairlock:redlock:` by default, so the two modes never share a
 -- key):
---   owner  string  the member (owner id) that this primary voted for; TTL = lease
+--   owner  string  the owner id (a nonce) that this primary voted for; TTL = lease
 --   seq    string  the last fencing token a grant wrote back here
 
 -- Lua 5.1 prints large numbers in exponent form; Redis wants digits.

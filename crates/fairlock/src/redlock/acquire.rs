@@ -51,21 +51,22 @@ pub(crate) async fn acquire(
     let lock_name = LockName::new(name)?;
     let lease = options.checked_lease(&shared.config)?;
     let keys = Arc::new(RedLockKeys::new(&shared.config.prefix, &lock_name));
-    let member: Arc<str> = Arc::from(uuid::Uuid::new_v4().simple().to_string());
+    let owner_id: Arc<str> = Arc::from(uuid::Uuid::new_v4().simple().to_string());
     let token_of = |value: u64| {
-        FencingToken::new(value, &member)
-            .ok_or_else(|| Error::InvalidOptions(format!("owner id {member} is not 32 hex digits")))
+        FencingToken::new(value, &owner_id).ok_or_else(|| {
+            Error::InvalidOptions(format!("owner id {owner_id} is not 32 hex digits"))
+        })
     };
     let began = Instant::now();
     let deadline = options.wait_timeout.map(|timeout| began + timeout);
     let mut subscription: Option<Subscription> = None;
     let mut splits: u32 = 0;
     loop {
-        let pause = match attempt(shared, &keys, &member, lease).await {
+        let pause = match attempt(shared, &keys, &owner_id, lease).await {
             Attempt::Won(won) => {
                 let token = token_of(won.token)?;
                 return Ok(Some(hold(
-                    shared, name, keys, member, token, won, options, lease,
+                    shared, name, keys, owner_id, token, won, options, lease,
                 )));
             }
             Attempt::NoQuorum { answered, failures } => {
@@ -130,7 +131,7 @@ fn hold(
     shared: &Arc<Shared>,
     name: &str,
     keys: Arc<RedLockKeys>,
-    member: Arc<str>,
+    owner_id: Arc<str>,
     token: FencingToken,
     won: Won,
     options: RedLockOptions,
@@ -147,7 +148,7 @@ fn hold(
         LeaseWatchdog::spawn(
             Arc::clone(shared),
             Arc::clone(&keys),
-            Arc::clone(&member),
+            Arc::clone(&owner_id),
             lease,
             Arc::clone(&status),
         )
@@ -156,7 +157,7 @@ fn hold(
         shared: Arc::clone(shared),
         name: name.to_owned(),
         keys,
-        member,
+        owner_id,
         token,
         status,
         watchdog,

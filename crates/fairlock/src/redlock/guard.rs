@@ -38,7 +38,7 @@ pub struct RedLockGuard {
     pub(crate) shared: Arc<Shared>,
     pub(crate) name: String,
     pub(crate) keys: Arc<RedLockKeys>,
-    pub(crate) member: Arc<str>,
+    pub(crate) owner_id: Arc<str>,
     pub(crate) token: FencingToken,
     pub(crate) status: Arc<watch::Sender<HoldStatus>>,
     pub(crate) watchdog: Option<BackgroundTask>,
@@ -49,7 +49,7 @@ impl std::fmt::Debug for RedLockGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedLockGuard")
             .field("name", &self.name)
-            .field("owner_id", &self.member)
+            .field("owner_id", &self.owner_id)
             .field("token", &self.token.value())
             .field("validity", &self.validity())
             .finish()
@@ -65,7 +65,7 @@ impl RedLockGuard {
     /// The holder's random owner id (32 hex digits), as stored on the
     /// primaries.
     pub fn owner_id(&self) -> &str {
-        &self.member
+        &self.owner_id
     }
 
     /// The grant's fencing token: greater than every token granted before
@@ -132,7 +132,7 @@ impl RedLockGuard {
         let was_valid = !self.status.borrow().is_lost();
         self.status.send_modify(|s| s.lost = true);
         let (answered, deleted, failures) =
-            release_everywhere(&self.shared, &self.keys, &self.member, true).await;
+            release_everywhere(&self.shared, &self.keys, &self.owner_id, true).await;
         let quorum = self.shared.config.quorum();
         if was_valid || deleted >= quorum {
             Ok(())
@@ -165,9 +165,9 @@ impl Drop for RedLockGuard {
         };
         let shared = Arc::clone(&self.shared);
         let keys = Arc::clone(&self.keys);
-        let member = Arc::clone(&self.member);
+        let owner_id = Arc::clone(&self.owner_id);
         runtime.spawn(async move {
-            release_everywhere(&shared, &keys, &member, true).await;
+            release_everywhere(&shared, &keys, &owner_id, true).await;
         });
     }
 }

@@ -63,17 +63,17 @@ pub(crate) enum Attempt {
     },
 }
 
-/// Runs one attempt for `member` with `lease`.
+/// Runs one attempt for `owner_id` with `lease`.
 pub(crate) async fn attempt(
     shared: &Arc<Shared>,
     keys: &Arc<RedLockKeys>,
-    member: &Arc<str>,
+    owner_id: &Arc<str>,
     lease: Duration,
 ) -> Attempt {
     let config = &shared.config;
     let quorum = config.quorum();
     let started = Instant::now();
-    let mut cleanup = VoteCleanup::armed(shared, keys, member);
+    let mut cleanup = VoteCleanup::armed(shared, keys, owner_id);
 
     let lease_ms = millis(lease);
     let min_uptime_ms = millis(config.restart_delay);
@@ -81,10 +81,10 @@ pub(crate) async fn attempt(
         .primaries
         .on_all(|primary| {
             let keys = Arc::clone(keys);
-            let member = Arc::clone(member);
+            let owner_id = Arc::clone(owner_id);
             async move {
                 let acquire = RedlockAcquire {
-                    member: &member,
+                    owner_id: &owner_id,
                     lease_ms,
                     min_uptime_ms,
                 };
@@ -176,9 +176,9 @@ struct VoteCleanup {
 }
 
 impl VoteCleanup {
-    fn armed(shared: &Arc<Shared>, keys: &Arc<RedLockKeys>, member: &Arc<str>) -> Self {
+    fn armed(shared: &Arc<Shared>, keys: &Arc<RedLockKeys>, owner_id: &Arc<str>) -> Self {
         Self {
-            target: Some((Arc::clone(shared), Arc::clone(keys), Arc::clone(member))),
+            target: Some((Arc::clone(shared), Arc::clone(keys), Arc::clone(owner_id))),
         }
     }
 
@@ -189,41 +189,41 @@ impl VoteCleanup {
     /// Gives the votes back now; `announce` wakes waiters (only when the
     /// attempt had a majority, which blocked them).
     async fn give_back(&mut self, announce: bool) {
-        if let Some((shared, keys, member)) = self.target.take() {
-            release_everywhere(&shared, &keys, &member, announce).await;
+        if let Some((shared, keys, owner_id)) = self.target.take() {
+            release_everywhere(&shared, &keys, &owner_id, announce).await;
         }
     }
 }
 
 impl Drop for VoteCleanup {
     fn drop(&mut self) {
-        if let Some((shared, keys, member)) = self.target.take() {
+        if let Some((shared, keys, owner_id)) = self.target.take() {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
-                    release_everywhere(&shared, &keys, &member, true).await;
+                    release_everywhere(&shared, &keys, &owner_id, true).await;
                 });
             }
         }
     }
 }
 
-/// Runs `redlock_release.lua` for `member` on every primary; returns how
-/// many primaries answered and how many deleted the member's key.
+/// Runs `redlock_release.lua` for `owner_id` on every primary; returns how
+/// many primaries answered and how many deleted the owner id's key.
 pub(crate) async fn release_everywhere(
     shared: &Shared,
     keys: &Arc<RedLockKeys>,
-    member: &Arc<str>,
+    owner_id: &Arc<str>,
     announce: bool,
 ) -> (usize, usize, Vec<PrimaryFailure>) {
     let answers = shared
         .primaries
         .on_all(|primary| {
             let keys = Arc::clone(keys);
-            let member = Arc::clone(member);
+            let owner_id = Arc::clone(owner_id);
             async move {
                 let channel = if announce { keys.channel() } else { "" };
                 let release = RedlockRelease {
-                    member: &member,
+                    owner_id: &owner_id,
                     channel,
                 };
                 call(&primary, &[keys.owner()], &release).await

@@ -44,11 +44,11 @@ impl HoldStatus {
 pub(crate) struct LeaseWatchdog;
 
 impl LeaseWatchdog {
-    /// Starts renewing `member`'s hold of `keys` every third of `lease`.
+    /// Starts renewing `owner_id`'s hold of `keys` every third of `lease`.
     pub(crate) fn spawn(
         shared: Arc<Shared>,
         keys: Arc<RedLockKeys>,
-        member: Arc<str>,
+        owner_id: Arc<str>,
         lease: Duration,
         status: Arc<watch::Sender<HoldStatus>>,
     ) -> BackgroundTask {
@@ -63,7 +63,7 @@ impl LeaseWatchdog {
                     status.send_modify(|s| s.lost = true);
                     return;
                 }
-                match renew(&shared, &keys, &member, lease).await {
+                match renew(&shared, &keys, &owner_id, lease).await {
                     Some(deadline) => status.send_modify(|s| s.deadline = deadline),
                     None => {
                         tracing::warn!(
@@ -83,7 +83,7 @@ impl LeaseWatchdog {
 async fn renew(
     shared: &Arc<Shared>,
     keys: &Arc<RedLockKeys>,
-    member: &Arc<str>,
+    owner_id: &Arc<str>,
     lease: Duration,
 ) -> Option<Instant> {
     let started = Instant::now();
@@ -92,10 +92,10 @@ async fn renew(
         .primaries
         .on_all(|primary| {
             let keys = Arc::clone(keys);
-            let member = Arc::clone(member);
+            let owner_id = Arc::clone(owner_id);
             async move {
                 let renew = RedlockRenew {
-                    member: &member,
+                    owner_id: &owner_id,
                     lease_ms,
                 };
                 call(&primary, &[keys.owner()], &renew).await
