@@ -69,9 +69,10 @@ pub enum Command {
         /// Required: this bypasses the holder, who loses the lock.
         #[arg(long, required = true)]
         force: bool,
-        /// Free the lock only if this holder still has it (an owner id as
-        /// `inspect` shows it, optionally followed by a space and the
-        /// token); otherwise change nothing and exit with code 3.
+        /// Free the lock only if this holder still has it: its owner id as
+        /// `inspect` shows it under `holder` (optionally followed by a space
+        /// and the token), or just the owner id's nonce (`inspect --json`'s
+        /// `nonce`); otherwise change nothing and exit with code 3.
         #[arg(long)]
         holder: Option<String>,
         /// The lock name.
