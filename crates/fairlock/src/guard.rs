@@ -132,8 +132,9 @@ impl LockGuard {
         self.held.ticket
     }
 
-    /// This holder's identity as stored in Redis: its random 128-bit owner
-    /// id, the client's routing tag and the lease it asked for.
+    /// This holder's owner id, its identity as stored in Redis:
+    /// `<nonce>.<client tag>.<lease ms>`, a random 128-bit nonce, the
+    /// client's routing tag and the lease it asked for.
     pub fn owner_id(&self) -> &str {
         &self.held.owner_id
     }

@@ -66,7 +66,8 @@ impl Permit {
         self.held.ticket
     }
 
-    /// This holder's identity as stored in Redis.
+    /// This holder's owner id, its identity as stored in Redis:
+    /// `<nonce>.<client tag>.<lease ms>.<permits>`.
     pub fn owner_id(&self) -> &str {
         &self.held.owner_id
     }
