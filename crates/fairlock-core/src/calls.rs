@@ -1,6 +1,7 @@
 //! One Rust type per script call. Fields mirror the script's ARGV header;
 //! `decode` turns the script's reply into a typed answer.
 
+use crate::keys::LockKeys;
 use crate::reply::{Fields, ProtocolError, Reply};
 use crate::script::{Script, ACQUIRE, CANCEL, FORCE_RELEASE, HEARTBEAT, INSPECT, RELEASE, RENEW};
 
@@ -337,7 +338,8 @@ impl RenewBatch<'_> {
     }
 }
 
-/// `heartbeat.lua`: one call per lock per interval for one process.
+/// `heartbeat.lua` for one lock: a batch of one (see [`HeartbeatBatch`]),
+/// what a client runs to go on purging dead waiters.
 #[derive(Debug, Clone)]
 pub struct Heartbeat<'a> {
     /// The calling process's client tag.
@@ -379,25 +381,103 @@ impl ScriptCall for Heartbeat<'_> {
     type Output = HeartbeatReply;
 
     fn args(&self) -> Vec<String> {
-        vec![
-            self.tag.to_owned(),
-            self.timings.waiter_ttl_ms.to_string(),
-            self.timings.queue_ttl_ms.to_string(),
-            self.timings.idle_ms.to_string(),
-            self.channel_prefix.to_owned(),
-            self.probe.to_owned(),
-        ]
+        let mut args = heartbeat_args(self.tag, self.timings, self.channel_prefix);
+        args.push(self.probe.to_owned());
+        args
     }
 
     fn decode(reply: Reply) -> Result<HeartbeatReply, ProtocolError> {
-        let mut f = Fields::new(HEARTBEAT.name(), reply)?;
+        HeartbeatReply::read(&mut Fields::new(HEARTBEAT.name(), reply)?)
+    }
+}
+
+impl HeartbeatReply {
+    /// One lock's five fields of a heartbeat reply.
+    fn read(f: &mut Fields) -> Result<Self, ProtocolError> {
         let holder = f.string()?;
         let token = f.uint()?;
-        Ok(HeartbeatReply {
+        Ok(Self {
             holder: (!holder.is_empty()).then_some((holder, token)),
             probe_queued: f.int()? == 1,
-            purged: Purged::read(&mut f)?,
+            purged: Purged::read(f)?,
         })
+    }
+}
+
+/// The arguments every heartbeat call starts with, before the probes.
+fn heartbeat_args(tag: &str, timings: &Timings, channel_prefix: &str) -> Vec<String> {
+    vec![
+        tag.to_owned(),
+        timings.waiter_ttl_ms.to_string(),
+        timings.queue_ttl_ms.to_string(),
+        timings.idle_ms.to_string(),
+        channel_prefix.to_owned(),
+    ]
+}
+
+/// `heartbeat.lua` over several locks of one slot: one call per process per
+/// interval for a batch of locks, not one per lock, so the cost of a
+/// round trip and a script run is shared by the batch.
+#[derive(Debug, Clone)]
+pub struct HeartbeatBatch<'a> {
+    /// The calling process's client tag.
+    pub tag: &'a str,
+    /// Shared protocol timings.
+    pub timings: &'a Timings,
+    /// Where waiters are woken (the same for every lock of one slot).
+    pub channel_prefix: &'a str,
+    /// The locks, in reply order.
+    pub items: Vec<HeartbeatItem<'a>>,
+}
+
+/// One lock of a [`HeartbeatBatch`].
+#[derive(Debug, Clone, Copy)]
+pub struct HeartbeatItem<'a> {
+    /// The lock's keys.
+    pub keys: &'a LockKeys,
+    /// The process's oldest waiter on it, or "" to only hand a free lock on.
+    pub probe: &'a str,
+}
+
+impl HeartbeatBatch<'_> {
+    /// The script it runs.
+    pub fn script() -> &'static Script {
+        &HEARTBEAT
+    }
+
+    /// KEYS: each lock's five keys, lock after lock.
+    pub fn keys(&self) -> Vec<&str> {
+        self.items
+            .iter()
+            .flat_map(|item| item.keys.all().iter().map(String::as_str))
+            .collect()
+    }
+
+    /// ARGV: the shared arguments, then one probe per lock.
+    pub fn args(&self) -> Vec<String> {
+        let mut args = heartbeat_args(self.tag, self.timings, self.channel_prefix);
+        args.extend(self.items.iter().map(|item| item.probe.to_owned()));
+        args
+    }
+
+    /// Reads the reply: one [`HeartbeatReply`] per lock, in order. A reply
+    /// for another number of locks than the batch's is a protocol error.
+    pub fn decode(&self, reply: Reply) -> Result<Vec<HeartbeatReply>, ProtocolError> {
+        let mut f = Fields::new(HEARTBEAT.name(), reply)?;
+        if f.remaining() != 5 * self.items.len() {
+            return Err(ProtocolError {
+                script: HEARTBEAT.name(),
+                detail: format!(
+                    "{} fields for {} locks, expected five per lock",
+                    f.remaining(),
+                    self.items.len()
+                ),
+            });
+        }
+        self.items
+            .iter()
+            .map(|_| HeartbeatReply::read(&mut f))
+            .collect()
     }
 }
 

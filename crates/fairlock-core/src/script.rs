@@ -80,7 +80,7 @@ pub static ACQUIRE: Script = script!("acquire");
 pub static RELEASE: Script = script!("release");
 /// `renew.lua`: set the owner's lease.
 pub static RENEW: Script = script!("renew");
-/// `heartbeat.lua`: keep one process's waiters on one lock alive.
+/// `heartbeat.lua`: keep one process's waiters alive on a batch of locks.
 pub static HEARTBEAT: Script = script!("heartbeat");
 /// `cancel.lua`: leave the queue, passing on a grant that raced the cancel.
 pub static CANCEL: Script = script!("cancel");

@@ -23,6 +23,11 @@
 -- of a key of a foreign type fails with WRONGTYPE), so a failing script
 -- leaves Redis as it found it, without TYPE probes on the hot path.
 
+-- The five keys of the lock the helpers below work on: KEYS itself, except
+-- in heartbeat.lua, which covers several locks in one call and points K at
+-- each lock's five keys in turn.
+local K = KEYS
+
 -- Lua 5.1 prints large numbers in exponent form; Redis wants digits.
 local function digits(n)
   return string.format('%.0f', n)
@@ -79,7 +84,7 @@ local function foreign_owner(value)
 end
 
 local function foreign_owner_error()
-  return redis.error_reply('WRONGTYPE fairlock key ' .. KEYS[1] ..
+  return redis.error_reply('WRONGTYPE fairlock key ' .. K[1] ..
     ' holds a value fairlock did not write; another program uses this key')
 end
 
@@ -111,23 +116,23 @@ end
 -- number is returned in digits as well.
 local function next_seq(now, idle_ms, now_str)
   now_str = now_str or digits(now)
-  local previous = only_wrongtype(redis.pcall('SET', KEYS[4], now_str, 'GET', 'KEEPTTL'))
+  local previous = only_wrongtype(redis.pcall('SET', K[4], now_str, 'GET', 'KEEPTTL'))
   local last = tonumber(previous)
   if (type(previous) == 'table' and previous.err)
       or (previous and not last) or (last and last > now + SEQ_AHEAD_LIMIT_US) then
     -- Repair: the counter is disposable thanks to the clock floor.
-    redis.call('DEL', KEYS[4])
+    redis.call('DEL', K[4])
     previous, last = false, nil
-    redis.call('SET', KEYS[4], now_str)
+    redis.call('SET', K[4], now_str)
   end
   local seq, seq_str = now, now_str
   if last and last >= now then
     seq = last + 1
     seq_str = digits(seq)
-    redis.call('SET', KEYS[4], seq_str, 'KEEPTTL')
+    redis.call('SET', K[4], seq_str, 'KEEPTTL')
   end
   if not previous then
-    redis.call('PEXPIRE', KEYS[4], idle_ms)
+    redis.call('PEXPIRE', K[4], idle_ms)
   end
   return seq, previous, seq_str
 end
@@ -135,9 +140,9 @@ end
 -- Put the sequence back as it was before next_seq (a failing script).
 local function restore_seq(previous)
   if previous then
-    redis.call('SET', KEYS[4], previous, 'KEEPTTL')
+    redis.call('SET', K[4], previous, 'KEEPTTL')
   else
-    redis.call('DEL', KEYS[4])
+    redis.call('DEL', K[4])
   end
 end
 
@@ -151,14 +156,14 @@ end
 -- bus. Returns how many subscribers received it.
 local function publish(channel_prefix, owner_id, what, tag)
   local command = string.find(channel_prefix, '{', 1, true) and 'SPUBLISH' or 'PUBLISH'
-  return redis.call(command, channel_prefix .. (tag or tag_of(owner_id)), owner_id .. ' ' .. what .. ' ' .. KEYS[1])
+  return redis.call(command, channel_prefix .. (tag or tag_of(owner_id)), owner_id .. ' ' .. what .. ' ' .. K[1])
 end
 
 -- Make `owner_id` the owner with a fresh token and its own lease (`lease`,
 -- digits, or the owner id's). Returns the token as a number and in digits.
 local function grant(now, owner_id, idle_ms, lease, now_str)
   local token, _, token_str = next_seq(now, idle_ms, now_str)
-  redis.call('SET', KEYS[1], owner_id .. ' ' .. token_str, 'PX', lease or lease_of(owner_id))
+  redis.call('SET', K[1], owner_id .. ' ' .. token_str, 'PX', lease or lease_of(owner_id))
   return token, token_str
 end
 
@@ -187,7 +192,7 @@ end
 -- caller's client then calls again), the time read (or false), and the
 -- head's tag, lease and lease digits and the time in digits.
 local function pop_live_head()
-  local first = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  local first = redis.call('ZRANGE', K[2], 0, 0)[1]
   if not first then
     return false, 0, false, false
   end
@@ -195,15 +200,15 @@ local function pop_live_head()
   local now_ms = math.floor(now / 1000)
   local first_tag, first_lease, first_lease_str = parse_owner_id(first)
   if first_tag and usable(first_lease)
-      and alive_at(redis.call('ZSCORE', KEYS[3], first_tag), now_ms) then
-    redis.call('ZREM', KEYS[2], first)
+      and alive_at(redis.call('ZSCORE', K[3], first_tag), now_ms) then
+    redis.call('ZREM', K[2], first)
     return first, 0, false, now, first_tag, first_lease, first_lease_str, now_str
   end
   -- The head is dead: search the windows after it (from the head on, so
   -- it goes in the same ZREM).
   local dropped = 0
   for _, size in ipairs(SCAN_WINDOWS) do
-    local window = redis.call('ZRANGE', KEYS[2], 0, size - 1)
+    local window = redis.call('ZRANGE', K[2], 0, size - 1)
     if #window == 0 then
       return false, dropped, false, now
     end
@@ -221,7 +226,7 @@ local function pop_live_head()
         tags[#tags + 1] = tag
       end
     end
-    local deadlines = redis.call('ZMSCORE', KEYS[3], unpack(tags))
+    local deadlines = redis.call('ZMSCORE', K[3], unpack(tags))
     local alive = {}
     for i, tag in ipairs(tags) do
       alive[tag] = alive_at(deadlines[i], now_ms)
@@ -235,7 +240,7 @@ local function pop_live_head()
         break
       end
     end
-    redis.call('ZREM', KEYS[2], unpack(remove))
+    redis.call('ZREM', K[2], unpack(remove))
     if head then
       return head, dropped + #remove - 1, false, now, tag_at[head_at], lease_at[head_at],
         lease_digits[head_at], now_str
@@ -277,7 +282,7 @@ local function grant_next(idle_ms, channel_prefix, unheard_ms, reply_to)
   end
   local unheard = publish(channel_prefix, head, token_str, tag) == 0 and unheard_ms < lease
   if unheard then
-    redis.call('PEXPIRE', KEYS[1], unheard_ms)
+    redis.call('PEXPIRE', K[1], unheard_ms)
   end
   return head, token, dropped, false, unheard
 end
@@ -287,8 +292,8 @@ end
 local function release_and_hand_on(owner_id, idle_ms, channel_prefix, unheard_ms, reply_to)
   local next_owner, token, dropped, more, unheard = grant_next(idle_ms, channel_prefix, unheard_ms, reply_to)
   if not next_owner then
-    redis.call('DEL', KEYS[1])
+    redis.call('DEL', K[1])
   end
-  redis.call('SET', KEYS[5], owner_id, 'PX', idle_ms)
+  redis.call('SET', K[5], owner_id, 'PX', idle_ms)
   return next_owner, token, dropped, more, unheard
 end
