@@ -7,7 +7,10 @@ use std::time::Duration;
 use fairlock::{
     ClientConfig, Error, EvictionCheck, FencedOp, FencingToken, LockClient, LockOptions,
 };
-use fairlock_core::{Acquire, AcquireMode, AcquireReply, OwnerId, Release, ReleaseReply, Timings};
+use fairlock_core::{
+    Acquire, AcquireMode, AcquireReply, KeyPrefix, LockKeys, LockName, OwnerId, Release,
+    ReleaseReply, Timings,
+};
 use fairlock_tests::*;
 
 /// Hang guard for waits that must end.
@@ -532,6 +535,108 @@ async fn renewals_are_batched_and_every_key_expires() {
         let key = key.as_str().unwrap_or_default().to_owned();
         assert!(pttl(&server, &key) > 0, "{key} has no TTL");
     }
+}
+
+/// Waiter heartbeats are batched too: a process waiting on 50 locks sends
+/// one heartbeat call per interval for all of them, not one per lock, and
+/// that one call keeps every one of its waiters alive (a waiter whose
+/// process misses its deadline, here 1 s, is dropped from the queue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_are_batched_across_locks() {
+    const LOCKS: usize = 50;
+    let server = server();
+    let holders = client(&server).await;
+    let waiters = client(&server).await;
+    let names: Vec<String> = (0..LOCKS).map(|i| format!("beat:{i}")).collect();
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(holders.lock(name).await.expect("holder"));
+    }
+    let mut tasks = Vec::new();
+    for name in &names {
+        let waiters = waiters.clone();
+        let name = name.clone();
+        tasks.push(tokio::spawn(async move { waiters.lock(&name).await }));
+    }
+    for name in &names {
+        wait_for_queue_len(&waiters, name, 1).await;
+    }
+    server.cmd(&["CONFIG", "RESETSTAT"]).expect("reset");
+    let window = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let evalsha = calls(&server, "evalsha");
+    let intervals = window.elapsed().as_millis().div_ceil(100) as u64;
+    // Per 100 ms interval: two heartbeats for the 50 locks (32 locks per
+    // call) and one renewal for the 50 held locks, about 60 calls in 2 s
+    // (the window is timed, as a loaded machine sleeps longer); one
+    // heartbeat per lock would be 1,000 in all.
+    assert!(
+        evalsha <= 3 * intervals + 10,
+        "{evalsha} script calls for {LOCKS} waited-on locks in {intervals} intervals"
+    );
+    // Two waiter timeouts later every waiter still has its place.
+    for name in &names {
+        let state = waiters.inspect(name).await.expect("inspect");
+        assert_eq!(state.queue_len, 1, "{name} lost its waiter");
+    }
+    let mut tokens = Vec::new();
+    for (guard, task) in guards.into_iter().zip(tasks) {
+        let held = guard.token().value();
+        guard.release().await.expect("release");
+        let waiter = tokio::time::timeout(GRANT_GUARD, task)
+            .await
+            .expect("granted in time")
+            .expect("task")
+            .expect("waiter");
+        assert!(waiter.token().value() > held);
+        tokens.push(waiter.token().value());
+        waiter.release().await.expect("release");
+    }
+    assert_eq!(tokens.len(), LOCKS);
+}
+
+/// One broken lock does not stop the batched heartbeat from keeping the
+/// process's other waiters alive: when the call for the batch fails (here
+/// a lock's `alive` key was overwritten with a string, so the script fails
+/// with WRONGTYPE), each lock is beaten on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_lock_does_not_stop_the_heartbeat_of_the_others() {
+    let server = server();
+    let holders = client(&server).await;
+    let waiters = client(&server).await;
+    let good = holders.lock("beat:good").await.expect("holder");
+    let bad = holders.lock("beat:bad").await.expect("holder");
+    let good_waiter = spawn_lock(&waiters, "beat:good");
+    let bad_waiter = spawn_lock(&waiters, "beat:bad");
+    wait_for_queue_len(&waiters, "beat:good", 1).await;
+    wait_for_queue_len(&waiters, "beat:bad", 1).await;
+    let bad_keys = LockKeys::new(
+        &KeyPrefix::default(),
+        &LockName::new("beat:bad").expect("name"),
+    );
+    server
+        .cmd(&["SET", bad_keys.alive(), "not a sorted set"])
+        .expect("SET");
+    // Three waiter timeouts (1 s each) later, the good lock's waiter still
+    // has a deadline ahead: its process was kept alive all along.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let state = waiters
+        .inspect_queue("beat:good", 1)
+        .await
+        .expect("inspect");
+    let deadline = state.waiters.first().and_then(|w| w.deadline_ms);
+    assert!(
+        deadline.is_some_and(|d| d > state.now_ms),
+        "the good lock's waiter is no longer kept alive: {state:?}"
+    );
+    good.release().await.expect("release");
+    granted(good_waiter, "the good lock's waiter")
+        .await
+        .release()
+        .await
+        .expect("release");
+    bad_waiter.abort();
+    drop(bad);
 }
 
 /// At connect, a server that can evict lock keys is reported, or refused

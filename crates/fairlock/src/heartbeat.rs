@@ -1,19 +1,22 @@
 //! The waiter heartbeat: one background task per client that keeps the
 //! client's queued waiters alive.
 //!
-//! Every interval it runs `heartbeat.lua` once per lock with waiters here,
-//! for all of them at once, so the Redis cost grows with the number of
-//! locks waited on, not with the number of waiters. The reply is also the
-//! safety net of pub/sub: a grant whose message was lost is routed here, a
-//! grant nobody waits for any more is handed back, and when the oldest
-//! waiter is missing from the queue (evicted after a stall, or the queue
-//! was lost) every waiter of that lock re-runs acquire, which keeps the
-//! place of those still queued. Cancels that failed are retried here too.
+//! Every interval it runs `heartbeat.lua` for every lock with waiters here,
+//! for all of a lock's waiters at once and for up to [`BATCH`] locks per
+//! call (on a Redis Cluster, per slot), so the Redis cost grows with the
+//! number of locks waited on, not with the number of waiters, and the cost
+//! of a call (a round trip, a script run, a task here) is shared by a batch
+//! of locks. The reply is also the safety net of pub/sub: a grant whose
+//! message was lost is routed here, a grant nobody waits for any more is
+//! handed back, and when the oldest waiter is missing from the queue
+//! (evicted after a stall, or the queue was lost) every waiter of that lock
+//! re-runs acquire, which keeps the place of those still queued. Cancels
+//! that failed are retried here too.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use fairlock_core::Heartbeat;
+use fairlock_core::{HeartbeatBatch, HeartbeatItem, HeartbeatReply};
 use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 
@@ -21,6 +24,13 @@ use crate::grants::route_grant;
 use crate::state::ClientState;
 use crate::task::{BackgroundTask, ShutdownSignal};
 use crate::waiters::LockWaiters;
+
+/// The most locks one heartbeat call covers. A call runs about 8 commands
+/// per lock in one script, which holds Redis up for everyone else while it
+/// runs (and a lock whose holder vanished may also purge dead waiters):
+/// 32 locks keep a call's work near that of one release, while 1,000
+/// waited-on locks take 32 calls per interval instead of 1,000.
+const BATCH: usize = 32;
 
 /// Starts the heartbeat task.
 pub(crate) fn spawn_heartbeat(state: Arc<ClientState>) -> BackgroundTask {
@@ -41,8 +51,8 @@ pub(crate) fn spawn_heartbeat(state: Arc<ClientState>) -> BackgroundTask {
     )
 }
 
-/// One round: retried cancels, then a script call per lock with waiters
-/// here, run concurrently.
+/// One round: retried cancels, then one script call per batch of locks
+/// with waiters here, the calls run concurrently.
 async fn beat(state: &Arc<ClientState>) {
     let mut calls = JoinSet::new();
     for (keys, owner_ids) in state.waiters.take_cancels() {
@@ -54,7 +64,8 @@ async fn beat(state: &Arc<ClientState>) {
         });
     }
     let locks = state.waiters.waiting_locks();
-    if state.redis.is_clustered() {
+    let clustered = state.redis.is_clustered();
+    if clustered {
         // A slot migration or fail-over drops sharded subscriptions without
         // a word: renew ours, once per slot we wait in (not per lock).
         let mut slots = BTreeMap::new();
@@ -72,52 +83,106 @@ async fn beat(state: &Arc<ClientState>) {
             });
         }
     }
+    // Locks by slot on a cluster (one script call may touch one slot only);
+    // on a single server, all in one group. Permit sets have a script of
+    // their own and go one by one.
+    let mut groups: BTreeMap<u16, Vec<LockWaiters>> = BTreeMap::new();
     for lock in locks {
-        let state = Arc::clone(state);
-        calls.spawn(async move { beat_lock(&state, lock).await });
+        if lock.keys.permit_family().is_some() {
+            let state = Arc::clone(state);
+            calls.spawn(async move { state.beat_permits(lock).await });
+            continue;
+        }
+        let group = if clustered { lock.keys.slot() } else { 0 };
+        groups.entry(group).or_default().push(lock);
+    }
+    for mut group in groups.into_values() {
+        while !group.is_empty() {
+            let batch: Vec<LockWaiters> = group.drain(..group.len().min(BATCH)).collect();
+            let state = Arc::clone(state);
+            calls.spawn(async move { beat_locks(&state, batch).await });
+        }
     }
     while calls.join_next().await.is_some() {}
 }
 
-async fn beat_lock(state: &Arc<ClientState>, lock: LockWaiters) {
-    if lock.keys.permit_family().is_some() {
-        // A semaphore or read-write lock: its own script, same cadence.
-        return state.beat_permits(lock).await;
-    }
-    let channel_prefix = state.channel_prefix(&lock.keys);
-    let call = Heartbeat {
-        tag: &state.tag,
-        probe: &lock.probe,
-        timings: &state.timings,
-        channel_prefix: &channel_prefix,
-    };
-    match state.run(&lock.keys, &call).await {
-        Ok(reply) => {
-            state.after_purge(&lock.keys, reply.purged);
-            let probe_holds = reply
-                .holder
-                .as_ref()
-                .is_some_and(|(holder, _)| *holder == lock.probe);
-            if let Some((holder, token)) = reply.holder {
-                if state.is_ours(&holder) {
-                    route_grant(state, &holder, token, true, || Some(Arc::clone(&lock.keys)));
+/// One heartbeat call for `locks` (all in one slot). If the call fails and
+/// covers several locks, each lock is tried on its own, so one broken lock
+/// (a key of a foreign type) cannot stop the others' waiters from being
+/// kept alive.
+async fn beat_locks(state: &Arc<ClientState>, locks: Vec<LockWaiters>) {
+    match heartbeat_call(state, &locks).await {
+        Ok(replies) => {
+            for (lock, reply) in locks.iter().zip(replies) {
+                after_heartbeat(state, lock, reply);
+            }
+        }
+        Err(error) if locks.len() == 1 => {
+            // The next round retries; waiters stay alive for a whole
+            // waiter timeout, several heartbeat intervals.
+            tracing::warn!(lock = locks[0].keys.owner(), %error, "fairlock waiter heartbeat failed");
+        }
+        Err(error) => {
+            tracing::debug!(locks = locks.len(), %error, "fairlock batched heartbeat failed; beating each lock on its own");
+            for lock in locks {
+                match heartbeat_call(state, std::slice::from_ref(&lock)).await {
+                    Ok(replies) => {
+                        if let Some(reply) = replies.into_iter().next() {
+                            after_heartbeat(state, &lock, reply);
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(lock = lock.keys.owner(), %error, "fairlock waiter heartbeat failed");
+                    }
                 }
             }
-            // The probe left the queue. Usually it was granted while this
-            // call was on its way (it holds the lock, or held it and has
-            // left the registry): nothing is wrong. Only a probe that still
-            // waits here without a place means the queue lost entries, and
-            // then every waiter of the lock checks its place. Rechecking on
-            // every grant instead cost one script per waiter per heartbeat
-            // while a long queue drained.
-            if !reply.probe_queued && !probe_holds && state.waiters.is_waiting(&lock.probe) {
-                state.waiters.recheck_lock(lock.keys.owner());
-            }
         }
-        // The next round retries; waiters stay alive for a whole waiter
-        // timeout, several heartbeat intervals.
-        Err(error) => {
-            tracing::warn!(lock = lock.keys.owner(), %error, "fairlock waiter heartbeat failed")
+    }
+}
+
+/// Runs `heartbeat.lua` once for `locks` (all in one slot).
+async fn heartbeat_call(
+    state: &ClientState,
+    locks: &[LockWaiters],
+) -> crate::error::Result<Vec<HeartbeatReply>> {
+    let Some(first) = locks.first() else {
+        return Ok(Vec::new());
+    };
+    let channel_prefix = state.channel_prefix(&first.keys);
+    let batch = HeartbeatBatch {
+        tag: &state.tag,
+        timings: &state.timings,
+        channel_prefix: &channel_prefix,
+        items: locks
+            .iter()
+            .map(|lock| HeartbeatItem {
+                keys: &lock.keys,
+                probe: &lock.probe,
+            })
+            .collect(),
+    };
+    state.heartbeat(&batch).await
+}
+
+/// Acts on what the heartbeat found for one lock.
+fn after_heartbeat(state: &Arc<ClientState>, lock: &LockWaiters, reply: HeartbeatReply) {
+    state.after_purge(&lock.keys, reply.purged);
+    let probe_holds = reply
+        .holder
+        .as_ref()
+        .is_some_and(|(holder, _)| *holder == lock.probe);
+    if let Some((holder, token)) = reply.holder {
+        if state.is_ours(&holder) {
+            route_grant(state, &holder, token, true, || Some(Arc::clone(&lock.keys)));
         }
+    }
+    // The probe left the queue. Usually it was granted while this call was
+    // on its way (it holds the lock, or held it and has left the registry):
+    // nothing is wrong. Only a probe that still waits here without a place
+    // means the queue lost entries, and then every waiter of the lock
+    // checks its place. Rechecking on every grant instead cost one script
+    // per waiter per heartbeat while a long queue drained.
+    if !reply.probe_queued && !probe_holds && state.waiters.is_waiting(&lock.probe) {
+        state.waiters.recheck_lock(lock.keys.owner());
     }
 }

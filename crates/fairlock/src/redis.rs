@@ -24,7 +24,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use fairlock_core::{
-    LockKeys, ProtocolError, RenewBatch, RenewStatus, Reply, ScriptCall, ScriptSource,
+    HeartbeatBatch, HeartbeatReply, LockKeys, ProtocolError, RenewBatch, RenewStatus, Reply,
+    ScriptCall, ScriptSource,
 };
 use fred::clients::SubscriberClient;
 use fred::prelude::{
@@ -434,6 +435,23 @@ impl RedisConnection {
             "SUBSCRIBE {channel} was refused (the connection is not subscribed after it; \
              PING answered {pong:?}): the ACL user most likely lacks +subscribe or the channel"
         )))
+    }
+
+    /// Runs one batched waiter heartbeat (on a cluster, all locks in one
+    /// slot).
+    pub(crate) async fn heartbeat(
+        &self,
+        batch: &HeartbeatBatch<'_>,
+    ) -> Result<Vec<HeartbeatReply>> {
+        let reply = self
+            .eval(
+                Lane::Waiters,
+                HeartbeatBatch::script().as_source(),
+                &batch.keys(),
+                batch.args().into_iter().map(String::into_bytes).collect(),
+            )
+            .await?;
+        Ok(batch.decode(reply)?)
     }
 
     /// Unsubscribes the subscriber connection from `channel`.

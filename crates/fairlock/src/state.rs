@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use fairlock_core::{
-    Cancel, Heartbeat, Inspect, LockKeys, LockName, OwnerId, PermitHeartbeat, Purged, Release,
-    ReleaseReply, RenewBatch, RenewStatus, ScriptCall, Timings,
+    Cancel, Heartbeat, HeartbeatBatch, HeartbeatReply, Inspect, LockKeys, LockName, OwnerId,
+    PermitHeartbeat, Purged, Release, ReleaseReply, RenewBatch, RenewStatus, ScriptCall, Timings,
 };
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
@@ -202,6 +202,15 @@ impl ClientState {
     pub(crate) async fn renew(&self, batch: &RenewBatch<'_>) -> Result<Vec<RenewStatus>> {
         self.check_open()?;
         Box::pin(self.redis.renew(batch)).await
+    }
+
+    /// Runs one batched waiter heartbeat (see [`crate::heartbeat`]).
+    pub(crate) async fn heartbeat(
+        &self,
+        batch: &HeartbeatBatch<'_>,
+    ) -> Result<Vec<HeartbeatReply>> {
+        self.check_open()?;
+        Box::pin(self.redis.heartbeat(batch)).await
     }
 
     /// A new owner id: a random 128-bit nonce, this process's tag and
