@@ -169,6 +169,19 @@ pub fn calls(server: &RedisServer, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Script calls (`EVALSHA`) the server ran during a window of about
+/// `window`, and how many 100 ms intervals (the fast config's heartbeat)
+/// the window really lasted: a loaded machine sleeps longer, so a bound
+/// per interval uses the measured count, not the intended one.
+pub async fn script_calls_over(server: &RedisServer, window: Duration) -> (u64, u64) {
+    server.cmd(&["CONFIG", "RESETSTAT"]).expect("reset stats");
+    let started = std::time::Instant::now();
+    tokio::time::sleep(window).await;
+    let evalsha = calls(server, "evalsha");
+    let intervals = started.elapsed().as_millis().div_ceil(100) as u64;
+    (evalsha, intervals)
+}
+
 /// Waits (bounded) until lock `name` has at least `len` queue entries, so a
 /// test can enqueue waiters in a known order.
 pub async fn wait_for_queue_len(client: &LockClient, name: &str, len: u64) {

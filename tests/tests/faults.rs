@@ -288,11 +288,7 @@ async fn hundred_waiters_do_not_spin() {
         }));
     }
     wait_for_queue_len(&clients[0], "spin", WAITERS as u64).await;
-    server.cmd(&["CONFIG", "RESETSTAT"]).expect("reset stats");
-    let window = std::time::Instant::now();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let evalsha = calls(&server, "evalsha");
-    let intervals = window.elapsed().as_millis().div_ceil(100) as u64;
+    let (evalsha, intervals) = script_calls_over(&server, Duration::from_secs(3)).await;
     let stats = server.commandstats().expect("stats");
     eprintln!("{WAITERS} waiters, {intervals} intervals: {evalsha} EVALSHA calls");
     // Per 100 ms interval: one heartbeat per client for the lock (2) and

@@ -484,11 +484,7 @@ async fn renewals_are_batched_and_every_key_expires() {
     for i in 0..LOCKS {
         guards.push(client.lock(&format!("batch:{i}")).await.expect("lock"));
     }
-    server.cmd(&["CONFIG", "RESETSTAT"]).expect("reset");
-    let window = std::time::Instant::now();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let evalsha = calls(&server, "evalsha");
-    let intervals = window.elapsed().as_millis().div_ceil(100) as u64;
+    let (evalsha, intervals) = script_calls_over(&server, Duration::from_secs(2)).await;
     // 100 ms interval: about 20 calls in 2 s for all 50 locks (the window
     // is timed, as a loaded machine sleeps longer); one call per lock
     // would be 1,000.
@@ -561,11 +557,7 @@ async fn heartbeats_are_batched_across_locks() {
     for name in &names {
         wait_for_queue_len(&waiters, name, 1).await;
     }
-    server.cmd(&["CONFIG", "RESETSTAT"]).expect("reset");
-    let window = std::time::Instant::now();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let evalsha = calls(&server, "evalsha");
-    let intervals = window.elapsed().as_millis().div_ceil(100) as u64;
+    let (evalsha, intervals) = script_calls_over(&server, Duration::from_secs(2)).await;
     // Per 100 ms interval: two heartbeats for the 50 locks (32 locks per
     // call) and one renewal for the 50 held locks, about 60 calls in 2 s
     // (the window is timed, as a loaded machine sleeps longer); one

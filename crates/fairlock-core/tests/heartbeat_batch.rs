@@ -109,27 +109,30 @@ fn batch<'a>(timings: &'a Timings, items: Vec<HeartbeatItem<'a>>) -> HeartbeatBa
     }
 }
 
+/// The held lock with our waiter as probe, then the free lock, no probe.
+fn held_and_free(locks: &Locks) -> Vec<HeartbeatItem<'_>> {
+    vec![
+        HeartbeatItem {
+            keys: &locks.held,
+            probe: &locks.our_waiter,
+        },
+        HeartbeatItem {
+            keys: &locks.free,
+            probe: "",
+        },
+    ]
+}
+
 #[test]
 fn one_call_answers_every_lock_as_its_own_heartbeat_would() {
     let locks = locks();
     let timings = Timings::default();
-    let call = batch(
-        &timings,
-        vec![
-            HeartbeatItem {
-                keys: &locks.held,
-                probe: &locks.our_waiter,
-            },
-            HeartbeatItem {
-                keys: &locks.free,
-                probe: "",
-            },
-            HeartbeatItem {
-                keys: &locks.lost,
-                probe: &locks.lost_probe,
-            },
-        ],
-    );
+    let mut items = held_and_free(&locks);
+    items.push(HeartbeatItem {
+        keys: &locks.lost,
+        probe: &locks.lost_probe,
+    });
+    let call = batch(&timings, items);
     let before = server_ms(&locks.server);
     let reply = run_script(
         &locks.server,
@@ -188,19 +191,7 @@ fn one_call_answers_every_lock_as_its_own_heartbeat_would() {
 fn keys_and_probes_that_do_not_pair_up_change_nothing() {
     let locks = locks();
     let timings = Timings::default();
-    let call = batch(
-        &timings,
-        vec![
-            HeartbeatItem {
-                keys: &locks.held,
-                probe: &locks.our_waiter,
-            },
-            HeartbeatItem {
-                keys: &locks.free,
-                probe: "",
-            },
-        ],
-    );
+    let call = batch(&timings, held_and_free(&locks));
     let mut args = call.args();
     args.pop();
     let refused = run_script(&locks.server, HeartbeatBatch::script(), &call.keys(), &args);
