@@ -20,6 +20,7 @@ use fairlock_core::{HeartbeatBatch, HeartbeatItem, HeartbeatReply};
 use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 
+use crate::error::Error;
 use crate::grants::route_grant;
 use crate::state::ClientState;
 use crate::task::{BackgroundTask, ShutdownSignal};
@@ -106,10 +107,11 @@ async fn beat(state: &Arc<ClientState>) {
     while calls.join_next().await.is_some() {}
 }
 
-/// One heartbeat call for `locks` (all in one slot). If the call fails and
-/// covers several locks, each lock is tried on its own, so one broken lock
-/// (a key of a foreign type) cannot stop the others' waiters from being
-/// kept alive.
+/// One heartbeat call for `locks` (all in one slot). If the call fails
+/// because of one lock's keys (a key of a foreign type), each lock is
+/// tried on its own, so one broken lock cannot stop the others' waiters
+/// from being kept alive. Any other failure (Redis down, a timeout) would
+/// fail each lock alike: the next round retries the batch.
 async fn beat_locks(state: &Arc<ClientState>, locks: Vec<LockWaiters>) {
     match heartbeat_call(state, &locks).await {
         Ok(replies) => {
@@ -117,10 +119,10 @@ async fn beat_locks(state: &Arc<ClientState>, locks: Vec<LockWaiters>) {
                 after_heartbeat(state, lock, reply);
             }
         }
-        Err(error) if locks.len() == 1 => {
-            // The next round retries; waiters stay alive for a whole
-            // waiter timeout, several heartbeat intervals.
-            tracing::warn!(lock = locks[0].keys.owner(), %error, "fairlock waiter heartbeat failed");
+        Err(error) if locks.len() == 1 || !matches!(error, Error::WrongType(_)) => {
+            // Waiters stay alive for a whole waiter timeout, several
+            // heartbeat intervals.
+            tracing::warn!(locks = locks.len(), first = locks.first().map(|l| l.keys.owner()), %error, "fairlock waiter heartbeat failed; the next round retries");
         }
         Err(error) => {
             tracing::debug!(locks = locks.len(), %error, "fairlock batched heartbeat failed; beating each lock on its own");
