@@ -19,6 +19,8 @@
 //! errors, and a client whose task ended answers no call again.
 
 use std::borrow::Cow;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -181,7 +183,10 @@ impl RedisConnection {
         let args = call.args().into_iter().map(String::into_bytes).collect();
         let reply = match self.eval(lane, C::SCRIPT.as_source(), &keys, args).await {
             Ok(reply) => reply,
-            Err(Error::WrongType(detail)) => return Err(self.name_wrong_keys(&keys, detail).await),
+            // Boxed: a rare path, kept out of every call's future.
+            Err(Error::WrongType(detail)) => {
+                return Err(Box::pin(self.name_wrong_keys(&keys, detail)).await)
+            }
             Err(error) => return Err(error),
         };
         Ok(C::decode(reply)?)
@@ -200,7 +205,7 @@ impl RedisConnection {
             let call = self
                 .commands
                 .custom::<Value, _>(command, vec![(*key).to_owned()]);
-            if let Ok(Value::String(found)) = self.bounded("TYPE", call).await {
+            if let Ok(Value::String(found)) = self.bounded("TYPE", Box::pin(call)).await {
                 if &*found != "none" && &*found != expected {
                     foreign.push(format!("{key} is a {found}, not a {expected}"));
                 }
@@ -255,7 +260,7 @@ impl RedisConnection {
             command,
             vec![replicas.to_string(), timeout.as_millis().to_string()],
         );
-        let wait = tokio::time::timeout(timeout + self.command_timeout, call);
+        let wait = tokio::time::timeout(timeout + self.command_timeout, Box::pin(call));
         match wait.await {
             Ok(Ok(value)) => match to_reply(value) {
                 Reply::Int(n) => Ok(u32::try_from(n).unwrap_or(0)),
@@ -279,7 +284,7 @@ impl RedisConnection {
         let call = self
             .commands
             .custom::<Value, _>(command, vec!["GET".to_owned(), name.to_owned()]);
-        let reply = self.bounded("CONFIG GET", call).await?;
+        let reply = self.bounded("CONFIG GET", Box::pin(call)).await?;
         Ok(match to_reply(reply) {
             Reply::Array(items) => match items.into_iter().nth(1) {
                 Some(Reply::Str(value)) => Some(value),
@@ -355,12 +360,12 @@ impl RedisConnection {
                     keys.to_vec(),
                     args.to_vec(),
                 );
-                let value = self.bounded(script.name, call).await?;
+                let value = self.bounded(script.name, Box::pin(call)).await?;
                 Ok(to_reply(value))
             }
             Err(EvalError::NoScript) => {
                 let load = connection.script_load::<String, _>(script.source.to_owned());
-                self.bounded("SCRIPT LOAD", load).await?;
+                self.bounded("SCRIPT LOAD", Box::pin(load)).await?;
                 match self
                     .evalsha(connection, script.sha1, keys, args, script.name)
                     .await
@@ -383,7 +388,9 @@ impl RedisConnection {
         args: &[Value],
         name: &str,
     ) -> std::result::Result<Reply, EvalError> {
-        let call = connection.evalsha::<Value, _, _, _>(sha, keys.to_vec(), args.to_vec());
+        // Boxed, as in [`Self::bounded`].
+        let call: FredCall<'_, Value> =
+            Box::pin(connection.evalsha(sha, keys.to_vec(), args.to_vec()));
         match tokio::time::timeout(self.command_timeout + SLACK, call).await {
             Ok(Ok(value)) => Ok(to_reply(value)),
             Ok(Err(e)) if e.details().starts_with("NOSCRIPT") => Err(EvalError::NoScript),
@@ -395,11 +402,10 @@ impl RedisConnection {
         }
     }
 
-    async fn bounded<T>(
-        &self,
-        operation: &str,
-        call: impl std::future::Future<Output = Result<T, FredError>>,
-    ) -> Result<T> {
+    /// One fred call within the command timeout. The call comes boxed:
+    /// a fred call's future is about 5 KB, and every wrapper that held it
+    /// inline would be as large again (see [`FredCall`]).
+    async fn bounded<T>(&self, operation: &str, call: FredCall<'_, T>) -> Result<T> {
         match tokio::time::timeout(self.command_timeout + SLACK, call).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(classify(&e, operation, self.command_timeout)),
@@ -412,7 +418,7 @@ impl RedisConnection {
 
     /// Subscribes the process's one subscriber connection to `channel`.
     pub(crate) async fn subscribe(&self, channel: &str) -> Result<()> {
-        self.bounded("SUBSCRIBE", self.subscriber.subscribe(channel))
+        self.bounded("SUBSCRIBE", Box::pin(self.subscriber.subscribe(channel)))
             .await?;
         // fred reports SUBSCRIBE done without reading Redis's answer, so a
         // refusal (NOPERM for the command or the channel) arrives as the
@@ -426,7 +432,7 @@ impl RedisConnection {
         // connection, and RESP3 answers PONG either way: only a refusal
         // that reaches the PING is seen there.)
         let pong = self
-            .bounded("SUBSCRIBE", self.subscriber.ping::<Value>(None))
+            .bounded("SUBSCRIBE", Box::pin(self.subscriber.ping::<Value>(None)))
             .await?;
         if self.clustered || self.resp3 || matches!(pong, Value::Array(_)) {
             return Ok(());
@@ -456,8 +462,11 @@ impl RedisConnection {
 
     /// Unsubscribes the subscriber connection from `channel`.
     pub(crate) async fn unsubscribe(&self, channel: &str) -> Result<()> {
-        self.bounded("UNSUBSCRIBE", self.subscriber.unsubscribe(channel))
-            .await
+        self.bounded(
+            "UNSUBSCRIBE",
+            Box::pin(self.subscriber.unsubscribe(channel)),
+        )
+        .await
     }
 
     /// Whether the command connection is up right now (fred reconnects in
@@ -470,7 +479,7 @@ impl RedisConnection {
     /// Subscribes a sharded channel (`SSUBSCRIBE`, routed by fred to the
     /// node that owns the channel's slot).
     pub(crate) async fn ssubscribe(&self, channel: &str) -> Result<()> {
-        self.bounded("SSUBSCRIBE", self.subscriber.ssubscribe(channel))
+        self.bounded("SSUBSCRIBE", Box::pin(self.subscriber.ssubscribe(channel)))
             .await
     }
 
@@ -576,6 +585,16 @@ where
 /// The Redis type of each lock key, in script order (see
 /// [`LockKeys`]): owner, queue, alive, seq, freed.
 const KEY_TYPES: [&str; 5] = ["string", "zset", "zset", "string", "string"];
+
+/// A fred call, boxed. fred's request futures are about 5 KB each; held
+/// inline, they made every wrapper here as large again (the script call's
+/// future came to 11 KB, and its evaluation loop to 22 KB), so each call in
+/// flight cost 11 KB of short-lived memory, copied and freed per call: a
+/// burst of enqueues left the allocator's arenas fragmented, and the
+/// process kept about 1 KB of RSS per waiter for it (the waiter probe of
+/// `benchmarks/`). Boxed at the call site, a call in flight costs the fred
+/// future alone.
+type FredCall<'a, T> = Pin<Box<dyn Future<Output = Result<T, FredError>> + Send + 'a>>;
 
 /// Extra time over fred's own command timeout before fairlock gives up on a
 /// call itself: fred's timeout should fire first; this one is the backstop
@@ -726,6 +745,32 @@ pub(crate) fn redact(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use fairlock_core::Inspect;
+    use fairlock_testkit::RedisServer;
+
+    use super::Lane;
+    use crate::LockClient;
+
+    /// A script call in flight holds fred's request future (about 5 KB)
+    /// once, boxed. Held inline by each wrapper (call, evaluation loop,
+    /// NOSCRIPT reload, retry) it came to 11 KB per call, allocated,
+    /// copied and freed for every call; a burst of enqueues left that much
+    /// per call in flight as fragmented, resident memory.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_script_call_holds_one_boxed_fred_future() {
+        let server = RedisServer::start().expect("redis-server");
+        let client = LockClient::connect(&server.url()).await.expect("client");
+        let state = client.state().clone();
+        let keys = state.keys("footprint").expect("keys");
+        let call = Inspect { waiters: 0 };
+        let run = state.redis.run(Lane::Waiters, &keys, &call);
+        let size = std::mem::size_of_val(&run);
+        let reply = run.await.expect("inspect");
+        assert_eq!(reply.queue_len, 0);
+        assert!(size <= 2048, "a script call's future is {size} B");
+        client.shutdown().await;
+    }
+
     #[test]
     fn passwords_are_redacted() {
         assert_eq!(
