@@ -38,7 +38,7 @@ use report::{CellRecord, Results, RunInfo, UncontendedRecord, WaitersRecord};
 const CLIENTS: usize = 8;
 
 const USAGE: &str = "\
-usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]... [--cell C:H]... [--many-locks] [--clients N]
+usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]... [--cell C:H]... [--many-locks] [--waiters] [--clients N]
        fairlock-bench --topologies [--quick] [--out DIR]
 
   --quick      fewer cells and shorter windows (2-3 minutes)
@@ -57,6 +57,9 @@ usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]... [--cell C:H]... [--
                H=1 ms in 4 processes; C=256 with --quick)
   --many-locks only the 1,000-lock cell (1,000 locks x 64 contenders;
                16 per lock with --quick), for a look at that one target
+  --waiters    only the fairlock waiter-memory probes (10,000 waiters on
+               one lock; 100,000 over 1,000 locks, 20,000 over 200 with
+               --quick), for a look at the memory targets
   --clients N  simulated client processes (LockClients) per cell, 1 to 64
                (default 8)
 ";
@@ -73,6 +76,8 @@ struct Options {
     processes: Option<usize>,
     /// `--many-locks`: only the many-locks cell.
     many_locks_only: bool,
+    /// `--waiters`: only the waiter-memory probes.
+    waiters_only: bool,
     /// `--clients`: simulated client processes per cell.
     clients: usize,
 }
@@ -98,6 +103,7 @@ fn parse_args() -> std::result::Result<Options, String> {
         cells: Vec::new(),
         processes: None,
         many_locks_only: false,
+        waiters_only: false,
         clients: CLIENTS,
     };
     let mut args = std::env::args().skip(1);
@@ -127,6 +133,7 @@ fn parse_args() -> std::result::Result<Options, String> {
                 }
             }
             "--many-locks" => options.many_locks_only = true,
+            "--waiters" => options.waiters_only = true,
             "--clients" => {
                 let n = args.next().ok_or("--clients needs a count")?;
                 match n.parse::<usize>() {
@@ -138,14 +145,22 @@ fn parse_args() -> std::result::Result<Options, String> {
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
+    if options.waiters_only && !options.impls.is_empty() {
+        return Err("--waiters measures fairlock only; drop --impl".to_owned());
+    }
     if options.impls.is_empty() {
         options.impls = Implementation::ALL.to_vec();
     }
     if options.processes.is_some() && options.cells.is_empty() {
         return Err("--processes needs at least one --cell".to_owned());
     }
-    if options.many_locks_only && !options.cells.is_empty() {
-        return Err("--many-locks and --cell each pick the cells to run; use one".to_owned());
+    let pickers = [
+        options.many_locks_only,
+        options.waiters_only,
+        !options.cells.is_empty(),
+    ];
+    if pickers.iter().filter(|picked| **picked).count() > 1 {
+        return Err("--many-locks, --waiters and --cell each pick what to run; use one".to_owned());
     }
     Ok(options)
 }
@@ -189,6 +204,12 @@ impl Plan {
             plan.cells = Vec::new();
             plan.process_cells = Vec::new();
             plan.waiter_probes = false;
+        }
+        if options.waiters_only {
+            plan.cells = Vec::new();
+            plan.process_cells = Vec::new();
+            plan.many_locks_cell = false;
+            plan.impls = vec![Implementation::Fairlock];
         }
         if !options.cells.is_empty() {
             plan.waiter_probes = false;
