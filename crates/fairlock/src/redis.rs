@@ -92,9 +92,12 @@ impl RedisConnection {
             })
             .with_performance_config(|p| {
                 p.default_command_timeout = config.command_timeout;
-                // Grants arrive in bursts when many locks hand over at once;
-                // fred's default of 32 buffered messages overflows then.
-                p.broadcast_channel_capacity = 4_096;
+                // Nobody listens to the command connections' event
+                // channels (messages, reconnects, errors, ...): fred's
+                // default buffer. Each of those ten channels preallocates
+                // its buffer, so 4,096 on all three connections cost
+                // 7 MB per client; the subscriber's is raised below.
+                p.broadcast_channel_capacity = COMMAND_EVENT_BUFFER;
             })
             // Keep reconnecting forever (0 = no attempt limit), backing off to 2 s.
             .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2));
@@ -104,6 +107,9 @@ impl RedisConnection {
         let holders = builder
             .build()
             .map_err(|e| redis_error("building the holders' command connection", e))?;
+        // Grants arrive in bursts when many locks hand over at once;
+        // fred's default of 32 buffered messages overflows then.
+        builder.with_performance_config(|p| p.broadcast_channel_capacity = GRANT_BUFFER);
         let subscriber = builder
             .build_subscriber_client()
             .map_err(|e| redis_error("building the subscriber connection", e))?;
@@ -585,6 +591,11 @@ where
 /// The Redis type of each lock key, in script order (see
 /// [`LockKeys`]): owner, queue, alive, seq, freed.
 const KEY_TYPES: [&str; 5] = ["string", "zset", "zset", "string", "string"];
+
+/// Messages the subscriber connection buffers for the grant router.
+const GRANT_BUFFER: usize = 4_096;
+/// Events a command connection buffers for listeners it never has.
+const COMMAND_EVENT_BUFFER: usize = 32;
 
 /// A fred call, boxed. fred's request futures are about 5 KB each; held
 /// inline, they made every wrapper here as large again (the script call's
