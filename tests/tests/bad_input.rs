@@ -102,6 +102,17 @@ async fn inconsistent_client_options_are_refused_before_connecting() {
     config.waiter_timeout = Duration::from_secs(5);
     let refused = LockClient::with_config(config).await;
     assert!(matches!(refused, Err(Error::InvalidOptions(_))));
+    for calls in [0, 1_000_001] {
+        let window = ClientConfig::builder("redis://127.0.0.1:1")
+            .max_in_flight(calls)
+            .build();
+        match window {
+            Err(Error::InvalidOptions(message)) => {
+                assert!(message.contains("max_in_flight"), "{message}")
+            }
+            other => panic!("max_in_flight({calls}) was taken: {other:?}"),
+        }
+    }
     let bad_url = LockClient::connect("http://127.0.0.1:1").await;
     assert!(
         matches!(

@@ -35,7 +35,7 @@ use fred::prelude::{
     LuaInterface, PubsubInterface, ReconnectPolicy, Server, Value,
 };
 use fred::types::{ClusterHash, ConnectHandle, CustomCommand};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, Semaphore};
 use tracing::Instrument;
 
 use crate::config::ClientConfig;
@@ -52,6 +52,16 @@ pub(crate) enum Lane {
     Holders,
 }
 
+impl Lane {
+    /// This lane's place in per-lane arrays.
+    fn index(self) -> usize {
+        match self {
+            Lane::Waiters => 0,
+            Lane::Holders => 1,
+        }
+    }
+}
+
 /// The command connections and the subscriber connection of one client.
 pub(crate) struct RedisConnection {
     /// Whether the server is a Redis Cluster: then a script may only touch
@@ -63,6 +73,10 @@ pub(crate) struct RedisConnection {
     holders: Client,
     subscriber: SubscriberClient,
     command_timeout: Duration,
+    /// Script calls in flight per lane, `[waiters, holders]`, at most
+    /// [`ClientConfig::max_in_flight`] each; `None` on a cluster (see
+    /// there).
+    windows: Option<[Semaphore; 2]>,
     /// One per connection: connects it again if its fred task ends with an
     /// error. Taken and stopped by [`RedisConnection::quit`].
     keepers: Mutex<Vec<BackgroundTask>>,
@@ -157,13 +171,20 @@ impl RedisConnection {
             keep_connected("holders' command connection", holders.clone(), holders_task),
             keep_connected("subscriber connection", subscriber.clone(), subscriber_task),
         ];
+        let clustered = commands.is_clustered();
         Ok(Self {
             resp3,
-            clustered: commands.is_clustered(),
+            clustered,
             commands,
             holders,
             subscriber,
             command_timeout: config.command_timeout,
+            windows: (!clustered).then(|| {
+                [
+                    Semaphore::new(config.max_in_flight),
+                    Semaphore::new(config.max_in_flight),
+                ]
+            }),
             keepers: Mutex::new(keepers),
             closing: AtomicBool::new(false),
         })
@@ -324,6 +345,27 @@ impl RedisConnection {
             .map(|arg| Value::Bytes(arg.into()))
             .collect();
         let started = Instant::now();
+        // A place in the lane's window, for the whole call (resends
+        // included), waited for at most the command timeout.
+        let _place = match &self.windows {
+            Some(windows) => {
+                let window = &windows[lane.index()];
+                match tokio::time::timeout(self.command_timeout, window.acquire()).await {
+                    Ok(Ok(place)) => Some(place),
+                    // Never closed; a timeout is a Redis that does not answer.
+                    _ => {
+                        return Err(Error::Timeout {
+                            operation: format!(
+                                "script {} (waiting for a place in flight)",
+                                script.name
+                            ),
+                            timeout: self.command_timeout,
+                        })
+                    }
+                }
+            }
+            None => None,
+        };
         let result = loop {
             let result = self
                 .eval_once_loaded(self.lane(lane), script, &keys, &args)
@@ -473,6 +515,15 @@ impl RedisConnection {
             Box::pin(self.subscriber.unsubscribe(channel)),
         )
         .await
+    }
+
+    /// Script calls of `lane` in flight now (0 on a cluster, where calls
+    /// are not windowed).
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self, lane: Lane, limit: usize) -> usize {
+        self.windows
+            .as_ref()
+            .map_or(0, |w| limit - w[lane.index()].available_permits())
     }
 
     /// Whether the command connection is up right now (fred reconnects in
@@ -779,6 +830,58 @@ mod tests {
         let reply = run.await.expect("inspect");
         assert_eq!(reply.queue_len, 0);
         assert!(size <= 2048, "a script call's future is {size} B");
+        client.shutdown().await;
+    }
+
+    /// A burst of callers keeps at most `max_in_flight` script calls in
+    /// flight on the waiters' connection; the rest wait their turn in the
+    /// process and are all queued once Redis answers. Redis is paused for
+    /// writes, so every call sent stays in flight.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_burst_keeps_at_most_the_window_in_flight() {
+        const WINDOW: usize = 8;
+        const CALLERS: usize = 100;
+        let server = RedisServer::start().expect("redis-server");
+        let config = crate::ClientConfig::builder(server.url())
+            .max_in_flight(WINDOW)
+            .build()
+            .expect("config");
+        let client = LockClient::with_config(config).await.expect("client");
+        let state = client.state().clone();
+        let holder = client.lock("window").await.expect("holder");
+        server
+            .cmd_ok(&["CLIENT", "PAUSE", "3000", "WRITE"])
+            .expect("pause writes");
+        let callers: Vec<_> = (0..CALLERS)
+            .map(|_| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let guard = client.lock("window").await?;
+                    guard.release().await
+                })
+            })
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let in_flight = state.redis.in_flight(Lane::Waiters, WINDOW);
+        server.cmd_ok(&["CLIENT", "UNPAUSE"]).expect("unpause");
+        assert_eq!(in_flight, WINDOW, "script calls in flight during the burst");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let queued = client.inspect("window").await.expect("inspect").queue_len;
+            if queued == CALLERS as u64 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{queued} of {CALLERS} callers queued"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        holder.release().await.expect("release");
+        for caller in callers {
+            caller.await.expect("task").expect("each caller is granted");
+        }
+        assert_eq!(state.redis.in_flight(Lane::Waiters, WINDOW), 0);
         client.shutdown().await;
     }
 
