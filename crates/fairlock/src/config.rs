@@ -197,16 +197,18 @@ pub struct ClientConfig {
     /// Whether metrics carry a `lock` label (off by default: lock names
     /// can be unbounded).
     pub metrics_lock_label: MetricsLockLabel,
-    /// Script calls each command connection keeps in flight at once (64
-    /// by default). A burst of `lock()` calls beyond it waits its turn in
-    /// this process, in call order, instead of all at once in the
-    /// connection's pipeline: each call in flight costs about 6 KB of the
-    /// Redis client's memory, and 10,000 at once left megabytes of freed,
-    /// fragmented heap behind. Redis runs scripts one at a time, so 64
-    /// keeps it busy at loopback and LAN round trips. Not applied on a
-    /// Redis Cluster, where one window for all nodes would let calls to a
-    /// node that is failing over hold up the calls to the others.
-    pub max_in_flight: usize,
+    /// Opt-in bound on the script calls each command connection keeps in
+    /// flight at once (`None`, the default: no bound). With a bound, a
+    /// burst of `lock()` calls beyond it waits its turn in this process,
+    /// in call order, instead of all at once in the connection's pipeline:
+    /// each call in flight costs about 6 KB of the Redis client's memory,
+    /// and 10,000 at once leave megabytes of freed, fragmented heap
+    /// behind. The price: under saturation callers wait in each process's
+    /// own line, so callers of different processes can overtake each other
+    /// by call time (ticket order is kept). Not applied on a Redis
+    /// Cluster, where one window for all nodes would let calls to a node
+    /// that is failing over hold up the calls to the others.
+    pub max_in_flight: Option<usize>,
 }
 
 impl ClientConfig {
@@ -224,7 +226,7 @@ impl ClientConfig {
             replica_acks: None,
             watchdog_lease: Duration::from_secs(30),
             metrics_lock_label: MetricsLockLabel::Off,
-            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_in_flight: None,
         }
     }
 
@@ -276,10 +278,12 @@ impl ClientConfig {
                 ));
             }
         }
-        if !(1..=MAX_IN_FLIGHT_LIMIT).contains(&self.max_in_flight) {
+        if let Some(calls) = self
+            .max_in_flight
+            .filter(|calls| !(1..=MAX_IN_FLIGHT_LIMIT).contains(calls))
+        {
             return Err(Error::InvalidOptions(format!(
-                "max_in_flight {} is out of range: give 1 to {MAX_IN_FLIGHT_LIMIT} script calls per connection (64 by default)",
-                self.max_in_flight
+                "max_in_flight {calls} is out of range: give 1 to {MAX_IN_FLIGHT_LIMIT} script calls per connection, or leave it None for no bound"
             )));
         }
         if self.heartbeat_interval >= self.waiter_timeout {
@@ -303,8 +307,6 @@ impl ClientConfig {
     }
 }
 
-/// [`ClientConfig::max_in_flight`] by default.
-const DEFAULT_MAX_IN_FLIGHT: usize = 64;
 /// The largest [`ClientConfig::max_in_flight`] accepted.
 const MAX_IN_FLIGHT_LIMIT: usize = 1_000_000;
 
@@ -383,7 +385,7 @@ impl ClientConfigBuilder {
 
     /// See [`ClientConfig::max_in_flight`]: 1 to 1,000,000.
     pub fn max_in_flight(mut self, calls: usize) -> Self {
-        self.config.max_in_flight = calls;
+        self.config.max_in_flight = Some(calls);
         self
     }
 

@@ -74,8 +74,8 @@ pub(crate) struct RedisConnection {
     subscriber: SubscriberClient,
     command_timeout: Duration,
     /// Script calls in flight per lane, `[waiters, holders]`, at most
-    /// [`ClientConfig::max_in_flight`] each; `None` on a cluster (see
-    /// there).
+    /// [`ClientConfig::max_in_flight`] each; `None` without that bound and
+    /// on a cluster (see there).
     windows: Option<[Semaphore; 2]>,
     /// One per connection: connects it again if its fred task ends with an
     /// error. Taken and stopped by [`RedisConnection::quit`].
@@ -179,12 +179,10 @@ impl RedisConnection {
             holders,
             subscriber,
             command_timeout: config.command_timeout,
-            windows: (!clustered).then(|| {
-                [
-                    Semaphore::new(config.max_in_flight),
-                    Semaphore::new(config.max_in_flight),
-                ]
-            }),
+            windows: config
+                .max_in_flight
+                .filter(|_| !clustered)
+                .map(|calls| [Semaphore::new(calls), Semaphore::new(calls)]),
             keepers: Mutex::new(keepers),
             closing: AtomicBool::new(false),
         })
@@ -517,8 +515,7 @@ impl RedisConnection {
         .await
     }
 
-    /// Script calls of `lane` in flight now (0 on a cluster, where calls
-    /// are not windowed).
+    /// Script calls of `lane` in flight now, with a window (0 without).
     #[cfg(test)]
     pub(crate) fn in_flight(&self, lane: Lane, limit: usize) -> usize {
         self.windows
