@@ -171,8 +171,8 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Limit for every Redis call.
     pub command_timeout: Duration,
-    /// How often this process refreshes its waiters' deadlines (batched,
-    /// one script call per lock).
+    /// How often this process refreshes its waiters' deadlines (batched:
+    /// one script call per 32 locks waited on, per slot on a cluster).
     pub heartbeat_interval: Duration,
     /// A waiter without a heartbeat for this long is dead and skipped.
     pub waiter_timeout: Duration,
