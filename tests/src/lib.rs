@@ -4,6 +4,8 @@
 //! that a well-behaved client never produces (a dead waiter, an expired
 //! holder).
 
+pub mod silent_proxy;
+
 use std::time::Duration;
 
 use fairlock::{ClientConfig, LockClient, LockGuard};

@@ -211,6 +211,43 @@ async fn waiters_survive_killed_pubsub_connections() {
     assert_eq!(granted.load(Ordering::SeqCst), 2 * PER_CLIENT);
 }
 
+/// A pub/sub connection that goes silent without closing (a network cut
+/// that sends no FIN or RST) is noticed by its keep-alive PING within a
+/// few heartbeat intervals and opened again; the process's waiters are
+/// granted afterwards as before. Without the keep-alive the client would
+/// sit on the dead connection and never subscribe again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_pubsub_connection_is_noticed_and_opened_again() {
+    let server = server();
+    let proxy = fairlock_tests::silent_proxy::SilentProxy::start(server.port()).await;
+    let config = fairlock::ClientConfig::builder(proxy.url())
+        .heartbeat_interval(Duration::from_millis(100))
+        .build()
+        .expect("config");
+    let waiting = within("connect", LockClient::with_config(config))
+        .await
+        .expect("connects through the proxy");
+    assert_eq!(proxy.subscribed_connections(), 1, "one subscription");
+    proxy.silence_subscribers();
+    within("a new subscription", async {
+        while proxy.subscribed_connections() < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let other = client(&server).await;
+    for round in 0..3 {
+        let holder = other.lock("silent").await.expect("holder");
+        let waiter = spawn_lock(&waiting, "silent");
+        wait_for_queue_len(&other, "silent", 1).await;
+        holder.release().await.expect("release");
+        let guard = granted(waiter, "the waiter behind the silenced connection").await;
+        assert_eq!(guard.name(), "silent", "round {round}");
+        guard.release().await.expect("release");
+    }
+    assert_eq!(proxy.subscribed_connections(), 2, "opened again once");
+}
+
 /// SCRIPT FLUSH between operations: EVALSHA meets NOSCRIPT, the client
 /// loads the script and retries transparently.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

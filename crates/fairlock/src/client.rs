@@ -13,11 +13,12 @@ use fairlock_core::{
 use crate::acquire::{acquire, acquire_keys, waited_grant, Mode};
 use crate::config::{millis, ClientConfig, EvictionCheck, LockOptions};
 use crate::error::{Error, Result};
+use crate::grant_connection::{spawn_grant_reader, GrantConnection};
 use crate::grants::spawn_router;
 use crate::guard::{FencingToken, LockGuard};
 use crate::heartbeat::spawn_heartbeat;
 use crate::owner::LockOwner;
-use crate::redis::{Lane, RedisConnection};
+use crate::redis::{Lane, PubSub, RedisConnection};
 use crate::state::ClientState;
 use crate::task::BackgroundTask;
 use crate::watchdog::spawn_watchdog;
@@ -79,7 +80,7 @@ impl LockClient {
     /// [`ClientConfig::eviction_check`] is [`EvictionCheck::Fail`].
     pub async fn with_config(config: ClientConfig) -> Result<Self> {
         config.validate()?;
-        let redis = RedisConnection::connect(&config).await?;
+        let redis = RedisConnection::connect(&config, PubSub::OwnWherePossible).await?;
         let eviction_warning = match check_eviction(&redis, config.eviction_check).await {
             Ok(warning) => warning,
             Err(error) => {
@@ -89,16 +90,15 @@ impl LockClient {
         };
         let tag = format!("{:016x}", uuid::Uuid::new_v4().as_u64_pair().0);
         let state = Arc::new(ClientState::new(config, redis, tag));
-        // Listen before subscribing, and subscribe before anything can be
-        // enqueued: no grant for this process can be published unheard.
-        let messages = state.redis.messages();
-        let reconnects = state.redis.subscriber_reconnects();
-        if let Err(error) = state.redis.subscribe(&state.channel).await {
-            state.redis.quit().await;
-            return Err(error);
-        }
+        let router = match subscribe_grants(&state).await {
+            Ok(router) => router,
+            Err(error) => {
+                state.redis.quit().await;
+                return Err(error);
+            }
+        };
         let tasks = vec![
-            spawn_router(Arc::clone(&state), messages, reconnects),
+            router,
             spawn_heartbeat(Arc::clone(&state)),
             spawn_watchdog(Arc::clone(&state)),
         ];
@@ -421,6 +421,34 @@ impl LockClient {
         }
         self.state().redis.quit().await;
     }
+}
+
+/// Subscribes the process's grant channel and starts the task that routes
+/// its grants: fairlock's own grant connection on a single plain-TCP
+/// server, fred's subscriber elsewhere. Subscribed before anything can be
+/// enqueued, so no grant for this process is published unheard.
+async fn subscribe_grants(state: &Arc<ClientState>) -> Result<BackgroundTask> {
+    if let Some(endpoint) = state.redis.grant_endpoint() {
+        let connection =
+            GrantConnection::open(endpoint, &state.channel, state.config.connect_timeout)
+                .await
+                .map_err(|e| e.at_connect(&state.config.url, &state.channel))?;
+        return Ok(spawn_grant_reader(
+            Arc::clone(state),
+            connection,
+            endpoint.clone(),
+        ));
+    }
+    // Listen before subscribing: a message right after SUBSCRIBE is kept.
+    let (Some(messages), Some(reconnects)) =
+        (state.redis.messages(), state.redis.subscriber_reconnects())
+    else {
+        return Err(Error::InvalidOptions(
+            "internal: a client without its own grant connection has no fred subscriber".into(),
+        ));
+    };
+    state.redis.subscribe(&state.channel).await?;
+    Ok(spawn_router(Arc::clone(state), messages, reconnects))
 }
 
 /// Reads `maxmemory-policy` and judges it (see [`EvictionCheck`]).

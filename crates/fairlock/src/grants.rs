@@ -1,5 +1,11 @@
 //! The grant path: socket → waiter, in one place.
 //!
+//! A grant arrives on the process's pub/sub subscription. On a single
+//! plain-TCP server that is fairlock's own connection, whose reader calls
+//! [`route_notice`] itself (`grant_connection.rs`: socket → waiter slot →
+//! waiter, one task hop); on a cluster, with Sentinel or TLS it is fred's
+//! subscriber, read by the router task here ([`spawn_router`]).
+//!
 //! Each process subscribes once, at connect, to its own channel
 //! `<prefix>notify:<client tag>`, before any of its tasks can enqueue: a
 //! grant can never be published before its waiter listens. Scripts publish
@@ -89,7 +95,9 @@ pub(crate) fn route_grant(
     }
 }
 
-fn route(state: &Arc<ClientState>, payload: &str) {
+/// Acts on one message of this process's grant channel: a grant goes to
+/// its waiter ([`route_grant`]), a forced release to its holder.
+pub(crate) fn route_notice(state: &Arc<ClientState>, payload: &str) {
     match parse(payload) {
         Some(Notice::Granted {
             owner_id,
@@ -110,7 +118,7 @@ fn route(state: &Arc<ClientState>, payload: &str) {
     }
 }
 
-/// The task reading the subscriber connection.
+/// The task reading fred's subscriber connection.
 pub(crate) fn spawn_router(
     state: Arc<ClientState>,
     mut messages: Messages,
@@ -126,7 +134,7 @@ pub(crate) fn spawn_router(
                 tokio::select! {
                     _ = shutdown.requested() => return,
                     message = messages.recv(|_| heal(&state)) => match message {
-                        Some(message) if state.is_our_channel(message.channel()) => route(&state, &message.payload()),
+                        Some(message) if state.is_our_channel(message.channel()) => route_notice(&state, &message.payload()),
                         Some(_) => {}
                         None => return,
                     },

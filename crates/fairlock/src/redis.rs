@@ -3,7 +3,11 @@
 //! Everything else in the client speaks in fairlock-core's terms (script
 //! calls, [`Reply`]) so the Redis client can be swapped by rewriting this
 //! file alone. Three connections per process: two command lanes and one
-//! subscriber that carries the process's single pub/sub channel.
+//! subscriber that carries the process's single pub/sub channel. On a
+//! single server reached over plain TCP that subscriber is not fred's but
+//! fairlock's own grant connection (`grant_connection.rs`), read by the
+//! task that wakes the waiters; this module only says where it connects
+//! ([`RedisConnection::grant_endpoint`]).
 //!
 //! The two command lanes keep a holder's work out of the waiters' line.
 //! Each lane is pipelined: a command waits for every command sent before
@@ -34,6 +38,7 @@ use fred::prelude::{
     Builder, Client, ClientLike, Config, Error as FredError, ErrorKind, EventInterface, Key,
     LuaInterface, PubsubInterface, ReconnectPolicy, Server, Value,
 };
+use fred::types::config::ServerConfig;
 use fred::types::{ClusterHash, ConnectHandle, CustomCommand};
 use tokio::sync::{broadcast, Semaphore};
 use tracing::Instrument;
@@ -62,6 +67,48 @@ impl Lane {
     }
 }
 
+/// Which connection carries a client's pub/sub subscriptions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PubSub {
+    /// fairlock's own grant connection wherever the server allows it (a
+    /// single server over plain TCP), fred's subscriber elsewhere.
+    OwnWherePossible,
+    /// Always fred's subscriber (RedLock's primaries, which subscribe
+    /// channels of their own).
+    Fred,
+}
+
+/// A single server reached over plain TCP, with the URL's credentials:
+/// where fairlock's own grant connection connects. No `Debug`: it holds
+/// the password.
+#[derive(Clone)]
+pub(crate) struct PlainEndpoint {
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    pub(crate) username: Option<String>,
+    pub(crate) password: Option<String>,
+}
+
+impl PlainEndpoint {
+    /// The single plain-TCP server of `config`, if that is what it names
+    /// (not a cluster, not Sentinel, not TLS).
+    fn of(config: &Config) -> Option<Self> {
+        #[cfg(feature = "tls")]
+        if config.uses_tls() {
+            return None;
+        }
+        match &config.server {
+            ServerConfig::Centralized { server } => Some(Self {
+                host: server.host.to_string(),
+                port: server.port,
+                username: config.username.clone(),
+                password: config.password.clone(),
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// The command connections and the subscriber connection of one client.
 pub(crate) struct RedisConnection {
     /// Whether the server is a Redis Cluster: then a script may only touch
@@ -71,7 +118,10 @@ pub(crate) struct RedisConnection {
     resp3: bool,
     commands: Client,
     holders: Client,
-    subscriber: SubscriberClient,
+    /// fred's subscriber; `None` when fairlock's own grant connection
+    /// carries the subscription instead (then `grant_endpoint` is set).
+    subscriber: Option<SubscriberClient>,
+    grant_endpoint: Option<PlainEndpoint>,
     command_timeout: Duration,
     /// Script calls in flight per lane, `[waiters, holders]`, at most
     /// [`ClientConfig::max_in_flight`] each; `None` without that bound and
@@ -85,8 +135,10 @@ pub(crate) struct RedisConnection {
 }
 
 impl RedisConnection {
-    /// Connects both connections, each within the connect timeout.
-    pub(crate) async fn connect(config: &ClientConfig) -> Result<Self> {
+    /// Connects the command connections and, unless fairlock's own grant
+    /// connection is to carry the subscription (`pubsub`), fred's
+    /// subscriber, all within the connect timeout.
+    pub(crate) async fn connect(config: &ClientConfig, pubsub: PubSub) -> Result<Self> {
         let url = redact(&config.url);
         let fred_config = Config::from_url(&config.url).map_err(|e| {
             Error::InvalidOptions(format!(
@@ -95,6 +147,10 @@ impl RedisConnection {
             ))
         })?;
         let resp3 = fred_config.version == fred::types::RespVersion::RESP3;
+        let grant_endpoint = match pubsub {
+            PubSub::OwnWherePossible => PlainEndpoint::of(&fred_config),
+            PubSub::Fred => None,
+        };
         let mut builder = Builder::from_config(fred_config);
         builder
             .with_connection_config(|c| {
@@ -124,14 +180,22 @@ impl RedisConnection {
         // Grants arrive in bursts when many locks hand over at once;
         // fred's default of 32 buffered messages overflows then.
         builder.with_performance_config(|p| p.broadcast_channel_capacity = GRANT_BUFFER);
-        let subscriber = builder
-            .build_subscriber_client()
-            .map_err(|e| redis_error("building the subscriber connection", e))?;
+        let subscriber = match grant_endpoint {
+            Some(_) => None,
+            None => Some(
+                builder
+                    .build_subscriber_client()
+                    .map_err(|e| redis_error("building the subscriber connection", e))?,
+            ),
+        };
 
         let started = async {
             let commands_task = commands.init().await?;
             let holders_task = holders.init().await?;
-            let subscriber_task = subscriber.init().await?;
+            let subscriber_task = match &subscriber {
+                Some(subscriber) => Some(subscriber.init().await?),
+                None => None,
+            };
             Ok::<_, FredError>((commands_task, holders_task, subscriber_task))
         };
         let started = match tokio::time::timeout(config.connect_timeout, started).await {
@@ -151,7 +215,9 @@ impl RedisConnection {
                 let grace = Duration::from_millis(100);
                 let _ = tokio::time::timeout(grace, commands.quit()).await;
                 let _ = tokio::time::timeout(grace, holders.quit()).await;
-                let _ = tokio::time::timeout(grace, subscriber.quit()).await;
+                if let Some(subscriber) = &subscriber {
+                    let _ = tokio::time::timeout(grace, subscriber.quit()).await;
+                }
                 return Err(Error::Unreachable {
                     url,
                     reason,
@@ -159,18 +225,24 @@ impl RedisConnection {
                 });
             }
         };
-        // Resubscribe by itself after every reconnect of the subscriber
-        // (a connection task started again by its keeper counts too).
-        let _resubscriber = subscriber.manage_subscriptions();
-        let keepers = vec![
+        let mut keepers = vec![
             keep_connected(
                 "waiters' command connection",
                 commands.clone(),
                 commands_task,
             ),
             keep_connected("holders' command connection", holders.clone(), holders_task),
-            keep_connected("subscriber connection", subscriber.clone(), subscriber_task),
         ];
+        if let (Some(subscriber), Some(task)) = (&subscriber, subscriber_task) {
+            // Resubscribe by itself after every reconnect of the subscriber
+            // (a connection task started again by its keeper counts too).
+            let _resubscriber = subscriber.manage_subscriptions();
+            keepers.push(keep_connected(
+                "subscriber connection",
+                subscriber.clone(),
+                task,
+            ));
+        }
         let clustered = commands.is_clustered();
         Ok(Self {
             resp3,
@@ -178,6 +250,7 @@ impl RedisConnection {
             commands,
             holders,
             subscriber,
+            grant_endpoint,
             command_timeout: config.command_timeout,
             windows: config
                 .max_in_flight
@@ -462,9 +535,24 @@ impl RedisConnection {
         }
     }
 
+    /// Where fairlock's own grant connection is to connect, when it carries
+    /// the subscription instead of fred's subscriber.
+    pub(crate) fn grant_endpoint(&self) -> Option<&PlainEndpoint> {
+        self.grant_endpoint.as_ref()
+    }
+
+    /// fred's subscriber, for `operation`: missing only when fairlock's own
+    /// grant connection carries the subscription, where nothing asks for it.
+    fn subscriber(&self, operation: &str) -> Result<&SubscriberClient> {
+        self.subscriber.as_ref().ok_or_else(|| Error::InvalidOptions(format!(
+            "{operation}: this client's pub/sub goes over fairlock's own grant connection, not fred's subscriber"
+        )))
+    }
+
     /// Subscribes the process's one subscriber connection to `channel`.
     pub(crate) async fn subscribe(&self, channel: &str) -> Result<()> {
-        self.bounded("SUBSCRIBE", Box::pin(self.subscriber.subscribe(channel)))
+        let subscriber = self.subscriber("SUBSCRIBE")?;
+        self.bounded("SUBSCRIBE", Box::pin(subscriber.subscribe(channel)))
             .await?;
         // fred reports SUBSCRIBE done without reading Redis's answer, so a
         // refusal (NOPERM for the command or the channel) arrives as the
@@ -478,7 +566,7 @@ impl RedisConnection {
         // connection, and RESP3 answers PONG either way: only a refusal
         // that reaches the PING is seen there.)
         let pong = self
-            .bounded("SUBSCRIBE", Box::pin(self.subscriber.ping::<Value>(None)))
+            .bounded("SUBSCRIBE", Box::pin(subscriber.ping::<Value>(None)))
             .await?;
         if self.clustered || self.resp3 || matches!(pong, Value::Array(_)) {
             return Ok(());
@@ -510,7 +598,7 @@ impl RedisConnection {
     pub(crate) async fn unsubscribe(&self, channel: &str) -> Result<()> {
         self.bounded(
             "UNSUBSCRIBE",
-            Box::pin(self.subscriber.unsubscribe(channel)),
+            Box::pin(self.subscriber("UNSUBSCRIBE")?.unsubscribe(channel)),
         )
         .await
     }
@@ -533,22 +621,25 @@ impl RedisConnection {
     /// Subscribes a sharded channel (`SSUBSCRIBE`, routed by fred to the
     /// node that owns the channel's slot).
     pub(crate) async fn ssubscribe(&self, channel: &str) -> Result<()> {
-        self.bounded("SSUBSCRIBE", Box::pin(self.subscriber.ssubscribe(channel)))
+        let subscriber = self.subscriber("SSUBSCRIBE")?;
+        self.bounded("SSUBSCRIBE", Box::pin(subscriber.ssubscribe(channel)))
             .await
     }
 
-    /// Messages arriving on the subscriber connection.
-    pub(crate) fn messages(&self) -> Messages {
-        Messages {
-            rx: self.subscriber.message_rx(),
-        }
+    /// Messages arriving on fred's subscriber connection (`None` without
+    /// one: see [`RedisConnection::grant_endpoint`]).
+    pub(crate) fn messages(&self) -> Option<Messages> {
+        self.subscriber.as_ref().map(|subscriber| Messages {
+            rx: subscriber.message_rx(),
+        })
     }
 
-    /// Fires once per reconnect of the subscriber connection.
-    pub(crate) fn subscriber_reconnects(&self) -> Reconnects {
-        Reconnects {
-            rx: self.subscriber.reconnect_rx(),
-        }
+    /// Fires once per reconnect of fred's subscriber connection (`None`
+    /// without one).
+    pub(crate) fn subscriber_reconnects(&self) -> Option<Reconnects> {
+        self.subscriber.as_ref().map(|subscriber| Reconnects {
+            rx: subscriber.reconnect_rx(),
+        })
     }
 
     /// Closes every connection.
@@ -559,7 +650,9 @@ impl RedisConnection {
         for mut keeper in keepers {
             keeper.shutdown().await;
         }
-        let _ = tokio::time::timeout(self.command_timeout, self.subscriber.quit()).await;
+        if let Some(subscriber) = &self.subscriber {
+            let _ = tokio::time::timeout(self.command_timeout, subscriber.quit()).await;
+        }
         let _ = tokio::time::timeout(self.command_timeout, self.commands.quit()).await;
         let _ = tokio::time::timeout(self.command_timeout, self.holders.quit()).await;
     }

@@ -17,7 +17,7 @@ use tokio::task::JoinSet;
 
 use crate::config::ClientConfig;
 use crate::error::{Error, PrimaryFailure, PrimaryFailureKind};
-use crate::redis::{redact, Lane, RedisConnection};
+use crate::redis::{redact, Lane, PubSub, RedisConnection};
 
 use super::config::RedLockConfig;
 
@@ -55,7 +55,7 @@ impl Primary {
         let mut client_config = ClientConfig::new(self.url.clone());
         client_config.connect_timeout = config.connect_timeout;
         client_config.command_timeout = config.call_timeout;
-        match RedisConnection::connect(&client_config).await {
+        match RedisConnection::connect(&client_config, PubSub::Fred).await {
             Ok(connection) => {
                 if let Err(extra) = self.connection.set(Arc::new(connection)) {
                     // Lost a race with another connect: keep the first.

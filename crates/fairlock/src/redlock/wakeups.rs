@@ -69,8 +69,13 @@ impl Wakeups {
         let router = BackgroundTask::spawn("redlock release notices", {
             let connection = Arc::clone(&connection);
             move |mut stop| async move {
-                let mut messages = connection.messages();
-                let mut reconnects = connection.subscriber_reconnects();
+                // RedLock's primaries always have fred's subscriber
+                // (`PubSub::Fred`).
+                let (Some(mut messages), Some(mut reconnects)) =
+                    (connection.messages(), connection.subscriber_reconnects())
+                else {
+                    return;
+                };
                 loop {
                     tokio::select! {
                         () = stop.requested() => break,

@@ -1,0 +1,329 @@
+//! fairlock's own grant connection: the socket a grant arrives on, read by
+//! the task that wakes its waiter.
+//!
+//! On a single server reached over plain TCP (the usual deployment, and
+//! Redis or Valkey behind a `redis://host:port` URL), the process's one
+//! pub/sub subscription is this connection, not fred's subscriber. The
+//! task that reads it parses each message in place from the connection's
+//! buffer and hands the grant to its waiter's slot (`grants.rs`), so a
+//! grant wakes the waiting task straight from the socket reader: one task
+//! hop, and nothing allocated per grant. Through fred's subscriber a grant
+//! crossed two tasks more (fred's connection task, its broadcast channel,
+//! fairlock's router) before the waiter ran. On a cluster (sharded
+//! channels on every node), with Sentinel (the primary moves) or TLS,
+//! fred's subscriber carries the grants instead; both paths end in
+//! [`route_notice`].
+//!
+//! The connection keeps itself up. When Redis has sent nothing for a
+//! heartbeat interval it sends `PING`; with no answer by the next interval
+//! (a dead peer, a cut network) it counts the connection as lost. A lost
+//! connection is opened again with a backoff of 50 ms doubling to 2 s,
+//! for as long as the client lives; once subscribed again it asks the
+//! waiter heartbeat for a round at once, because a grant published while
+//! nobody listened is only found by a heartbeat.
+
+use std::fmt;
+use std::str;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::MissedTickBehavior;
+
+use crate::error::Error;
+use crate::grants::route_notice;
+use crate::redis::{redact, PlainEndpoint};
+use crate::resp2::{self, Frame, Malformed};
+use crate::state::ClientState;
+use crate::task::{BackgroundTask, ShutdownSignal};
+use crate::telemetry;
+
+/// The read buffer a connection starts with; it grows for a larger burst.
+const BUFFER: usize = 4 * 1024;
+
+/// The first pause before opening a lost connection again; it doubles on
+/// each failure up to [`MAX_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(50);
+const MAX_PAUSE: Duration = Duration::from_secs(2);
+
+const PING: &[u8] = b"*1\r\n$4\r\nPING\r\n";
+
+/// Why the connection could not be opened or was lost.
+#[derive(Debug)]
+pub(crate) enum ConnectionError {
+    /// Redis answered with an error (`NOPERM ...`, `WRONGPASS ...`,
+    /// `ERR max number of clients reached`).
+    Refused(String),
+    Io(std::io::Error),
+    TimedOut(Duration),
+    Malformed(&'static str),
+    /// Redis answered, but not what was asked.
+    Unexpected,
+    /// Redis closed the connection.
+    Closed,
+    /// Nothing came back for a PING within a heartbeat interval.
+    Silent(Duration),
+}
+
+impl fmt::Display for ConnectionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Refused(error) => write!(f, "Redis refused it: {error}"),
+            Self::Io(error) => write!(f, "{error}"),
+            Self::TimedOut(timeout) => write!(f, "no answer within {timeout:?}"),
+            Self::Malformed(what) => write!(f, "Redis sent a malformed frame ({what})"),
+            Self::Unexpected => write!(f, "Redis answered something other than asked"),
+            Self::Closed => write!(f, "Redis closed the connection"),
+            Self::Silent(interval) => write!(f, "no answer to PING within {interval:?}"),
+        }
+    }
+}
+
+impl From<std::io::Error> for ConnectionError {
+    fn from(error: std::io::Error) -> Self {
+        Self::Io(error)
+    }
+}
+
+impl From<Malformed> for ConnectionError {
+    fn from(error: Malformed) -> Self {
+        Self::Malformed(error.0)
+    }
+}
+
+impl ConnectionError {
+    /// The error `LockClient::connect` reports for a grant connection that
+    /// could not be opened.
+    pub(crate) fn at_connect(self, url: &str, channel: &str) -> Error {
+        match self {
+            Self::Refused(error) if error.starts_with("NOPERM") => {
+                Error::NoPermission(format!("SUBSCRIBE {channel} was refused by Redis: {error}"))
+            }
+            other => Error::Unreachable {
+                url: redact(url),
+                reason: format!("opening the pub/sub connection for grants: {other}"),
+                source: None,
+            },
+        }
+    }
+}
+
+/// A connection subscribed to the process's grant channel.
+pub(crate) struct GrantConnection {
+    stream: TcpStream,
+    /// What has been read and not parsed yet.
+    buf: Vec<u8>,
+}
+
+impl GrantConnection {
+    /// Connects, authenticates with the URL's credentials and subscribes
+    /// `channel`, all within `timeout`. When this returns, Redis has
+    /// confirmed the subscription: a grant published from then on is heard.
+    pub(crate) async fn open(
+        endpoint: &PlainEndpoint,
+        channel: &str,
+        timeout: Duration,
+    ) -> Result<Self, ConnectionError> {
+        tokio::time::timeout(timeout, Self::open_unbounded(endpoint, channel))
+            .await
+            .map_err(|_| ConnectionError::TimedOut(timeout))?
+    }
+
+    async fn open_unbounded(
+        endpoint: &PlainEndpoint,
+        channel: &str,
+    ) -> Result<Self, ConnectionError> {
+        let stream = TcpStream::connect((endpoint.host.as_str(), endpoint.port)).await?;
+        stream.set_nodelay(true)?;
+        let mut connection = Self {
+            stream,
+            buf: Vec::with_capacity(BUFFER),
+        };
+        // AUTH and SUBSCRIBE go in one write; their answers come in order.
+        let mut out = Vec::new();
+        let authenticating = endpoint.password.is_some();
+        match (&endpoint.username, &endpoint.password) {
+            (Some(user), Some(password)) => {
+                resp2::command(&mut out, &[b"AUTH", user.as_bytes(), password.as_bytes()])
+            }
+            (None, Some(password)) => resp2::command(&mut out, &[b"AUTH", password.as_bytes()]),
+            _ => {}
+        }
+        resp2::command(&mut out, &[b"SUBSCRIBE", channel.as_bytes()]);
+        connection.stream.write_all(&out).await?;
+        if authenticating {
+            connection
+                .answer(|frame| match frame {
+                    Frame::Simple(_) => Ok(()),
+                    _ => Err(ConnectionError::Unexpected),
+                })
+                .await?;
+        }
+        connection
+            .answer(|frame| match frame {
+                Frame::Subscribed(name) if name == channel.as_bytes() => Ok(()),
+                _ => Err(ConnectionError::Unexpected),
+            })
+            .await?;
+        Ok(connection)
+    }
+
+    /// Reads the next frame and judges it with `judge`; an error frame is
+    /// [`ConnectionError::Refused`].
+    async fn answer(
+        &mut self,
+        judge: impl FnOnce(Frame<'_>) -> Result<(), ConnectionError>,
+    ) -> Result<(), ConnectionError> {
+        loop {
+            if let Some((frame, used)) = resp2::parse(&self.buf)? {
+                let judged = match frame {
+                    Frame::Error(error) => Err(ConnectionError::Refused(
+                        String::from_utf8_lossy(error).into_owned(),
+                    )),
+                    frame => judge(frame),
+                };
+                self.buf.drain(..used);
+                return judged;
+            }
+            self.read().await?;
+        }
+    }
+
+    /// Reads what the socket has into the buffer.
+    async fn read(&mut self) -> Result<(), ConnectionError> {
+        match self.stream.read_buf(&mut self.buf).await? {
+            0 => Err(ConnectionError::Closed),
+            _ => Ok(()),
+        }
+    }
+
+    /// Hands every complete message in the buffer to its waiter; whether
+    /// there was any frame (an answer to PING counts: the peer is alive).
+    fn route_buffered(&mut self, state: &Arc<ClientState>) -> Result<bool, ConnectionError> {
+        let mut used = 0;
+        while let Some((frame, len)) = resp2::parse(&self.buf[used..])? {
+            used += len;
+            match frame {
+                Frame::Message { channel, payload } if channel == state.channel.as_bytes() => {
+                    match str::from_utf8(payload) {
+                        Ok(payload) => route_notice(state, payload),
+                        Err(_) => tracing::warn!(
+                            payload = %String::from_utf8_lossy(payload),
+                            "fairlock ignored a grant message that is not text"
+                        ),
+                    }
+                }
+                Frame::Error(error) => tracing::warn!(
+                    error = %String::from_utf8_lossy(error),
+                    "fairlock's pub/sub connection got an error from Redis"
+                ),
+                _ => {}
+            }
+        }
+        self.buf.drain(..used);
+        Ok(used > 0)
+    }
+
+    /// Routes grants until the connection is lost (`Err`) or shutdown is
+    /// asked for (`Ok`), sending PING whenever Redis was silent for
+    /// `keepalive`.
+    async fn serve(
+        &mut self,
+        state: &Arc<ClientState>,
+        shutdown: &mut ShutdownSignal,
+        keepalive: Duration,
+    ) -> Result<(), ConnectionError> {
+        let mut ticks =
+            tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive);
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut heard = false;
+        let mut pinged = false;
+        loop {
+            if self.route_buffered(state)? {
+                heard = true;
+                pinged = false;
+            }
+            tokio::select! {
+                biased;
+                () = shutdown.requested() => return Ok(()),
+                read = self.read() => read?,
+                _ = ticks.tick() => {
+                    if pinged {
+                        return Err(ConnectionError::Silent(keepalive));
+                    }
+                    if !heard {
+                        tokio::time::timeout(keepalive, self.stream.write_all(PING))
+                            .await
+                            .map_err(|_| ConnectionError::Silent(keepalive))??;
+                        pinged = true;
+                    }
+                    heard = false;
+                }
+            }
+        }
+    }
+}
+
+/// Starts the task that reads `connection` (subscribed already) and keeps
+/// it open: the grant router of a client on a single plain-TCP server.
+pub(crate) fn spawn_grant_reader(
+    state: Arc<ClientState>,
+    connection: GrantConnection,
+    endpoint: PlainEndpoint,
+) -> BackgroundTask {
+    BackgroundTask::spawn(
+        "grant connection",
+        move |mut shutdown: ShutdownSignal| async move {
+            let keepalive = state.config.heartbeat_interval;
+            let mut connection = connection;
+            loop {
+                match connection.serve(&state, &mut shutdown, keepalive).await {
+                    Ok(()) => return,
+                    Err(error) => tracing::warn!(
+                        %error,
+                        "fairlock's pub/sub connection was lost; opening it again"
+                    ),
+                }
+                connection = match reopen(&state, &endpoint, &mut shutdown).await {
+                    Some(connection) => connection,
+                    None => return,
+                };
+                // Messages sent while the connection was away are lost: a
+                // heartbeat at once re-delivers every grant.
+                telemetry::pubsub_reconnected();
+                tracing::info!(
+                    "fairlock pub/sub connection re-established; re-checking all waiters"
+                );
+                state.heartbeat_now.notify_one();
+            }
+        },
+    )
+}
+
+/// Opens the grant connection again, backing off, until it is subscribed
+/// (`Some`) or shutdown is asked for (`None`).
+async fn reopen(
+    state: &ClientState,
+    endpoint: &PlainEndpoint,
+    shutdown: &mut ShutdownSignal,
+) -> Option<GrantConnection> {
+    let mut pause = FIRST_PAUSE;
+    loop {
+        tokio::select! {
+            () = shutdown.requested() => return None,
+            () = tokio::time::sleep(pause) => {}
+        }
+        let open = GrantConnection::open(endpoint, &state.channel, state.config.connect_timeout);
+        tokio::select! {
+            () = shutdown.requested() => return None,
+            opened = open => match opened {
+                Ok(connection) => return Some(connection),
+                Err(error) => {
+                    tracing::warn!(%error, "fairlock could not open its pub/sub connection again; retrying");
+                    pause = (pause * 2).min(MAX_PAUSE);
+                }
+            },
+        }
+    }
+}

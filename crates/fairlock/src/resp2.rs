@@ -1,0 +1,256 @@
+//! The few RESP2 frames fairlock's grant connection writes and reads.
+//!
+//! That connection (see `grant_connection.rs`) only ever sends `AUTH`,
+//! `SUBSCRIBE` and `PING`, and reads their answers and the messages of
+//! its one channel. Frames are read in place from the connection's
+//! buffer: a message hands out slices of it, so a grant costs no copy and
+//! no allocation.
+
+use std::str;
+
+/// Refuse a frame announcing more than this (a bulk string or an array):
+/// no answer or message on a grant connection comes near it, so a larger
+/// one means the stream is not what it should be.
+const MAX_FRAME: usize = 16 * 1024 * 1024;
+
+/// How deep arrays may nest (none of ours do).
+const MAX_DEPTH: usize = 4;
+
+/// One frame, borrowed from the buffer it was read from.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Frame<'a> {
+    /// `+...`: a simple string (`+OK` after `AUTH`).
+    Simple(&'a [u8]),
+    /// `-...`: an error, whole (`NOPERM ...`, `WRONGPASS ...`).
+    Error(&'a [u8]),
+    /// A pub/sub message: `["message", channel, payload]`.
+    Message {
+        /// The channel it came on.
+        channel: &'a [u8],
+        /// What was published.
+        payload: &'a [u8],
+    },
+    /// The confirmation of a `SUBSCRIBE`: `["subscribe", channel, count]`.
+    Subscribed(&'a [u8]),
+    /// Any other frame (a PING's `["pong", ""]`, an integer, ...).
+    Other,
+}
+
+/// A stream that is not RESP2 as Redis writes it.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Malformed(pub(crate) &'static str);
+
+/// Reads the frame at the start of `buf`: `Ok(None)` if it is not complete
+/// yet, or the frame and how many bytes it took.
+pub(crate) fn parse(buf: &[u8]) -> Result<Option<(Frame<'_>, usize)>, Malformed> {
+    let Some((head, mut at)) = line(buf, 0) else {
+        return Ok(None);
+    };
+    let (&kind, rest) = head.split_first().ok_or(Malformed("empty line"))?;
+    let frame = match kind {
+        b'+' => Frame::Simple(rest),
+        b'-' => Frame::Error(rest),
+        b':' => Frame::Other,
+        b'$' => match skip_bulk(buf, rest, at)? {
+            Some((_, end)) => {
+                at = end;
+                Frame::Other
+            }
+            None => return Ok(None),
+        },
+        b'*' => {
+            let count = length(rest)?;
+            // The first three items, when they are bulk strings or integers.
+            let mut items: [Option<&[u8]>; 3] = [None; 3];
+            for slot in 0..count.unwrap_or(0) {
+                let Some((item, end)) = value(buf, at, 1)? else {
+                    return Ok(None);
+                };
+                if let Some(place) = items.get_mut(slot) {
+                    *place = item;
+                }
+                at = end;
+            }
+            match (count, items) {
+                (Some(3), [Some(b"message"), Some(channel), Some(payload)]) => {
+                    Frame::Message { channel, payload }
+                }
+                (Some(3), [Some(b"subscribe"), Some(channel), Some(_)]) => {
+                    Frame::Subscribed(channel)
+                }
+                _ => Frame::Other,
+            }
+        }
+        _ => return Err(Malformed("unknown frame type")),
+    };
+    Ok(Some((frame, at)))
+}
+
+/// The line starting at `at` (without its CRLF) and where the next begins.
+fn line(buf: &[u8], at: usize) -> Option<(&[u8], usize)> {
+    let rest = buf.get(at..)?;
+    let end = rest.windows(2).position(|w| w == b"\r\n")?;
+    Some((&rest[..end], at + end + 2))
+}
+
+/// A length: `None` for `-1` (a null bulk string or array).
+fn length(digits: &[u8]) -> Result<Option<usize>, Malformed> {
+    if digits == b"-1" {
+        return Ok(None);
+    }
+    let n: usize = str::from_utf8(digits)
+        .ok()
+        .and_then(|d| d.parse().ok())
+        .ok_or(Malformed("bad length"))?;
+    if n > MAX_FRAME {
+        return Err(Malformed("frame too large"));
+    }
+    Ok(Some(n))
+}
+
+/// A bulk string whose header was `$<digits>`, its data starting at `at`:
+/// the data (`None` if null) and where the next frame begins, or `None`
+/// while incomplete.
+#[allow(clippy::type_complexity)]
+fn skip_bulk<'a>(
+    buf: &'a [u8],
+    digits: &[u8],
+    at: usize,
+) -> Result<Option<(Option<&'a [u8]>, usize)>, Malformed> {
+    let Some(len) = length(digits)? else {
+        return Ok(Some((None, at)));
+    };
+    let end = at + len;
+    if buf.len() < end + 2 {
+        return Ok(None);
+    }
+    if &buf[end..end + 2] != b"\r\n" {
+        return Err(Malformed("bulk string without its CRLF"));
+    }
+    Ok(Some((Some(&buf[at..end]), end + 2)))
+}
+
+/// The value at `at` inside an array: its bytes if it is a bulk string, a
+/// simple string or an integer, and where the next one begins; `None`
+/// while incomplete.
+#[allow(clippy::type_complexity)]
+fn value(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Option<&[u8]>, usize)>, Malformed> {
+    let Some((head, next)) = line(buf, at) else {
+        return Ok(None);
+    };
+    let (&kind, rest) = head.split_first().ok_or(Malformed("empty line"))?;
+    match kind {
+        b'$' => skip_bulk(buf, rest, next),
+        b':' | b'+' | b'-' => Ok(Some((Some(rest), next))),
+        b'*' => {
+            if depth >= MAX_DEPTH {
+                return Err(Malformed("arrays nested too deep"));
+            }
+            let mut at = next;
+            for _ in 0..length(rest)?.unwrap_or(0) {
+                match value(buf, at, depth + 1)? {
+                    Some((_, end)) => at = end,
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some((None, at)))
+        }
+        _ => Err(Malformed("unknown frame type")),
+    }
+}
+
+/// Appends a command (an array of bulk strings) to `out`.
+pub(crate) fn command(out: &mut Vec<u8>, args: &[&[u8]]) {
+    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        out.extend_from_slice(arg);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all(mut buf: &[u8]) -> Vec<Frame<'_>> {
+        let mut frames = Vec::new();
+        while let Some((frame, used)) = parse(buf).expect("well-formed") {
+            frames.push(frame);
+            buf = &buf[used..];
+        }
+        assert!(buf.is_empty(), "left over: {buf:?}");
+        frames
+    }
+
+    const STREAM: &[u8] = b"+OK\r\n*3\r\n$9\r\nsubscribe\r\n$2\r\nch\r\n:1\r\n\
+        *3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$11\r\nabc 42 k\r\nx\r\n\
+        *2\r\n$4\r\npong\r\n$0\r\n\r\n-NOPERM no\r\n:7\r\n$-1\r\n*-1\r\n";
+
+    #[test]
+    fn the_frames_of_a_grant_connection_are_read() {
+        assert_eq!(
+            all(STREAM),
+            vec![
+                Frame::Simple(b"OK"),
+                Frame::Subscribed(b"ch"),
+                Frame::Message {
+                    channel: b"ch",
+                    payload: b"abc 42 k\r\nx",
+                },
+                Frame::Other,
+                Frame::Error(b"NOPERM no"),
+                Frame::Other,
+                Frame::Other,
+                Frame::Other,
+            ]
+        );
+    }
+
+    /// A frame cut anywhere is incomplete, never misread: the reader waits
+    /// for the rest.
+    #[test]
+    fn a_frame_cut_anywhere_waits_for_the_rest() {
+        let message = b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$3\r\nabc\r\n";
+        for cut in 0..message.len() {
+            assert_eq!(parse(&message[..cut]), Ok(None), "cut at {cut}");
+        }
+        let (frame, used) = parse(message).expect("ok").expect("complete");
+        assert_eq!(used, message.len());
+        assert_eq!(
+            frame,
+            Frame::Message {
+                channel: b"ch",
+                payload: b"abc"
+            }
+        );
+    }
+
+    #[test]
+    fn a_nested_array_is_skipped_whole() {
+        let buf = b"*2\r\n*2\r\n:1\r\n$1\r\na\r\n:2\r\n+OK\r\n";
+        assert_eq!(all(buf), vec![Frame::Other, Frame::Simple(b"OK")]);
+    }
+
+    #[test]
+    fn garbage_is_refused() {
+        assert_eq!(parse(b"hello\r\n"), Err(Malformed("unknown frame type")));
+        assert_eq!(parse(b"$x\r\n"), Err(Malformed("bad length")));
+        assert_eq!(
+            parse(b"$3\r\nabcd\r\n"),
+            Err(Malformed("bulk string without its CRLF"))
+        );
+        assert_eq!(parse(b"$999999999\r\n"), Err(Malformed("frame too large")));
+        assert_eq!(
+            parse(b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n"),
+            Err(Malformed("arrays nested too deep"))
+        );
+    }
+
+    #[test]
+    fn commands_are_arrays_of_bulk_strings() {
+        let mut out = Vec::new();
+        command(&mut out, &[b"SUBSCRIBE", b"p:notify:ab"]);
+        assert_eq!(out, b"*2\r\n$9\r\nSUBSCRIBE\r\n$11\r\np:notify:ab\r\n");
+    }
+}
