@@ -212,8 +212,9 @@ async fn waiters_survive_killed_pubsub_connections() {
 }
 
 /// A pub/sub connection that goes silent without closing (a network cut
-/// that sends no FIN or RST) is noticed by its keep-alive PING within a
-/// few heartbeat intervals and opened again; the process's waiters are
+/// that sends no FIN or RST) is noticed by its keep-alive PING (sent after
+/// a silent heartbeat interval, unanswered for the command timeout) and
+/// opened again; the process's waiters are
 /// granted afterwards as before. Without the keep-alive the client would
 /// sit on the dead connection and never subscribe again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -222,6 +223,7 @@ async fn a_silent_pubsub_connection_is_noticed_and_opened_again() {
     let proxy = fairlock_tests::silent_proxy::SilentProxy::start(server.port()).await;
     let config = fairlock::ClientConfig::builder(proxy.url())
         .heartbeat_interval(Duration::from_millis(100))
+        .command_timeout(Duration::from_millis(500))
         .build()
         .expect("config");
     let waiting = within("connect", LockClient::with_config(config))

@@ -15,8 +15,9 @@
 //! [`route_notice`].
 //!
 //! The connection keeps itself up. When Redis has sent nothing for a
-//! heartbeat interval it sends `PING`; with no answer by the next interval
-//! (a dead peer, a cut network) it counts the connection as lost. A lost
+//! heartbeat interval it sends `PING`; with no answer within the command
+//! timeout (a dead peer, a cut network) it counts the connection as lost
+//! (checked once per heartbeat interval). A lost
 //! connection is opened again with a backoff of 50 ms doubling to 2 s,
 //! for as long as the client lives; once subscribed again it asks the
 //! waiter heartbeat for a round at once, because a grant published while
@@ -62,7 +63,7 @@ pub(crate) enum ConnectionError {
     Unexpected,
     /// Redis closed the connection.
     Closed,
-    /// Nothing came back for a PING within a heartbeat interval.
+    /// Nothing came back for a PING within the command timeout.
     Silent(Duration),
 }
 
@@ -75,7 +76,7 @@ impl fmt::Display for ConnectionError {
             Self::Malformed(what) => write!(f, "Redis sent a malformed frame ({what})"),
             Self::Unexpected => write!(f, "Redis answered something other than asked"),
             Self::Closed => write!(f, "Redis closed the connection"),
-            Self::Silent(interval) => write!(f, "no answer to PING within {interval:?}"),
+            Self::Silent(timeout) => write!(f, "no answer to PING within {timeout:?}"),
         }
     }
 }
@@ -226,37 +227,43 @@ impl GrantConnection {
     }
 
     /// Routes grants until the connection is lost (`Err`) or shutdown is
-    /// asked for (`Ok`), sending PING whenever Redis was silent for
-    /// `keepalive`.
+    /// asked for (`Ok`). Once per `keepalive`: a PING if Redis sent nothing
+    /// since the last check, and the connection is lost if a PING has gone
+    /// unanswered for `timeout`.
     async fn serve(
         &mut self,
         state: &Arc<ClientState>,
         shutdown: &mut ShutdownSignal,
         keepalive: Duration,
+        timeout: Duration,
     ) -> Result<(), ConnectionError> {
-        let mut ticks =
-            tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive);
+        let start = tokio::time::Instant::now() + keepalive;
+        let mut ticks = tokio::time::interval_at(start, keepalive);
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut heard = false;
-        let mut pinged = false;
+        let mut pinged: Option<tokio::time::Instant> = None;
         loop {
             if self.route_buffered(state)? {
                 heard = true;
-                pinged = false;
+                pinged = None;
             }
             tokio::select! {
                 biased;
                 () = shutdown.requested() => return Ok(()),
                 read = self.read() => read?,
-                _ = ticks.tick() => {
-                    if pinged {
-                        return Err(ConnectionError::Silent(keepalive));
-                    }
-                    if !heard {
-                        tokio::time::timeout(keepalive, self.stream.write_all(PING))
-                            .await
-                            .map_err(|_| ConnectionError::Silent(keepalive))??;
-                        pinged = true;
+                now = ticks.tick() => {
+                    match pinged {
+                        Some(sent) if now.duration_since(sent) >= timeout => {
+                            return Err(ConnectionError::Silent(timeout));
+                        }
+                        Some(_) => {}
+                        None if !heard => {
+                            tokio::time::timeout(timeout, self.stream.write_all(PING))
+                                .await
+                                .map_err(|_| ConnectionError::Silent(timeout))??;
+                            pinged = Some(now);
+                        }
+                        None => {}
                     }
                     heard = false;
                 }
@@ -276,9 +283,13 @@ pub(crate) fn spawn_grant_reader(
         "grant connection",
         move |mut shutdown: ShutdownSignal| async move {
             let keepalive = state.config.heartbeat_interval;
+            let timeout = state.config.command_timeout;
             let mut connection = connection;
             loop {
-                match connection.serve(&state, &mut shutdown, keepalive).await {
+                match connection
+                    .serve(&state, &mut shutdown, keepalive, timeout)
+                    .await
+                {
                     Ok(()) => return,
                     Err(error) => tracing::warn!(
                         %error,
