@@ -783,6 +783,46 @@ async fn acl_users_lacking_a_permission_get_no_permission() {
     }
 }
 
+/// A server with a password (`requirepass`, the URL's `:password@`): all
+/// three connections authenticate, the pub/sub one too (fairlock's own on
+/// a single server: without its AUTH, its SUBSCRIBE would be refused with
+/// NOAUTH and the client would not connect), and a waiter is granted by
+/// another client's release. A wrong password is Unreachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_protected_server_is_used_with_the_urls_password() {
+    // Set after start: the test kit's readiness PING has no password.
+    let server = server();
+    server
+        .cmd_ok(&["CONFIG", "SET", "requirepass", "s3cret"])
+        .expect("requirepass");
+    let with_password = |password: &str| {
+        let mut config = fast_config(&server);
+        config.url = format!("redis://:{password}@127.0.0.1:{}", server.port());
+        config
+    };
+    let holder_client = bounded("connect", LockClient::with_config(with_password("s3cret")))
+        .await
+        .expect("connects with the password");
+    let waiter_client = bounded("connect", LockClient::with_config(with_password("s3cret")))
+        .await
+        .expect("connects with the password");
+    let holder = holder_client.lock("pw").await.expect("lock");
+    let waiter = spawn_lock(&waiter_client, "pw");
+    wait_for_queue_len(&holder_client, "pw", 1).await;
+    holder.release().await.expect("release");
+    granted(waiter, "the waiter of the other client")
+        .await
+        .release()
+        .await
+        .expect("release");
+    let wrong = bounded("connect", LockClient::with_config(with_password("wrong"))).await;
+    assert!(
+        matches!(wrong, Err(Error::Unreachable { .. })),
+        "{:?}",
+        wrong.err()
+    );
+}
+
 /// A replica refuses writes: lock and try_lock get ReadOnly; read-only
 /// calls work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
