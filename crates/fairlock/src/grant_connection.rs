@@ -135,7 +135,7 @@ impl GrantConnection {
         endpoint: &PlainEndpoint,
         channel: &str,
     ) -> Result<Self, ConnectionError> {
-        let stream = TcpStream::connect((endpoint.host.as_str(), endpoint.port)).await?;
+        let stream = TcpStream::connect(endpoint.address()).await?;
         stream.set_nodelay(true)?;
         let mut connection = Self {
             stream,

@@ -90,6 +90,12 @@ pub(crate) struct PlainEndpoint {
 }
 
 impl PlainEndpoint {
+    /// `host:port` as fred connects to it (an IPv6 host keeps the brackets
+    /// of its URL: `[::1]:6379`).
+    pub(crate) fn address(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
     /// The single plain-TCP server of `config`, if that is what it names
     /// (not a cluster, not Sentinel, not TLS).
     fn of(config: &Config) -> Option<Self> {
@@ -900,8 +906,30 @@ mod tests {
     use fairlock_core::Inspect;
     use fairlock_testkit::RedisServer;
 
-    use super::Lane;
+    use super::{Lane, PlainEndpoint};
     use crate::LockClient;
+
+    /// fairlock's own grant connection is opened for a single plain-TCP
+    /// server only, with the URL's credentials, at the address fred uses
+    /// (an IPv6 host in brackets, which `to_socket_addrs` needs).
+    #[test]
+    fn the_grant_connection_goes_where_fred_goes_on_a_single_server_only() {
+        let endpoint = |url: &str| {
+            PlainEndpoint::of(&fred::prelude::Config::from_url(url).expect("valid URL"))
+        };
+        let plain = endpoint("redis://user:pw@127.0.0.1:6380/2").expect("a single server");
+        assert_eq!(plain.address(), "127.0.0.1:6380");
+        assert_eq!(plain.username.as_deref(), Some("user"));
+        assert_eq!(plain.password.as_deref(), Some("pw"));
+        let only_password = endpoint("redis://:pw@localhost:6379").expect("a single server");
+        assert_eq!(only_password.username, None);
+        assert_eq!(only_password.password.as_deref(), Some("pw"));
+        let v6 = endpoint("redis://[::1]:6379").expect("a single server");
+        assert_eq!(v6.address(), "[::1]:6379");
+        assert!(v6.address().parse::<std::net::SocketAddr>().is_ok());
+        assert!(endpoint("redis-cluster://127.0.0.1:7000").is_none());
+        assert!(endpoint("redis-sentinel://127.0.0.1:26379?sentinelServiceName=m").is_none());
+    }
 
     /// A script call in flight holds fred's request future (about 5 KB)
     /// once, boxed. Held inline by each wrapper (call, evaluation loop,
