@@ -33,12 +33,11 @@ use tokio::net::TcpStream;
 use tokio::time::MissedTickBehavior;
 
 use crate::error::Error;
-use crate::grants::route_notice;
+use crate::grants::{resubscribed, route_notice};
 use crate::redis::{redact, PlainEndpoint};
 use crate::resp2::{self, Frame, Malformed};
 use crate::state::ClientState;
 use crate::task::{BackgroundTask, ShutdownSignal};
-use crate::telemetry;
 
 /// The read buffer a connection starts with; it grows for a larger burst.
 const BUFFER: usize = 4 * 1024;
@@ -300,13 +299,7 @@ pub(crate) fn spawn_grant_reader(
                     Some(connection) => connection,
                     None => return,
                 };
-                // Messages sent while the connection was away are lost: a
-                // heartbeat at once re-delivers every grant.
-                telemetry::pubsub_reconnected();
-                tracing::info!(
-                    "fairlock pub/sub connection re-established; re-checking all waiters"
-                );
-                state.heartbeat_now.notify_one();
+                resubscribed(&state);
             }
         },
     )

@@ -118,6 +118,15 @@ pub(crate) fn route_notice(state: &Arc<ClientState>, payload: &str) {
     }
 }
 
+/// After the grant channel was subscribed again (a reconnect): messages
+/// sent while nobody listened are lost, so a heartbeat round at once
+/// re-delivers every grant they carried.
+pub(crate) fn resubscribed(state: &ClientState) {
+    telemetry::pubsub_reconnected();
+    tracing::info!("fairlock pub/sub connection re-established; re-checking all waiters");
+    state.heartbeat_now.notify_one();
+}
+
 /// The task reading fred's subscriber connection.
 pub(crate) fn spawn_router(
     state: Arc<ClientState>,
@@ -142,11 +151,7 @@ pub(crate) fn spawn_router(
                         if !reconnected {
                             return;
                         }
-                        // Messages sent while the subscriber was away are lost:
-                        // a heartbeat at once re-delivers every grant.
-                        telemetry::pubsub_reconnected();
-                        tracing::info!("fairlock pub/sub connection re-established; re-checking all waiters");
-                        heal(&state);
+                        resubscribed(&state);
                     }
                 }
             }
