@@ -201,26 +201,7 @@ impl GrantConnection {
     /// Hands every complete message in the buffer to its waiter; whether
     /// there was any frame (an answer to PING counts: the peer is alive).
     fn route_buffered(&mut self, state: &Arc<ClientState>) -> Result<bool, ConnectionError> {
-        let mut used = 0;
-        while let Some((frame, len)) = resp2::parse(&self.buf[used..])? {
-            used += len;
-            match frame {
-                Frame::Message { channel, payload } if channel == state.channel.as_bytes() => {
-                    match str::from_utf8(payload) {
-                        Ok(payload) => route_notice(state, payload),
-                        Err(_) => tracing::warn!(
-                            payload = %String::from_utf8_lossy(payload),
-                            "fairlock ignored a grant message that is not text"
-                        ),
-                    }
-                }
-                Frame::Error(error) => tracing::warn!(
-                    error = %String::from_utf8_lossy(error),
-                    "fairlock's pub/sub connection got an error from Redis"
-                ),
-                _ => {}
-            }
-        }
+        let used = route_frames(state, &self.buf)?;
         self.buf.drain(..used);
         Ok(used > 0)
     }
@@ -269,6 +250,34 @@ impl GrantConnection {
             }
         }
     }
+}
+
+/// Routes every complete frame at the start of `buf`: a message on this
+/// process's grant channel goes to its waiter ([`route_notice`]), read in
+/// place, with no copy and no allocation. Returns how many bytes the
+/// frames took (the rest is an incomplete frame).
+fn route_frames(state: &Arc<ClientState>, buf: &[u8]) -> Result<usize, ConnectionError> {
+    let mut used = 0;
+    while let Some((frame, len)) = resp2::parse(&buf[used..])? {
+        used += len;
+        match frame {
+            Frame::Message { channel, payload } if channel == state.channel.as_bytes() => {
+                match str::from_utf8(payload) {
+                    Ok(payload) => route_notice(state, payload),
+                    Err(_) => tracing::warn!(
+                        payload = %String::from_utf8_lossy(payload),
+                        "fairlock ignored a grant message that is not text"
+                    ),
+                }
+            }
+            Frame::Error(error) => tracing::warn!(
+                error = %String::from_utf8_lossy(error),
+                "fairlock's pub/sub connection got an error from Redis"
+            ),
+            _ => {}
+        }
+    }
+    Ok(used)
 }
 
 /// Starts the task that reads `connection` (subscribed already) and keeps
@@ -329,5 +338,100 @@ async fn reopen(
                 }
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+    use std::time::Duration;
+
+    use fairlock_testkit::RedisServer;
+
+    use super::route_frames;
+    use crate::LockClient;
+
+    /// Counts the allocations the current thread makes while asked to; the
+    /// other threads of the test binary are not counted.
+    struct Counting;
+
+    thread_local! {
+        static COUNT: Cell<Option<usize>> = const { Cell::new(None) };
+    }
+
+    // SAFETY: every call is passed to the system allocator as it is.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            let _ = COUNT.try_with(|count| count.set(count.get().map(|n| n + 1)));
+            // SAFETY: the caller's contract, passed on.
+            unsafe { System.alloc(layout) }
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+    }
+
+    #[global_allocator]
+    static ALLOCATOR: Counting = Counting;
+
+    fn allocations_in(run: impl FnOnce()) -> usize {
+        COUNT.with(|count| count.set(Some(0)));
+        run();
+        COUNT.with(|count| count.replace(None)).unwrap_or(0)
+    }
+
+    /// A grant read off the socket reaches its waiting task with no
+    /// allocation: the frame is parsed in place, the waiter found by its
+    /// owner id and woken through its slot. The task then holds the lock
+    /// with the token the message carried.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_grant_reaches_its_waiter_without_an_allocation() {
+        let server = RedisServer::start().expect("redis-server");
+        let client = LockClient::connect(&server.url()).await.expect("client");
+        let holder = client.lock("routed").await.expect("holder");
+        let waiter = {
+            let client = client.clone();
+            tokio::spawn(async move { client.lock("routed").await })
+        };
+        let state = client.state();
+        let name = fairlock_core::LockName::new("routed").expect("name");
+        let keys = state.keys_of(&name);
+        let owner_key = keys.owner();
+        let owner_id = loop {
+            let queue = server
+                .cmd(&["ZRANGE", keys.queue(), "0", "0"])
+                .expect("ZRANGE");
+            if let Some(first) = queue.as_array().and_then(|q| q.first()) {
+                break first.as_str().expect("an owner id").to_owned();
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let token = holder.token().value() + 1;
+        let payload = format!("{owner_id} {token} {owner_key}");
+        let frame = format!(
+            "*3\r\n$7\r\nmessage\r\n${}\r\n{}\r\n${}\r\n{}\r\n",
+            state.channel.len(),
+            state.channel,
+            payload.len(),
+            payload
+        );
+        let mut used = 0;
+        let allocations = allocations_in(|| {
+            used = route_frames(state, frame.as_bytes()).expect("well-formed");
+        });
+        assert_eq!(used, frame.len(), "the whole frame was read");
+        assert_eq!(allocations, 0, "allocations while routing one grant");
+        let granted = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("woken")
+            .expect("task")
+            .expect("granted");
+        assert_eq!(granted.token().value(), token);
+        drop(granted);
+        drop(holder);
+        client.shutdown().await;
     }
 }
