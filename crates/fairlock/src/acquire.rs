@@ -7,8 +7,9 @@
 //!
 //! Waiting costs Redis nothing per waiter: the wait has no timer of its
 //! own besides the caller's wait timeout. The process's heartbeat (one call
-//! per 32 locks waited on) keeps the waiter alive, re-delivers a grant whose message was
-//! lost, and asks the waiter to re-run acquire if the queue lost it.
+//! per 32 locks waited on) keeps the waiter alive, re-delivers a grant
+//! whose message was lost, and asks the waiter to re-run acquire if the
+//! queue lost it.
 //!
 //! Cancellation safety lives in [`PendingAcquire`]: until a grant is taken,
 //! dropping the acquire future at any await point deregisters the waiter

@@ -115,6 +115,15 @@ impl PlainEndpoint {
     }
 }
 
+/// What carries a client's pub/sub subscription.
+enum Subscriber {
+    /// fred's subscriber connection.
+    Fred(SubscriberClient),
+    /// fairlock's own grant connection, which connects here (opened by
+    /// `grant_connection.rs`, not by this module).
+    Own(PlainEndpoint),
+}
+
 /// The command connections and the subscriber connection of one client.
 pub(crate) struct RedisConnection {
     /// Whether the server is a Redis Cluster: then a script may only touch
@@ -124,10 +133,7 @@ pub(crate) struct RedisConnection {
     resp3: bool,
     commands: Client,
     holders: Client,
-    /// fred's subscriber; `None` when fairlock's own grant connection
-    /// carries the subscription instead (then `grant_endpoint` is set).
-    subscriber: Option<SubscriberClient>,
-    grant_endpoint: Option<PlainEndpoint>,
+    subscriber: Subscriber,
     command_timeout: Duration,
     /// Script calls in flight per lane, `[waiters, holders]`, at most
     /// [`ClientConfig::max_in_flight`] each; `None` without that bound and
@@ -187,8 +193,8 @@ impl RedisConnection {
         // fred's default of 32 buffered messages overflows then.
         builder.with_performance_config(|p| p.broadcast_channel_capacity = GRANT_BUFFER);
         let subscriber = match grant_endpoint {
-            Some(_) => None,
-            None => Some(
+            Some(endpoint) => Subscriber::Own(endpoint),
+            None => Subscriber::Fred(
                 builder
                     .build_subscriber_client()
                     .map_err(|e| redis_error("building the subscriber connection", e))?,
@@ -199,8 +205,8 @@ impl RedisConnection {
             let commands_task = commands.init().await?;
             let holders_task = holders.init().await?;
             let subscriber_task = match &subscriber {
-                Some(subscriber) => Some(subscriber.init().await?),
-                None => None,
+                Subscriber::Fred(subscriber) => Some(subscriber.init().await?),
+                Subscriber::Own(_) => None,
             };
             Ok::<_, FredError>((commands_task, holders_task, subscriber_task))
         };
@@ -221,7 +227,7 @@ impl RedisConnection {
                 let grace = Duration::from_millis(100);
                 let _ = tokio::time::timeout(grace, commands.quit()).await;
                 let _ = tokio::time::timeout(grace, holders.quit()).await;
-                if let Some(subscriber) = &subscriber {
+                if let Subscriber::Fred(subscriber) = &subscriber {
                     let _ = tokio::time::timeout(grace, subscriber.quit()).await;
                 }
                 return Err(Error::Unreachable {
@@ -239,7 +245,7 @@ impl RedisConnection {
             ),
             keep_connected("holders' command connection", holders.clone(), holders_task),
         ];
-        if let (Some(subscriber), Some(task)) = (&subscriber, subscriber_task) {
+        if let (Subscriber::Fred(subscriber), Some(task)) = (&subscriber, subscriber_task) {
             // Resubscribe by itself after every reconnect of the subscriber
             // (a connection task started again by its keeper counts too).
             let _resubscriber = subscriber.manage_subscriptions();
@@ -256,7 +262,6 @@ impl RedisConnection {
             commands,
             holders,
             subscriber,
-            grant_endpoint,
             command_timeout: config.command_timeout,
             windows: config
                 .max_in_flight
@@ -544,13 +549,24 @@ impl RedisConnection {
     /// Where fairlock's own grant connection is to connect, when it carries
     /// the subscription instead of fred's subscriber.
     pub(crate) fn grant_endpoint(&self) -> Option<&PlainEndpoint> {
-        self.grant_endpoint.as_ref()
+        match &self.subscriber {
+            Subscriber::Own(endpoint) => Some(endpoint),
+            Subscriber::Fred(_) => None,
+        }
+    }
+
+    /// fred's subscriber, if it carries the subscription.
+    fn fred_subscriber(&self) -> Option<&SubscriberClient> {
+        match &self.subscriber {
+            Subscriber::Fred(subscriber) => Some(subscriber),
+            Subscriber::Own(_) => None,
+        }
     }
 
     /// fred's subscriber, for `operation`: missing only when fairlock's own
     /// grant connection carries the subscription, where nothing asks for it.
     fn subscriber(&self, operation: &str) -> Result<&SubscriberClient> {
-        self.subscriber.as_ref().ok_or_else(|| Error::InvalidOptions(format!(
+        self.fred_subscriber().ok_or_else(|| Error::InvalidOptions(format!(
             "{operation}: this client's pub/sub goes over fairlock's own grant connection, not fred's subscriber"
         )))
     }
@@ -635,7 +651,7 @@ impl RedisConnection {
     /// Messages arriving on fred's subscriber connection (`None` without
     /// one: see [`RedisConnection::grant_endpoint`]).
     pub(crate) fn messages(&self) -> Option<Messages> {
-        self.subscriber.as_ref().map(|subscriber| Messages {
+        self.fred_subscriber().map(|subscriber| Messages {
             rx: subscriber.message_rx(),
         })
     }
@@ -643,7 +659,7 @@ impl RedisConnection {
     /// Fires once per reconnect of fred's subscriber connection (`None`
     /// without one).
     pub(crate) fn subscriber_reconnects(&self) -> Option<Reconnects> {
-        self.subscriber.as_ref().map(|subscriber| Reconnects {
+        self.fred_subscriber().map(|subscriber| Reconnects {
             rx: subscriber.reconnect_rx(),
         })
     }
@@ -656,7 +672,7 @@ impl RedisConnection {
         for mut keeper in keepers {
             keeper.shutdown().await;
         }
-        if let Some(subscriber) = &self.subscriber {
+        if let Some(subscriber) = self.fred_subscriber() {
             let _ = tokio::time::timeout(self.command_timeout, subscriber.quit()).await;
         }
         let _ = tokio::time::timeout(self.command_timeout, self.commands.quit()).await;

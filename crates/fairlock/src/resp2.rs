@@ -36,6 +36,11 @@ pub(crate) enum Frame<'a> {
     Other,
 }
 
+/// A value inside a frame, when complete: its bytes (for a bulk string, a
+/// simple string or an integer; `None` for a null or an array) and where
+/// the next value begins. `Ok(None)` while incomplete.
+type Value<'a> = Result<Option<(Option<&'a [u8]>, usize)>, Malformed>;
+
 /// A stream that is not RESP2 as Redis writes it.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Malformed(pub(crate) &'static str);
@@ -51,7 +56,7 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Option<(Frame<'_>, usize)>, Malformed>
         b'+' => Frame::Simple(rest),
         b'-' => Frame::Error(rest),
         b':' => Frame::Other,
-        b'$' => match skip_bulk(buf, rest, at)? {
+        b'$' => match bulk(buf, rest, at)? {
             Some((_, end)) => {
                 at = end;
                 Frame::Other
@@ -111,12 +116,7 @@ fn length(digits: &[u8]) -> Result<Option<usize>, Malformed> {
 /// A bulk string whose header was `$<digits>`, its data starting at `at`:
 /// the data (`None` if null) and where the next frame begins, or `None`
 /// while incomplete.
-#[allow(clippy::type_complexity)]
-fn skip_bulk<'a>(
-    buf: &'a [u8],
-    digits: &[u8],
-    at: usize,
-) -> Result<Option<(Option<&'a [u8]>, usize)>, Malformed> {
+fn bulk<'a>(buf: &'a [u8], digits: &[u8], at: usize) -> Value<'a> {
     let Some(len) = length(digits)? else {
         return Ok(Some((None, at)));
     };
@@ -133,14 +133,13 @@ fn skip_bulk<'a>(
 /// The value at `at` inside an array: its bytes if it is a bulk string, a
 /// simple string or an integer, and where the next one begins; `None`
 /// while incomplete.
-#[allow(clippy::type_complexity)]
-fn value(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Option<&[u8]>, usize)>, Malformed> {
+fn value(buf: &[u8], at: usize, depth: usize) -> Value<'_> {
     let Some((head, next)) = line(buf, at) else {
         return Ok(None);
     };
     let (&kind, rest) = head.split_first().ok_or(Malformed("empty line"))?;
     match kind {
-        b'$' => skip_bulk(buf, rest, next),
+        b'$' => bulk(buf, rest, next),
         b':' | b'+' | b'-' => Ok(Some((Some(rest), next))),
         b'*' => {
             if depth >= MAX_DEPTH {
