@@ -42,6 +42,8 @@ async fn locks_on_every_primary_exclude_and_hand_over_in_order() {
         cluster_client(&cluster).await,
         cluster_client(&cluster).await,
     ];
+    // Sharded channels on every node: fred's subscriber carries the grants.
+    assert_eq!(clients[0].grants_subscribed_at(), None);
     for name in names_on_every_primary(&cluster) {
         // Scripts are loaded on demand, node by node, even after a flush.
         for node in cluster.nodes() {

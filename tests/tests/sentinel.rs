@@ -229,3 +229,58 @@ async fn waiters_re_register_with_the_new_primary_and_are_granted() {
         assert!(pair[0].1 < pair[1].1, "tokens not increasing: {order:?}");
     }
 }
+
+/// Behind Sentinel the grants arrive on fairlock's own pub/sub connection,
+/// subscribed on the primary, and that connection follows a fail-over to
+/// the new primary, where a grant published by a release then reaches a
+/// waiter of another client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grant_connection_follows_the_primary_through_a_failover() {
+    let group = SentinelGroup::start(1).expect("sentinel group");
+    let (client, other) = (
+        sentinel_client(&group, None).await,
+        sentinel_client(&group, None).await,
+    );
+    let primary = group.primary_addr().expect("primary");
+    assert_eq!(
+        client.grants_subscribed_at(),
+        Some(primary.clone()),
+        "subscribed on the primary by fairlock's own connection"
+    );
+    let new_primary = group.failover().expect("failover");
+    assert_ne!(new_primary, primary);
+    group.wait_settled().expect("settled");
+    // A cut connection is opened again within its backoff; one left on the
+    // old primary moves at the next keep-alive check (100 ms here).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while client.grants_subscribed_at().as_ref() != Some(&new_primary)
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        client.grants_subscribed_at(),
+        Some(new_primary.clone()),
+        "the grant connection follows the new primary"
+    );
+    let holder = tokio::time::timeout(Duration::from_secs(30), other.lock("follow"))
+        .await
+        .expect("lock on the new primary")
+        .expect("holder");
+    let waiter = tokio::spawn({
+        let client = client.clone();
+        async move { client.lock("follow").await }
+    });
+    while other.inspect("follow").await.expect("inspect").queue_len < 1 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let holder_token = holder.token().value();
+    holder.release().await.expect("release");
+    let granted = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("the waiter is granted")
+        .expect("task")
+        .expect("lock");
+    assert!(granted.token().value() > holder_token);
+    assert_eq!(client.grants_subscribed_at(), Some(new_primary));
+}

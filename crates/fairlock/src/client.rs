@@ -409,6 +409,17 @@ impl LockClient {
         }
     }
 
+    /// The server (`host:port`) on which fairlock's own pub/sub connection
+    /// is subscribed to this process's grant channel: the single server,
+    /// or behind Sentinel the primary fred's command connection uses (it
+    /// follows a fail-over within a heartbeat interval). `None` while that
+    /// connection is being opened again, and on a Redis Cluster or with
+    /// TLS, where fred's subscriber carries the grants.
+    pub fn grants_subscribed_at(&self) -> Option<String> {
+        let at = self.state().grants_at.lock();
+        at.unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// Stops the background tasks and closes the connections, even while
     /// guards are alive. Locks still held are not released: their leases
     /// run out. Later calls fail with [`Error::Closed`].
@@ -425,7 +436,7 @@ impl LockClient {
 
 /// Subscribes the process's grant channel and starts the task that routes
 /// its grants: fairlock's own grant connection on a single plain-TCP
-/// server, fred's subscriber elsewhere. Subscribed before anything can be
+/// server and behind Sentinel, fred's subscriber elsewhere. Subscribed before anything can be
 /// enqueued, so no grant for this process is published unheard.
 async fn subscribe_grants(state: &Arc<ClientState>) -> Result<BackgroundTask> {
     if let Some(endpoint) = state.redis.grant_endpoint() {
@@ -433,11 +444,7 @@ async fn subscribe_grants(state: &Arc<ClientState>) -> Result<BackgroundTask> {
             GrantConnection::open(endpoint, &state.channel, state.config.connect_timeout)
                 .await
                 .map_err(|e| e.at_connect(&state.config.url, &state.channel))?;
-        return Ok(spawn_grant_reader(
-            Arc::clone(state),
-            connection,
-            endpoint.clone(),
-        ));
+        return Ok(spawn_grant_reader(Arc::clone(state), connection));
     }
     // Listen before subscribing: a message right after SUBSCRIBE is kept.
     let (Some(messages), Some(reconnects)) =

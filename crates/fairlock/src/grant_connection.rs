@@ -2,17 +2,28 @@
 //! the task that wakes its waiter.
 //!
 //! On a single server reached over plain TCP (the usual deployment, and
-//! Redis or Valkey behind a `redis://host:port` URL), the process's one
-//! pub/sub subscription is this connection, not fred's subscriber. The
+//! Redis or Valkey behind a `redis://host:port` URL) and on a primary
+//! managed by Sentinel, the process's one pub/sub subscription is this
+//! connection, not fred's subscriber. The
 //! task that reads it parses each message in place from the connection's
 //! buffer and hands the grant to its waiter's slot (`grants.rs`), so a
 //! grant wakes the waiting task straight from the socket reader: one task
 //! hop, and nothing allocated per grant. Through fred's subscriber a grant
 //! crossed two tasks more (fred's connection task, its broadcast channel,
 //! fairlock's router) before the waiter ran. On a cluster (sharded
-//! channels on every node), with Sentinel (the primary moves) or TLS,
-//! fred's subscriber carries the grants instead; both paths end in
-//! [`route_notice`].
+//! channels on every node) and with TLS, fred's subscriber carries the
+//! grants instead; both paths end in [`route_notice`].
+//!
+//! Behind Sentinel the connection follows the primary that fred's
+//! waiters' command connection is connected to (`redis.rs` reads fred's
+//! reconnect announcements). A fail-over usually cuts this connection
+//! (Sentinel kills the pub/sub clients of the servers it reconfigures),
+//! and it is opened again at the primary fred names then; if fred names
+//! another server than the one it is subscribed on (fred reconnected
+//! after this connection did, or this one was never cut), it moves at
+//! its next keep-alive check, once per heartbeat interval. Until then it
+//! still hears grants if it sits on a replica of the new primary, since
+//! Redis passes `PUBLISH` on to replicas.
 //!
 //! The connection keeps itself up. When Redis has sent nothing for a
 //! heartbeat interval it sends `PING`; with no answer within the command
@@ -34,7 +45,7 @@ use tokio::time::MissedTickBehavior;
 
 use crate::error::Error;
 use crate::grants::{resubscribed, route_notice};
-use crate::redis::{redact, PlainEndpoint};
+use crate::redis::{redact, GrantEndpoint};
 use crate::resp2::{self, Frame, Malformed};
 use crate::state::ClientState;
 use crate::task::{BackgroundTask, ShutdownSignal};
@@ -64,6 +75,14 @@ pub(crate) enum ConnectionError {
     Closed,
     /// Nothing came back for a PING within the command timeout.
     Silent(Duration),
+    /// Behind Sentinel, before fred has reached a primary.
+    NoPrimary,
+    /// Behind Sentinel, fred now uses another primary than the one this
+    /// connection is subscribed on.
+    Moved {
+        from: String,
+        to: String,
+    },
 }
 
 impl fmt::Display for ConnectionError {
@@ -76,6 +95,8 @@ impl fmt::Display for ConnectionError {
             Self::Unexpected => write!(f, "Redis answered something other than asked"),
             Self::Closed => write!(f, "Redis closed the connection"),
             Self::Silent(timeout) => write!(f, "no answer to PING within {timeout:?}"),
+            Self::NoPrimary => write!(f, "no primary known yet"),
+            Self::Moved { from, to } => write!(f, "the primary moved from {from} to {to}"),
         }
     }
 }
@@ -111,6 +132,8 @@ impl ConnectionError {
 
 /// A connection subscribed to the process's grant channel.
 pub(crate) struct GrantConnection {
+    /// The server it is connected to, `host:port`.
+    address: String,
     stream: TcpStream,
     /// What has been read and not parsed yet.
     buf: Vec<u8>,
@@ -121,22 +144,25 @@ impl GrantConnection {
     /// `channel`, all within `timeout`. When this returns, Redis has
     /// confirmed the subscription: a grant published from then on is heard.
     pub(crate) async fn open(
-        endpoint: &PlainEndpoint,
+        endpoint: &GrantEndpoint,
         channel: &str,
         timeout: Duration,
     ) -> Result<Self, ConnectionError> {
-        tokio::time::timeout(timeout, Self::open_unbounded(endpoint, channel))
+        let address = endpoint.address().ok_or(ConnectionError::NoPrimary)?;
+        tokio::time::timeout(timeout, Self::open_unbounded(endpoint, address, channel))
             .await
             .map_err(|_| ConnectionError::TimedOut(timeout))?
     }
 
     async fn open_unbounded(
-        endpoint: &PlainEndpoint,
+        endpoint: &GrantEndpoint,
+        address: String,
         channel: &str,
     ) -> Result<Self, ConnectionError> {
-        let stream = TcpStream::connect(endpoint.address()).await?;
+        let stream = TcpStream::connect(address.as_str()).await?;
         stream.set_nodelay(true)?;
         let mut connection = Self {
+            address,
             stream,
             buf: Vec::with_capacity(BUFFER),
         };
@@ -208,8 +234,9 @@ impl GrantConnection {
 
     /// Routes grants until the connection is lost (`Err`) or shutdown is
     /// asked for (`Ok`). Once per `keepalive`: a PING if Redis sent nothing
-    /// since the last check, and the connection is lost if a PING has gone
-    /// unanswered for `timeout`.
+    /// since the last check, the connection is lost if a PING has gone
+    /// unanswered for `timeout`, and it is given up if the endpoint names
+    /// another server now (behind Sentinel, after a fail-over).
     async fn serve(
         &mut self,
         state: &Arc<ClientState>,
@@ -232,6 +259,10 @@ impl GrantConnection {
                 () = shutdown.requested() => return Ok(()),
                 read = self.read() => read?,
                 now = ticks.tick() => {
+                    let endpoint = state.redis.grant_endpoint().and_then(GrantEndpoint::address);
+                    if let Some(to) = endpoint.filter(|to| *to != self.address) {
+                        return Err(ConnectionError::Moved { from: self.address.clone(), to });
+                    }
                     match pinged {
                         Some(sent) if now.duration_since(sent) >= timeout => {
                             return Err(ConnectionError::Silent(timeout));
@@ -281,12 +312,13 @@ fn route_frames(state: &Arc<ClientState>, buf: &[u8]) -> Result<usize, Connectio
 }
 
 /// Starts the task that reads `connection` (subscribed already) and keeps
-/// it open: the grant router of a client on a single plain-TCP server.
+/// it open: the grant router of a client on a single plain-TCP server or
+/// behind Sentinel.
 pub(crate) fn spawn_grant_reader(
     state: Arc<ClientState>,
     connection: GrantConnection,
-    endpoint: PlainEndpoint,
 ) -> BackgroundTask {
+    subscribed_at(&state, Some(&connection.address));
     BackgroundTask::spawn(
         "grant connection",
         move |mut shutdown: ShutdownSignal| async move {
@@ -294,33 +326,39 @@ pub(crate) fn spawn_grant_reader(
             let timeout = state.config.command_timeout;
             let mut connection = connection;
             loop {
-                match connection
+                let served = connection
                     .serve(&state, &mut shutdown, keepalive, timeout)
-                    .await
-                {
+                    .await;
+                subscribed_at(&state, None);
+                match served {
                     Ok(()) => return,
                     Err(error) => tracing::warn!(
                         %error,
-                        "fairlock's pub/sub connection was lost; opening it again"
+                        address = %connection.address,
+                        "fairlock's pub/sub connection is closed; opening it again"
                     ),
                 }
-                connection = match reopen(&state, &endpoint, &mut shutdown).await {
+                connection = match reopen(&state, &mut shutdown).await {
                     Some(connection) => connection,
                     None => return,
                 };
+                subscribed_at(&state, Some(&connection.address));
                 resubscribed(&state);
             }
         },
     )
 }
 
+/// Records where the grant connection is subscribed (see
+/// [`ClientState::grants_at`]).
+fn subscribed_at(state: &ClientState, address: Option<&str>) {
+    *state.grants_at.lock().unwrap_or_else(|p| p.into_inner()) = address.map(str::to_owned);
+}
+
 /// Opens the grant connection again, backing off, until it is subscribed
 /// (`Some`) or shutdown is asked for (`None`).
-async fn reopen(
-    state: &ClientState,
-    endpoint: &PlainEndpoint,
-    shutdown: &mut ShutdownSignal,
-) -> Option<GrantConnection> {
+async fn reopen(state: &ClientState, shutdown: &mut ShutdownSignal) -> Option<GrantConnection> {
+    let endpoint = state.redis.grant_endpoint()?;
     let mut pause = FIRST_PAUSE;
     loop {
         tokio::select! {
@@ -391,6 +429,7 @@ mod tests {
     async fn a_grant_reaches_its_waiter_without_an_allocation() {
         let server = RedisServer::start().expect("redis-server");
         let client = LockClient::connect(&server.url()).await.expect("client");
+        assert_eq!(client.grants_subscribed_at(), Some(server.addr()));
         let holder = client.lock("routed").await.expect("holder");
         let waiter = {
             let client = client.clone();

@@ -4,10 +4,12 @@
 //! calls, [`Reply`]) so the Redis client can be swapped by rewriting this
 //! file alone. Three connections per process: two command lanes and one
 //! subscriber that carries the process's single pub/sub channel. On a
-//! single server reached over plain TCP that subscriber is not fred's but
-//! fairlock's own grant connection (`grant_connection.rs`), read by the
-//! task that wakes the waiters; this module only says where it connects
-//! ([`RedisConnection::grant_endpoint`]).
+//! single server reached over plain TCP, and on a Sentinel-managed
+//! primary, that subscriber is not fred's but fairlock's own grant
+//! connection (`grant_connection.rs`), read by the task that wakes the
+//! waiters; this module only says where it connects
+//! ([`RedisConnection::grant_endpoint`], which behind Sentinel follows
+//! fred's reconnects).
 //!
 //! The two command lanes keep a holder's work out of the waiters' line.
 //! Each lane is pipelined: a command waits for every command sent before
@@ -78,39 +80,88 @@ pub(crate) enum PubSub {
     Fred,
 }
 
-/// A single server reached over plain TCP, with the URL's credentials:
-/// where fairlock's own grant connection connects. No `Debug`: it holds
-/// the password.
-#[derive(Clone)]
-pub(crate) struct PlainEndpoint {
-    pub(crate) host: String,
-    pub(crate) port: u16,
+/// Where fairlock's own grant connection connects, with the URL's
+/// credentials (those of the data nodes, not of the sentinels). No
+/// `Debug`: it holds the password.
+pub(crate) struct GrantEndpoint {
+    target: GrantTarget,
     pub(crate) username: Option<String>,
     pub(crate) password: Option<String>,
 }
 
-impl PlainEndpoint {
-    /// `host:port` as fred connects to it (an IPv6 host keeps the brackets
-    /// of its URL: `[::1]:6379`).
-    pub(crate) fn address(&self) -> String {
-        format!("{}:{}", self.host, self.port)
-    }
+/// Which server the grant connection subscribes on.
+enum GrantTarget {
+    /// The URL's single server, `host:port` as fred connects to it.
+    Fixed(String),
+    /// Behind Sentinel: the primary the waiters' command connection was
+    /// last connected to. fred announces every (re)connect of that
+    /// connection, the first one included, with the server it reached;
+    /// the announcements are read when the address is asked for.
+    Primary(Mutex<FollowPrimary>),
+}
 
-    /// The single plain-TCP server of `config`, if that is what it names
-    /// (not a cluster, not Sentinel, not TLS).
+/// The reconnect announcements of fred's waiters' command connection and
+/// the last server they named.
+struct FollowPrimary {
+    reconnects: broadcast::Receiver<Server>,
+    latest: Option<String>,
+}
+
+/// Which kind of grant endpoint a fred config allows, before any
+/// connection exists.
+#[derive(Debug, PartialEq, Eq)]
+enum GrantPlace {
+    Fixed(String),
+    SentinelPrimary,
+}
+
+impl GrantPlace {
+    /// Where fairlock's own grant connection can go for `config`: a single
+    /// server or a Sentinel-managed primary, over plain TCP. `None` for a
+    /// cluster (sharded channels on every node) and for TLS.
     fn of(config: &Config) -> Option<Self> {
         #[cfg(feature = "tls")]
         if config.uses_tls() {
             return None;
         }
         match &config.server {
-            ServerConfig::Centralized { server } => Some(Self {
-                host: server.host.to_string(),
-                port: server.port,
-                username: config.username.clone(),
-                password: config.password.clone(),
-            }),
+            ServerConfig::Centralized { server } => Some(Self::Fixed(address(server))),
+            ServerConfig::Sentinel { .. } => Some(Self::SentinelPrimary),
             _ => None,
+        }
+    }
+}
+
+/// `host:port` of `server` as `TcpStream::connect` takes it: an IPv6 host
+/// in brackets (a URL keeps them in the host, a sentinel names the bare
+/// address).
+fn address(server: &Server) -> String {
+    let host: &str = &server.host;
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{}", server.port)
+    } else {
+        format!("{host}:{}", server.port)
+    }
+}
+
+impl GrantEndpoint {
+    /// The address to connect to now. `None` behind Sentinel before fred
+    /// has reached a primary.
+    pub(crate) fn address(&self) -> Option<String> {
+        match &self.target {
+            GrantTarget::Fixed(address) => Some(address.clone()),
+            GrantTarget::Primary(follow) => {
+                let mut follow = follow.lock().unwrap_or_else(|p| p.into_inner());
+                loop {
+                    match follow.reconnects.try_recv() {
+                        Ok(server) => follow.latest = Some(address(&server)),
+                        // Missed announcements: the next ones are newer.
+                        Err(broadcast::error::TryRecvError::Lagged(_)) => {}
+                        Err(_) => break,
+                    }
+                }
+                follow.latest.clone()
+            }
         }
     }
 }
@@ -121,7 +172,7 @@ enum Subscriber {
     Fred(SubscriberClient),
     /// fairlock's own grant connection, which connects here (opened by
     /// `grant_connection.rs`, not by this module).
-    Own(PlainEndpoint),
+    Own(GrantEndpoint),
 }
 
 /// The command connections and the subscriber connection of one client.
@@ -159,10 +210,11 @@ impl RedisConnection {
             ))
         })?;
         let resp3 = fred_config.version == fred::types::RespVersion::RESP3;
-        let grant_endpoint = match pubsub {
-            PubSub::OwnWherePossible => PlainEndpoint::of(&fred_config),
+        let grant_place = match pubsub {
+            PubSub::OwnWherePossible => GrantPlace::of(&fred_config),
             PubSub::Fred => None,
         };
+        let (username, password) = (fred_config.username.clone(), fred_config.password.clone());
         let mut builder = Builder::from_config(fred_config);
         builder
             .with_connection_config(|c| {
@@ -192,8 +244,22 @@ impl RedisConnection {
         // Grants arrive in bursts when many locks hand over at once;
         // fred's default of 32 buffered messages overflows then.
         builder.with_performance_config(|p| p.broadcast_channel_capacity = GRANT_BUFFER);
-        let subscriber = match grant_endpoint {
-            Some(endpoint) => Subscriber::Own(endpoint),
+        let subscriber = match grant_place {
+            Some(place) => Subscriber::Own(GrantEndpoint {
+                target: match place {
+                    GrantPlace::Fixed(address) => GrantTarget::Fixed(address),
+                    // Listening before `init`: its first connect is
+                    // announced too.
+                    GrantPlace::SentinelPrimary => {
+                        GrantTarget::Primary(Mutex::new(FollowPrimary {
+                            reconnects: commands.reconnect_rx(),
+                            latest: None,
+                        }))
+                    }
+                },
+                username,
+                password,
+            }),
             None => Subscriber::Fred(
                 builder
                     .build_subscriber_client()
@@ -548,7 +614,7 @@ impl RedisConnection {
 
     /// Where fairlock's own grant connection is to connect, when it carries
     /// the subscription instead of fred's subscriber.
-    pub(crate) fn grant_endpoint(&self) -> Option<&PlainEndpoint> {
+    pub(crate) fn grant_endpoint(&self) -> Option<&GrantEndpoint> {
         match &self.subscriber {
             Subscriber::Own(endpoint) => Some(endpoint),
             Subscriber::Fred(_) => None,
@@ -922,29 +988,33 @@ mod tests {
     use fairlock_core::Inspect;
     use fairlock_testkit::RedisServer;
 
-    use super::{Lane, PlainEndpoint};
+    use fred::prelude::Server;
+
+    use super::{address, GrantPlace, Lane};
     use crate::LockClient;
 
     /// fairlock's own grant connection is opened for a single plain-TCP
-    /// server only, with the URL's credentials, at the address fred uses
-    /// (an IPv6 host in brackets, which `to_socket_addrs` needs).
+    /// server at the address fred uses (an IPv6 host in brackets, which
+    /// `to_socket_addrs` needs) and for a Sentinel-managed primary; never
+    /// for a cluster. A sentinel names an IPv6 primary without brackets.
     #[test]
-    fn the_grant_connection_goes_where_fred_goes_on_a_single_server_only() {
-        let endpoint = |url: &str| {
-            PlainEndpoint::of(&fred::prelude::Config::from_url(url).expect("valid URL"))
-        };
-        let plain = endpoint("redis://user:pw@127.0.0.1:6380/2").expect("a single server");
-        assert_eq!(plain.address(), "127.0.0.1:6380");
-        assert_eq!(plain.username.as_deref(), Some("user"));
-        assert_eq!(plain.password.as_deref(), Some("pw"));
-        let only_password = endpoint("redis://:pw@localhost:6379").expect("a single server");
-        assert_eq!(only_password.username, None);
-        assert_eq!(only_password.password.as_deref(), Some("pw"));
-        let v6 = endpoint("redis://[::1]:6379").expect("a single server");
-        assert_eq!(v6.address(), "[::1]:6379");
-        assert!(v6.address().parse::<std::net::SocketAddr>().is_ok());
-        assert!(endpoint("redis-cluster://127.0.0.1:7000").is_none());
-        assert!(endpoint("redis-sentinel://127.0.0.1:26379?sentinelServiceName=m").is_none());
+    fn the_grant_connection_goes_where_fred_goes_except_on_a_cluster() {
+        let place =
+            |url: &str| GrantPlace::of(&fred::prelude::Config::from_url(url).expect("valid URL"));
+        let fixed = |address: &str| Some(GrantPlace::Fixed(address.to_owned()));
+        assert_eq!(
+            place("redis://user:pw@127.0.0.1:6380/2"),
+            fixed("127.0.0.1:6380")
+        );
+        assert_eq!(place("redis://[::1]:6379"), fixed("[::1]:6379"));
+        assert!("[::1]:6379".parse::<std::net::SocketAddr>().is_ok());
+        assert_eq!(
+            place("redis-sentinel://127.0.0.1:26379?sentinelServiceName=m"),
+            Some(GrantPlace::SentinelPrimary)
+        );
+        assert_eq!(place("redis-cluster://127.0.0.1:7000"), None);
+        assert_eq!(address(&Server::new("::1", 6379)), "[::1]:6379");
+        assert_eq!(address(&Server::new("10.0.0.2", 6379)), "10.0.0.2:6379");
     }
 
     /// A script call in flight holds fred's request future (about 5 KB)

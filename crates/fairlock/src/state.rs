@@ -58,6 +58,10 @@ pub(crate) struct ClientState {
     key_cache: KeyCache,
     /// Asks the heartbeat for a round now (after a reconnect or lost messages).
     pub(crate) heartbeat_now: Notify,
+    /// The server fairlock's own grant connection is subscribed on now
+    /// (`grant_connection.rs` keeps it); `None` while it is being opened
+    /// and when fred's subscriber carries the grants.
+    pub(crate) grants_at: Mutex<Option<String>>,
     runtime: Handle,
     closed: AtomicBool,
 }
@@ -78,6 +82,7 @@ impl ClientState {
             grant_rates: GrantRates::default(),
             key_cache: KeyCache::default(),
             heartbeat_now: Notify::new(),
+            grants_at: Mutex::default(),
             runtime: Handle::current(),
             closed: AtomicBool::new(false),
         }
