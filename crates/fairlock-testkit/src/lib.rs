@@ -46,6 +46,7 @@ mod sentinel;
 mod server;
 mod stats;
 mod target;
+mod tls;
 pub mod version;
 
 pub use cluster::{key_slot, RedisCluster};
@@ -61,4 +62,5 @@ pub use sentinel::SentinelGroup;
 pub use server::{RedisServer, RedisServerBuilder};
 pub use stats::parse_fields;
 pub use target::RedisTarget;
+pub use tls::TlsFiles;
 pub use version::{ServerKind, ServerVersion};

