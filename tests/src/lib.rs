@@ -196,6 +196,33 @@ pub async fn wait_for_queue_len(client: &LockClient, name: &str, len: u64) {
     panic!("queue of {name} never reached {len}");
 }
 
+/// A waiter of `waiter` queues behind `holder` (held through another
+/// client), the holder releases, and the waiter's guard is returned once
+/// granted within `within`: the grant crosses processes by pub/sub. Its
+/// token is checked to be above the holder's.
+pub async fn hand_over(
+    holder: LockGuard,
+    holder_client: &LockClient,
+    waiter: &LockClient,
+    within: Duration,
+) -> LockGuard {
+    let name = holder.name().to_owned();
+    let waiting = tokio::spawn({
+        let (waiter, name) = (waiter.clone(), name.clone());
+        async move { waiter.lock(&name).await }
+    });
+    wait_for_queue_len(holder_client, &name, 1).await;
+    let holder_token = holder.token().value();
+    holder.release().await.expect("release");
+    let granted = tokio::time::timeout(within, waiting)
+        .await
+        .expect("the waiter is granted in time")
+        .expect("task")
+        .expect("lock");
+    assert!(granted.token().value() > holder_token);
+    granted
+}
+
 /// The value of metric `name` in this process's exporter, summed over its
 /// series; `None` before anything recorded it.
 pub fn metric_value(metrics: &PrometheusHandle, name: &str) -> Option<f64> {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use fairlock::{ClientConfig, Error, LockClient, ReplicaAcks};
 use fairlock_testkit::SentinelGroup;
+use fairlock_tests::hand_over;
 
 async fn sentinel_client(group: &SentinelGroup, acks: Option<u32>) -> LockClient {
     let mut config = ClientConfig::new(group.url());
@@ -267,20 +268,7 @@ async fn the_grant_connection_follows_the_primary_through_a_failover() {
         .await
         .expect("lock on the new primary")
         .expect("holder");
-    let waiter = tokio::spawn({
-        let client = client.clone();
-        async move { client.lock("follow").await }
-    });
-    while other.inspect("follow").await.expect("inspect").queue_len < 1 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let holder_token = holder.token().value();
-    holder.release().await.expect("release");
-    let granted = tokio::time::timeout(Duration::from_secs(30), waiter)
-        .await
-        .expect("the waiter is granted")
-        .expect("task")
-        .expect("lock");
-    assert!(granted.token().value() > holder_token);
+    let granted = hand_over(holder, &other, &client, Duration::from_secs(30)).await;
+    drop(granted);
     assert_eq!(client.grants_subscribed_at(), Some(new_primary));
 }

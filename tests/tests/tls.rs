@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use fairlock::{ClientConfig, Error, LockClient};
 use fairlock_testkit::{RedisServer, ServerKind, TlsFiles};
+use fairlock_tests::hand_over;
 
 /// A client trusting only the system's authorities refuses the server's
 /// certificate (a clear `Unreachable`, nothing hangs). Trusting the
@@ -52,27 +53,14 @@ async fn locks_and_grants_go_over_tls() {
     assert_eq!(waiter_client.grants_subscribed_at(), server.tls_addr());
 
     let holder = holder_client.lock("over-tls").await.expect("lock over TLS");
-    let waiter = tokio::spawn({
-        let client = waiter_client.clone();
-        async move { client.lock("over-tls").await }
-    });
-    while holder_client
-        .inspect("over-tls")
-        .await
-        .expect("inspect")
-        .queue_len
-        < 1
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let holder_token = holder.token().value();
-    holder.release().await.expect("release over TLS");
-    let granted = tokio::time::timeout(Duration::from_secs(20), waiter)
-        .await
-        .expect("the grant arrives on the TLS pub/sub connection, not a minute later")
-        .expect("task")
-        .expect("lock");
-    assert!(granted.token().value() > holder_token);
+    // Within 20 s: on the TLS pub/sub connection, not a minute later.
+    let granted = hand_over(
+        holder,
+        &holder_client,
+        &waiter_client,
+        Duration::from_secs(20),
+    )
+    .await;
     granted.release().await.expect("release");
     holder_client.shutdown().await;
     waiter_client.shutdown().await;
