@@ -121,14 +121,11 @@ enum GrantPlace {
 impl GrantPlace {
     /// Where fairlock's own grant connection can go for `config`: a single
     /// server (over plain TCP or TLS) or a Sentinel-managed primary (plain
-    /// TCP). `None` for a cluster (sharded channels on every node) and for
-    /// Sentinel with TLS.
-    fn of(config: &Config) -> Option<Self> {
+    /// TCP). `None` for a cluster (sharded channels on every node), for
+    /// Sentinel with TLS, and for TLS without `tls` ([`grant_tls`]).
+    fn of(config: &Config, tls: Option<&TlsSettings>) -> Option<Self> {
         match &config.server {
-            ServerConfig::Centralized { server } => {
-                if config.uses_tls() && grant_tls(config).is_none() {
-                    return None;
-                }
+            ServerConfig::Centralized { server } if config.uses_tls() == tls.is_some() => {
                 Some(Self::Fixed(address(server)))
             }
             ServerConfig::Sentinel { .. } if !config.uses_tls() => Some(Self::SentinelPrimary),
@@ -249,12 +246,12 @@ impl RedisConnection {
             ))
         })?;
         let resp3 = fred_config.version == fred::types::RespVersion::RESP3;
+        let tls = grant_tls(&fred_config);
         let grant_place = match pubsub {
-            PubSub::OwnWherePossible => GrantPlace::of(&fred_config),
+            PubSub::OwnWherePossible => GrantPlace::of(&fred_config, tls.as_ref()),
             PubSub::Fred => None,
         };
         let (username, password) = (fred_config.username.clone(), fred_config.password.clone());
-        let tls = grant_tls(&fred_config);
         let mut builder = Builder::from_config(fred_config);
         builder
             .with_connection_config(|c| {
@@ -1040,8 +1037,12 @@ mod tests {
     /// for a cluster. A sentinel names an IPv6 primary without brackets.
     #[test]
     fn the_grant_connection_goes_where_fred_goes_except_on_a_cluster() {
-        let place =
-            |url: &str| GrantPlace::of(&fred::prelude::Config::from_url(url).expect("valid URL"));
+        let place = |url: &str| {
+            GrantPlace::of(
+                &fred::prelude::Config::from_url(url).expect("valid URL"),
+                None,
+            )
+        };
         let fixed = |address: &str| Some(GrantPlace::Fixed(address.to_owned()));
         assert_eq!(
             place("redis://user:pw@127.0.0.1:6380/2"),
