@@ -5,8 +5,9 @@
 //! `redis://host:port` URL, or `rediss://` with TLS, opened with fred's
 //! TLS settings by `grant_stream.rs`) and on a primary managed by Sentinel
 //! (plain TCP), the process's one pub/sub subscription is this connection,
-//! not fred's subscriber. The task that reads it parses each message in place from the connection's
-//! buffer and hands the grant to its waiter's slot (`grants.rs`), so a
+//! not fred's subscriber. The task that reads it parses each message in
+//! place from the connection's buffer and hands the grant to its waiter's
+//! slot (`grants.rs`), so a
 //! grant wakes the waiting task straight from the socket reader: one task
 //! hop, and nothing allocated per grant. Through fred's subscriber a grant
 //! crossed two tasks more (fred's connection task, its broadcast channel,
@@ -17,14 +18,15 @@
 //!
 //! Behind Sentinel the connection follows the primary that fred's
 //! waiters' command connection is connected to (`redis.rs` reads fred's
-//! reconnect announcements). A fail-over usually cuts this connection
-//! (Sentinel kills the pub/sub clients of the servers it reconfigures),
-//! and it is opened again at the primary fred names then; if fred names
-//! another server than the one it is subscribed on (fred reconnected
-//! after this connection did, or this one was never cut), it moves at
-//! its next keep-alive check, once per heartbeat interval. Until then it
-//! still hears grants if it sits on a replica of the new primary, since
-//! Redis passes `PUBLISH` on to replicas.
+//! reconnect announcements). A fail-over may cut this connection (Sentinel
+//! kills the clients of the servers it reconfigures); it is then opened
+//! again at the primary fred names at that moment, which can still be the
+//! old one. Whenever fred names another server than the one it is
+//! subscribed on, it moves there at its next keep-alive check, once per
+//! heartbeat interval (`sentinel.rs` shows that without this check it
+//! stays on the old primary). Until then it still hears grants if it sits
+//! on a replica of the new primary, since Redis passes `PUBLISH` on to
+//! replicas.
 //!
 //! The connection keeps itself up. When Redis has sent nothing for a
 //! heartbeat interval it sends `PING`; with no answer within the command
