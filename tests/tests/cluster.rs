@@ -10,7 +10,7 @@ use fairlock::{Error, FencedOp, LockClient, LockOptions, Reply};
 use fairlock_core::{Acquire, AcquireMode, AcquireReply, Timings};
 use fairlock_examples::seckill::{swarm, SwarmConfig, Variant};
 use fairlock_testkit::RedisCluster;
-use fairlock_tests::{assert_swarm_passed, cluster_client, raw, wait_for_queue_len};
+use fairlock_tests::{assert_swarm_passed, cluster_client, hand_over, raw, wait_for_queue_len};
 
 /// Hang guard.
 const LONG: Duration = Duration::from_secs(30);
@@ -42,8 +42,8 @@ async fn locks_on_every_primary_exclude_and_hand_over_in_order() {
         cluster_client(&cluster).await,
         cluster_client(&cluster).await,
     ];
-    // Sharded channels on every node: fred's subscriber carries the grants.
-    assert_eq!(clients[0].grants_subscribed_at(), None);
+    // Nothing waited for yet: no node subscribed.
+    assert!(clients[0].grants_subscribed_at().is_empty());
     for name in names_on_every_primary(&cluster) {
         // Scripts are loaded on demand, node by node, even after a flush.
         for node in cluster.nodes() {
@@ -101,6 +101,45 @@ async fn locks_on_every_primary_exclude_and_hand_over_in_order() {
                 "{name}: tokens not increasing: {order:?}"
             );
         }
+    }
+    // Both clients waited in a slot of every primary: each has its own
+    // grant connection to each of them.
+    let mut primaries = cluster.primaries().expect("primaries");
+    primaries.sort();
+    for client in &clients {
+        assert_eq!(client.grants_subscribed_at(), primaries);
+    }
+}
+
+/// On a cluster a grant reaches a waiter of another process on
+/// fairlock's own connection to the node serving the lock's slot: with
+/// the heartbeat (the fallback that finds grants nobody heard) a minute
+/// away, the waiter is granted at the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_comes_on_fairlocks_own_connection_to_the_slots_node() {
+    let cluster = RedisCluster::start().expect("cluster");
+    let slow_heartbeat = || {
+        let mut config = fairlock::ClientConfig::new(cluster.url());
+        config.heartbeat_interval = Duration::from_secs(60);
+        config.waiter_timeout = Duration::from_secs(180);
+        LockClient::with_config(config)
+    };
+    let holder_client = slow_heartbeat().await.expect("client");
+    let waiter_client = slow_heartbeat().await.expect("client");
+    for name in names_on_every_primary(&cluster) {
+        let holder = holder_client.lock(&name).await.expect("holder");
+        let granted = hand_over(holder, &holder_client, &waiter_client, LONG / 2).await;
+        granted.release().await.expect("release");
+        let keys = fairlock_core::LockKeys::new(
+            &fairlock_core::KeyPrefix::default(),
+            &fairlock_core::LockName::new(name.as_str()).expect("name"),
+        );
+        let node = cluster.slot_owner(keys.slot()).expect("slot owner");
+        assert!(
+            waiter_client.grants_subscribed_at().contains(&node),
+            "{name}: subscribed at {:?}, the slot is on {node}",
+            waiter_client.grants_subscribed_at()
+        );
     }
 }
 

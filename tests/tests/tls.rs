@@ -50,7 +50,10 @@ async fn locks_and_grants_go_over_tls() {
     let waiter_client = LockClient::with_config(config(&url))
         .await
         .expect("TLS client");
-    assert_eq!(waiter_client.grants_subscribed_at(), server.tls_addr());
+    assert_eq!(
+        waiter_client.grants_subscribed_at(),
+        Vec::from_iter(server.tls_addr())
+    );
 
     let holder = holder_client.lock("over-tls").await.expect("lock over TLS");
     // Within 20 s: on the TLS pub/sub connection, not a minute later.

@@ -19,6 +19,7 @@ use crate::guard::{FencingToken, LockGuard};
 use crate::heartbeat::spawn_heartbeat;
 use crate::owner::LockOwner;
 use crate::redis::{Lane, PubSub, RedisConnection};
+use crate::sharded_grants::spawn_sharded_grants;
 use crate::state::ClientState;
 use crate::task::BackgroundTask;
 use crate::watchdog::spawn_watchdog;
@@ -409,14 +410,15 @@ impl LockClient {
         }
     }
 
-    /// The server (`host:port`) on which fairlock's own pub/sub connection
-    /// is subscribed to this process's grant channel: the single server
-    /// (plain TCP or TLS), or behind Sentinel the primary fred's command
+    /// The servers (`host:port`) to which fairlock's own pub/sub
+    /// connections for this process's grants are open: the single server
+    /// (plain TCP or TLS); behind Sentinel the primary fred's command
     /// connection uses (it follows a fail-over within a heartbeat
-    /// interval). `None` while that connection is being opened again, and
-    /// on a Redis Cluster or behind Sentinel with TLS, where fred's
-    /// subscriber carries the grants.
-    pub fn grants_subscribed_at(&self) -> Option<String> {
+    /// interval); on a Redis Cluster each node serving a slot this process
+    /// has waited in. Empty while a connection is being opened again, and
+    /// behind Sentinel or on a cluster with TLS, where fred's subscriber
+    /// carries the grants.
+    pub fn grants_subscribed_at(&self) -> Vec<String> {
         let at = self.state().grants_at.lock();
         at.unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -440,6 +442,12 @@ impl LockClient {
 /// server and behind Sentinel, fred's subscriber elsewhere. Subscribed before anything can be
 /// enqueued, so no grant for this process is published unheard.
 async fn subscribe_grants(state: &Arc<ClientState>) -> Result<BackgroundTask> {
+    if state.redis.grant_endpoint().is_some_and(|e| e.is_sharded()) {
+        // Per slot, on first use (`ClientState::subscribe_slot`).
+        let (requests, received) = tokio::sync::mpsc::unbounded_channel();
+        let _ = state.shard_requests.set(requests);
+        return Ok(spawn_sharded_grants(Arc::clone(state), received));
+    }
     if let Some(endpoint) = state.redis.grant_endpoint() {
         let connection =
             GrantConnection::open(endpoint, &state.channel, state.config.connect_timeout)

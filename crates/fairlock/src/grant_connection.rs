@@ -152,15 +152,36 @@ impl GrantConnection {
         timeout: Duration,
     ) -> Result<Self, ConnectionError> {
         let address = endpoint.address().ok_or(ConnectionError::NoPrimary)?;
-        tokio::time::timeout(timeout, Self::open_unbounded(endpoint, address, channel))
+        tokio::time::timeout(
+            timeout,
+            Self::open_unbounded(endpoint, address, Some(channel)),
+        )
+        .await
+        .map_err(|_| ConnectionError::TimedOut(timeout))?
+    }
+
+    /// Connects to the cluster node at `address` and authenticates, within
+    /// `timeout`; nothing is subscribed yet (`sharded_grants.rs` does).
+    pub(crate) async fn open_node(
+        endpoint: &GrantEndpoint,
+        address: String,
+        timeout: Duration,
+    ) -> Result<Self, ConnectionError> {
+        tokio::time::timeout(timeout, Self::open_unbounded(endpoint, address, None))
             .await
             .map_err(|_| ConnectionError::TimedOut(timeout))?
+    }
+
+    /// The server's address, the stream, and what was read of it and not
+    /// parsed yet.
+    pub(crate) fn into_parts(self) -> (String, GrantStream, Vec<u8>) {
+        (self.address, self.stream, self.buf)
     }
 
     async fn open_unbounded(
         endpoint: &GrantEndpoint,
         address: String,
-        channel: &str,
+        channel: Option<&str>,
     ) -> Result<Self, ConnectionError> {
         let stream = GrantStream::connect(&address, endpoint.tls()).await?;
         let mut connection = Self {
@@ -178,7 +199,12 @@ impl GrantConnection {
             (None, Some(password)) => resp2::command(&mut out, &[b"AUTH", password.as_bytes()]),
             _ => {}
         }
-        resp2::command(&mut out, &[b"SUBSCRIBE", channel.as_bytes()]);
+        if let Some(channel) = channel {
+            resp2::command(&mut out, &[b"SUBSCRIBE", channel.as_bytes()]);
+        }
+        if out.is_empty() {
+            return Ok(connection);
+        }
         connection.stream.write_all(&out).await?;
         // TLS keeps written bytes in its session until flushed.
         connection.stream.flush().await?;
@@ -190,12 +216,14 @@ impl GrantConnection {
                 })
                 .await?;
         }
-        connection
-            .answer(|frame| match frame {
-                Frame::Subscribed(name) if name == channel.as_bytes() => Ok(()),
-                _ => Err(ConnectionError::Unexpected),
-            })
-            .await?;
+        if let Some(channel) = channel {
+            connection
+                .answer(|frame| match frame {
+                    Frame::Subscribed(name) if name == channel.as_bytes() => Ok(()),
+                    _ => Err(ConnectionError::Unexpected),
+                })
+                .await?;
+        }
         Ok(connection)
     }
 
@@ -231,7 +259,14 @@ impl GrantConnection {
     /// Hands every complete message in the buffer to its waiter; whether
     /// there was any frame (an answer to PING counts: the peer is alive).
     fn route_buffered(&mut self, state: &Arc<ClientState>) -> Result<bool, ConnectionError> {
-        let used = route_frames(state, &self.buf)?;
+        let used = route_frames(state, &self.buf, |frame| {
+            if let Frame::Error(error) = frame {
+                tracing::warn!(
+                    error = %String::from_utf8_lossy(error),
+                    "fairlock's pub/sub connection got an error from Redis"
+                );
+            }
+        })?;
         self.buf.drain(..used);
         Ok(used > 0)
     }
@@ -291,29 +326,32 @@ impl GrantConnection {
     }
 }
 
-/// Routes every complete frame at the start of `buf`: a message on this
-/// process's grant channel goes to its waiter ([`route_notice`]), read in
-/// place, with no copy and no allocation. Returns how many bytes the
-/// frames took (the rest is an incomplete frame).
-fn route_frames(state: &Arc<ClientState>, buf: &[u8]) -> Result<usize, ConnectionError> {
+/// Routes every complete frame at the start of `buf`: a message on one of
+/// this process's grant channels goes to its waiter ([`route_notice`]),
+/// read in place, with no copy and no allocation; every other frame (an
+/// answer, an error) goes to `answer`. Returns how many bytes the frames
+/// took (the rest is an incomplete frame).
+pub(crate) fn route_frames(
+    state: &Arc<ClientState>,
+    buf: &[u8],
+    mut answer: impl FnMut(Frame<'_>),
+) -> Result<usize, ConnectionError> {
     let mut used = 0;
     while let Some((frame, len)) = resp2::parse(&buf[used..])? {
         used += len;
         match frame {
-            Frame::Message { channel, payload } if channel == state.channel.as_bytes() => {
-                match str::from_utf8(payload) {
-                    Ok(payload) => route_notice(state, payload),
-                    Err(_) => tracing::warn!(
+            Frame::Message { channel, payload } => {
+                match (str::from_utf8(channel), str::from_utf8(payload)) {
+                    (Ok(channel), Ok(payload)) if state.is_our_channel(channel) => {
+                        route_notice(state, payload)
+                    }
+                    _ => tracing::warn!(
                         payload = %String::from_utf8_lossy(payload),
-                        "fairlock ignored a grant message that is not text"
+                        "fairlock ignored a message that is not a grant for this process"
                     ),
                 }
             }
-            Frame::Error(error) => tracing::warn!(
-                error = %String::from_utf8_lossy(error),
-                "fairlock's pub/sub connection got an error from Redis"
-            ),
-            _ => {}
+            other => answer(other),
         }
     }
     Ok(used)
@@ -360,7 +398,8 @@ pub(crate) fn spawn_grant_reader(
 /// Records where the grant connection is subscribed (see
 /// [`ClientState::grants_at`]).
 fn subscribed_at(state: &ClientState, address: Option<&str>) {
-    *state.grants_at.lock().unwrap_or_else(|p| p.into_inner()) = address.map(str::to_owned);
+    *state.grants_at.lock().unwrap_or_else(|p| p.into_inner()) =
+        address.map(str::to_owned).into_iter().collect();
 }
 
 /// Opens the grant connection again, backing off, until it is subscribed
@@ -437,7 +476,7 @@ mod tests {
     async fn a_grant_reaches_its_waiter_without_an_allocation() {
         let server = RedisServer::start().expect("redis-server");
         let client = LockClient::connect(&server.url()).await.expect("client");
-        assert_eq!(client.grants_subscribed_at(), Some(server.addr()));
+        assert_eq!(client.grants_subscribed_at(), [server.addr()]);
         let holder = client.lock("routed").await.expect("holder");
         let waiter = {
             let client = client.clone();
@@ -467,7 +506,7 @@ mod tests {
         );
         let mut used = 0;
         let allocations = allocations_in(|| {
-            used = route_frames(state, frame.as_bytes()).expect("well-formed");
+            used = route_frames(state, frame.as_bytes(), |_| {}).expect("well-formed");
         });
         assert_eq!(used, frame.len(), "the whole frame was read");
         assert_eq!(allocations, 0, "allocations while routing one grant");

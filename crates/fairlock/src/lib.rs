@@ -56,6 +56,7 @@ pub mod redlock;
 mod resp2;
 mod rwlock;
 mod semaphore;
+mod sharded_grants;
 mod state;
 mod task;
 mod telemetry;

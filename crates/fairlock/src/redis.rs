@@ -37,8 +37,8 @@ use fairlock_core::{
 };
 use fred::clients::SubscriberClient;
 use fred::prelude::{
-    Builder, Client, ClientLike, Config, Error as FredError, ErrorKind, EventInterface, Key,
-    LuaInterface, PubsubInterface, ReconnectPolicy, Server, Value,
+    Builder, Client, ClientLike, ClusterInterface, Config, Error as FredError, ErrorKind,
+    EventInterface, Key, LuaInterface, PubsubInterface, ReconnectPolicy, Server, Value,
 };
 use fred::types::config::ServerConfig;
 use fred::types::{ClusterHash, ConnectHandle, CustomCommand};
@@ -101,6 +101,9 @@ enum GrantTarget {
     /// connection, the first one included, with the server it reached;
     /// the announcements are read when the address is asked for.
     Primary(Mutex<FollowPrimary>),
+    /// On a cluster: the primary of each slot this process waits in, as
+    /// fred's slot map names it (`sharded_grants.rs`).
+    ClusterNodes,
 }
 
 /// The reconnect announcements of fred's waiters' command connection and
@@ -116,19 +119,21 @@ struct FollowPrimary {
 enum GrantPlace {
     Fixed(String),
     SentinelPrimary,
+    ClusterNodes,
 }
 
 impl GrantPlace {
-    /// Where fairlock's own grant connection can go for `config`: a single
-    /// server (over plain TCP or TLS) or a Sentinel-managed primary (plain
-    /// TCP). `None` for a cluster (sharded channels on every node), for
-    /// Sentinel with TLS, and for TLS without `tls` ([`grant_tls`]).
+    /// Where fairlock's own grant connections can go for `config`: a single
+    /// server (over plain TCP or TLS), a Sentinel-managed primary or the
+    /// nodes of a cluster (plain TCP). `None` for Sentinel or a cluster with
+    /// TLS, and for TLS without `tls` ([`grant_tls`]).
     fn of(config: &Config, tls: Option<&TlsSettings>) -> Option<Self> {
         match &config.server {
             ServerConfig::Centralized { server } if config.uses_tls() == tls.is_some() => {
                 Some(Self::Fixed(address(server)))
             }
             ServerConfig::Sentinel { .. } if !config.uses_tls() => Some(Self::SentinelPrimary),
+            ServerConfig::Clustered { .. } if !config.uses_tls() => Some(Self::ClusterNodes),
             _ => None,
         }
     }
@@ -181,11 +186,19 @@ impl GrantEndpoint {
         self.tls.as_ref()
     }
 
+    /// Whether the grants come on one connection per cluster node (then
+    /// [`GrantEndpoint::address`] is `None`; see
+    /// [`RedisConnection::node_of_slot`]).
+    pub(crate) fn is_sharded(&self) -> bool {
+        matches!(self.target, GrantTarget::ClusterNodes)
+    }
+
     /// The address to connect to now. `None` behind Sentinel before fred
-    /// has reached a primary.
+    /// has reached a primary, and on a cluster.
     pub(crate) fn address(&self) -> Option<String> {
         match &self.target {
             GrantTarget::Fixed(address) => Some(address.clone()),
+            GrantTarget::ClusterNodes => None,
             GrantTarget::Primary(follow) => {
                 let mut follow = follow.lock().unwrap_or_else(|p| p.into_inner());
                 loop {
@@ -285,6 +298,7 @@ impl RedisConnection {
             Some(place) => Subscriber::Own(GrantEndpoint {
                 target: match place {
                     GrantPlace::Fixed(address) => GrantTarget::Fixed(address),
+                    GrantPlace::ClusterNodes => GrantTarget::ClusterNodes,
                     // Listening before `init`: its first connect is
                     // announced too.
                     GrantPlace::SentinelPrimary => {
@@ -648,6 +662,12 @@ impl RedisConnection {
                 timeout: self.command_timeout,
             }),
         }
+    }
+
+    /// The primary serving `slot` in fred's slot map, `host:port`.
+    pub(crate) fn node_of_slot(&self, slot: u16) -> Option<String> {
+        let routing = self.commands.cached_cluster_state()?;
+        routing.get_server(slot).map(address)
     }
 
     /// Where fairlock's own grant connection is to connect, when it carries
@@ -1033,10 +1053,11 @@ mod tests {
 
     /// fairlock's own grant connection is opened for a single plain-TCP
     /// server at the address fred uses (an IPv6 host in brackets, which
-    /// `to_socket_addrs` needs) and for a Sentinel-managed primary; never
-    /// for a cluster. A sentinel names an IPv6 primary without brackets.
+    /// `to_socket_addrs` needs), for a Sentinel-managed primary and for the
+    /// nodes of a cluster. A sentinel names an IPv6 primary without
+    /// brackets.
     #[test]
-    fn the_grant_connection_goes_where_fred_goes_except_on_a_cluster() {
+    fn the_grant_connection_goes_where_fred_goes() {
         let place = |url: &str| {
             GrantPlace::of(
                 &fred::prelude::Config::from_url(url).expect("valid URL"),
@@ -1054,7 +1075,10 @@ mod tests {
             place("redis-sentinel://127.0.0.1:26379?sentinelServiceName=m"),
             Some(GrantPlace::SentinelPrimary)
         );
-        assert_eq!(place("redis-cluster://127.0.0.1:7000"), None);
+        assert_eq!(
+            place("redis-cluster://127.0.0.1:7000"),
+            Some(GrantPlace::ClusterNodes)
+        );
         assert_eq!(address(&Server::new("::1", 6379)), "[::1]:6379");
         assert_eq!(address(&Server::new("10.0.0.2", 6379)), "10.0.0.2:6379");
     }

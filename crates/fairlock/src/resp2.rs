@@ -23,15 +23,20 @@ pub(crate) enum Frame<'a> {
     Simple(&'a [u8]),
     /// `-...`: an error, whole (`NOPERM ...`, `WRONGPASS ...`).
     Error(&'a [u8]),
-    /// A pub/sub message: `["message", channel, payload]`.
+    /// A pub/sub message: `["message", channel, payload]`, or a sharded
+    /// one, `["smessage", channel, payload]`.
     Message {
         /// The channel it came on.
         channel: &'a [u8],
         /// What was published.
         payload: &'a [u8],
     },
-    /// The confirmation of a `SUBSCRIBE`: `["subscribe", channel, count]`.
+    /// The confirmation of a `SUBSCRIBE` or `SSUBSCRIBE`:
+    /// `["subscribe", channel, count]`, `["ssubscribe", channel, count]`.
     Subscribed(&'a [u8]),
+    /// A sharded subscription the server ended: `["sunsubscribe", channel,
+    /// count]` (on a cluster, when the channel's slot left the node).
+    Unsubscribed(&'a [u8]),
     /// Any other frame (a PING's `["pong", ""]`, an integer, ...).
     Other,
 }
@@ -77,11 +82,14 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Option<(Frame<'_>, usize)>, Malformed>
                 at = end;
             }
             match (count, items) {
-                (Some(3), [Some(b"message"), Some(channel), Some(payload)]) => {
+                (Some(3), [Some(b"message" | b"smessage"), Some(channel), Some(payload)]) => {
                     Frame::Message { channel, payload }
                 }
-                (Some(3), [Some(b"subscribe"), Some(channel), Some(_)]) => {
+                (Some(3), [Some(b"subscribe" | b"ssubscribe"), Some(channel), Some(_)]) => {
                     Frame::Subscribed(channel)
+                }
+                (Some(3), [Some(b"sunsubscribe"), Some(channel), Some(_)]) => {
+                    Frame::Unsubscribed(channel)
                 }
                 _ => Frame::Other,
             }
@@ -184,7 +192,10 @@ mod tests {
 
     const STREAM: &[u8] = b"+OK\r\n*3\r\n$9\r\nsubscribe\r\n$2\r\nch\r\n:1\r\n\
         *3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$11\r\nabc 42 k\r\nx\r\n\
-        *2\r\n$4\r\npong\r\n$0\r\n\r\n-NOPERM no\r\n:7\r\n$-1\r\n*-1\r\n";
+        *2\r\n$4\r\npong\r\n$0\r\n\r\n-NOPERM no\r\n:7\r\n$-1\r\n*-1\r\n\
+        *3\r\n$10\r\nssubscribe\r\n$2\r\nsh\r\n:1\r\n\
+        *3\r\n$8\r\nsmessage\r\n$2\r\nsh\r\n$4\r\nx 1 \r\n\
+        *3\r\n$12\r\nsunsubscribe\r\n$2\r\nsh\r\n:0\r\n";
 
     #[test]
     fn the_frames_of_a_grant_connection_are_read() {
@@ -202,6 +213,12 @@ mod tests {
                 Frame::Other,
                 Frame::Other,
                 Frame::Other,
+                Frame::Subscribed(b"sh"),
+                Frame::Message {
+                    channel: b"sh",
+                    payload: b"x 1 ",
+                },
+                Frame::Unsubscribed(b"sh"),
             ]
         );
     }

@@ -13,14 +13,15 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use fairlock_core::{
     Cancel, Heartbeat, HeartbeatBatch, HeartbeatReply, Inspect, LockKeys, LockName, OwnerId,
     PermitHeartbeat, Purged, Release, ReleaseReply, RenewBatch, RenewStatus, ScriptCall, Timings,
 };
 use tokio::runtime::Handle;
-use tokio::sync::Notify;
+use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::admission::GrantRates;
 use crate::config::ClientConfig;
@@ -35,6 +36,26 @@ use crate::waiters::WaiterRegistry;
 /// dead waiters are left at the head of a queue: enough for 500,000 dead
 /// entries.
 const MAX_PURGE_CALLS: usize = 2_000;
+
+/// Pause between two tries of a sharded subscription that met a slot on
+/// the move (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`).
+const RESUBSCRIBE_PAUSE: Duration = Duration::from_millis(50);
+
+/// A request to the cluster grant task (`sharded_grants.rs`).
+pub(crate) enum ShardRequest {
+    /// Subscribe `channel` (of `slot`) on the node serving the slot, or at
+    /// `at` (a node named by a `MOVED` answer); `done` gets Redis's answer:
+    /// `Ok` once confirmed, else its error text.
+    Subscribe {
+        slot: u16,
+        channel: String,
+        at: Option<String>,
+        done: oneshot::Sender<std::result::Result<(), String>>,
+    },
+    /// The node last asked for `slot` did not answer in time: close its
+    /// connection (the next request opens a new one).
+    Silent { slot: u16 },
+}
 
 /// State shared by the client handles, guards and background tasks.
 pub(crate) struct ClientState {
@@ -58,11 +79,14 @@ pub(crate) struct ClientState {
     key_cache: KeyCache,
     /// Asks the heartbeat for a round now (after a reconnect or lost messages).
     pub(crate) heartbeat_now: Notify,
-    /// The server fairlock's own grant connection is subscribed on now
-    /// (`grant_connection.rs` keeps it); `None` while it is being opened
-    /// and when fred's subscriber carries the grants (cluster, Sentinel
-    /// with TLS).
-    pub(crate) grants_at: Mutex<Option<String>>,
+    /// The servers fairlock's own grant connections are open to now
+    /// (`grant_connection.rs` and `sharded_grants.rs` keep it); empty while
+    /// they are being opened and when fred's subscriber carries the grants
+    /// (Sentinel with TLS, a cluster with TLS).
+    pub(crate) grants_at: Mutex<Vec<String>>,
+    /// On a cluster: the task that keeps one grant connection per node
+    /// (`sharded_grants.rs`) takes its subscription requests here.
+    pub(crate) shard_requests: OnceLock<mpsc::UnboundedSender<ShardRequest>>,
     runtime: Handle,
     closed: AtomicBool,
 }
@@ -84,6 +108,7 @@ impl ClientState {
             key_cache: KeyCache::default(),
             heartbeat_now: Notify::new(),
             grants_at: Mutex::default(),
+            shard_requests: OnceLock::new(),
             runtime: Handle::current(),
             closed: AtomicBool::new(false),
         }
@@ -167,12 +192,78 @@ impl ClientState {
             return Ok(());
         }
         let channel = format!("{}{}", self.channel_prefix(keys), self.tag);
-        self.redis.ssubscribe(&channel).await?;
+        match self.shard_requests.get() {
+            Some(requests) => self.subscribe_on_node(requests, slot, channel).await?,
+            None => self.redis.ssubscribe(&channel).await?,
+        }
         self.sharded_slots
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(slot);
         Ok(())
+    }
+
+    /// Has the cluster grant task subscribe `channel` on the node serving
+    /// `slot`, within the command timeout. A slot on the move is tried
+    /// again every 50 ms (at the node a `MOVED` names, else where fred's
+    /// slot map says), as script calls are.
+    async fn subscribe_on_node(
+        &self,
+        requests: &mpsc::UnboundedSender<ShardRequest>,
+        slot: u16,
+        channel: String,
+    ) -> Result<()> {
+        let timeout = self.config.command_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut at = None;
+        loop {
+            let (done, answer) = oneshot::channel();
+            let request = ShardRequest::Subscribe {
+                slot,
+                channel: channel.clone(),
+                at: at.take(),
+                done,
+            };
+            requests.send(request).map_err(|_| Error::Closed)?;
+            let refusal = match tokio::time::timeout_at(deadline, answer).await {
+                Ok(Ok(Ok(()))) => return Ok(()),
+                Ok(Ok(Err(refusal))) => refusal,
+                // The connection closed before answering.
+                Ok(Err(_)) => "the node's connection closed".to_owned(),
+                Err(_) => {
+                    let _ = requests.send(ShardRequest::Silent { slot });
+                    return Err(Error::Timeout {
+                        operation: format!("SSUBSCRIBE {channel}"),
+                        timeout,
+                    });
+                }
+            };
+            if refusal.starts_with("NOPERM") {
+                return Err(Error::NoPermission(format!(
+                    "SSUBSCRIBE {channel} was refused by Redis: {refusal}"
+                )));
+            }
+            let moving = ["MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"]
+                .iter()
+                .any(|kind| refusal.starts_with(kind));
+            if tokio::time::Instant::now() + RESUBSCRIBE_PAUSE >= deadline {
+                return Err(Error::Timeout {
+                    operation: format!("SSUBSCRIBE {channel} (last answer: {refusal})"),
+                    timeout,
+                });
+            }
+            if refusal.starts_with("MOVED") {
+                // "MOVED <slot> <host:port>"
+                at = refusal.split(' ').nth(2).map(str::to_owned);
+            } else if !moving && !refusal.contains("closed") {
+                return Err(Error::Unreachable {
+                    url: crate::redis::redact(&self.config.url),
+                    reason: format!("SSUBSCRIBE {channel} was refused: {refusal}"),
+                    source: None,
+                });
+            }
+            tokio::time::sleep(RESUBSCRIBE_PAUSE).await;
+        }
     }
 
     /// The keys of lock `name`, validating the name.

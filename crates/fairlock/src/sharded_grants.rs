@@ -1,0 +1,293 @@
+//! On a Redis Cluster: fairlock's own grant connections, one per node that
+//! serves a slot this process waits in.
+//!
+//! On a cluster a grant is published with `SPUBLISH` on the process's
+//! channel of the lock's slot, which only the node serving that slot
+//! delivers. Each process subscribes that channel (`SSUBSCRIBE`) once per
+//! slot it waits in, before its first enqueue there, and again at every
+//! heartbeat round, because a slot migration or fail-over ends sharded
+//! subscriptions. fred's subscriber did this before, and its messages
+//! crossed fred's connection task and fairlock's router task before the
+//! waiter ran; here, as on a single server (`grant_connection.rs`), the
+//! task reading a node's socket wakes the waiter itself: one task hop, no
+//! allocation per grant.
+//!
+//! One task (this module's) owns the connections: it takes subscription
+//! requests from [`ClientState::subscribe_slot`], opens a node's
+//! connection on first use (at the node fred's slot map names for the
+//! slot, or the one a `MOVED` answer names), writes the `SSUBSCRIBE` and
+//! hands the answer's sender to the node's reader, which answers requests
+//! in the order they were sent. A reader that loses its connection, a
+//! node that does not answer in time and a subscription the server ends
+//! (`sunsubscribe`: the slot left the node) all ask the heartbeat for a
+//! round at once, which subscribes every slot waited in again. Opening a
+//! connection holds up the other requests for at most the connect
+//! timeout.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::grant_connection::{route_frames, ConnectionError, GrantConnection};
+use crate::grant_stream::GrantStream;
+use crate::grants::resubscribed;
+use crate::resp2::{self, Frame};
+use crate::state::{ClientState, ShardRequest};
+use crate::task::{BackgroundTask, ShutdownSignal};
+
+/// Where a subscription request's answer goes.
+type Answer = oneshot::Sender<Result<(), String>>;
+
+/// Answers awaited on one connection, in the order their requests went.
+type Awaiting = Arc<Mutex<VecDeque<Answer>>>;
+
+/// One node's connection.
+struct Link {
+    /// Tells this connection from a later one to the same node.
+    id: u64,
+    writer: WriteHalf<GrantStream>,
+    awaiting: Awaiting,
+    /// Reads the node's socket; dropping it stops it.
+    reader: BackgroundTask,
+}
+
+/// The connections of one client, kept by its cluster grant task.
+struct Nodes {
+    state: Arc<ClientState>,
+    links: HashMap<String, Link>,
+    /// The node each slot was last subscribed on.
+    slots: HashMap<u16, String>,
+    next_id: u64,
+    /// Readers report here that their connection ended: `(id, address)`.
+    ended: mpsc::UnboundedSender<(u64, String)>,
+}
+
+/// Starts the task that keeps the cluster's grant connections.
+pub(crate) fn spawn_sharded_grants(
+    state: Arc<ClientState>,
+    mut requests: mpsc::UnboundedReceiver<ShardRequest>,
+) -> BackgroundTask {
+    BackgroundTask::spawn(
+        "cluster grant connections",
+        move |mut shutdown: ShutdownSignal| async move {
+            let (ended, mut ended_rx) = mpsc::unbounded_channel();
+            let mut nodes = Nodes {
+                state,
+                links: HashMap::new(),
+                slots: HashMap::new(),
+                next_id: 0,
+                ended,
+            };
+            loop {
+                tokio::select! {
+                    biased;
+                    () = shutdown.requested() => break,
+                    Some((id, address)) = ended_rx.recv() => nodes.drop_link(&address, Some(id)),
+                    request = requests.recv() => match request {
+                        Some(request) => nodes.handle(request).await,
+                        None => break,
+                    },
+                }
+            }
+            for (_, mut link) in nodes.links.drain() {
+                link.reader.shutdown().await;
+            }
+        },
+    )
+}
+
+impl Nodes {
+    async fn handle(&mut self, request: ShardRequest) {
+        match request {
+            ShardRequest::Subscribe {
+                slot,
+                channel,
+                at,
+                done,
+            } => self.subscribe(slot, &channel, at, done).await,
+            ShardRequest::Silent { slot } => {
+                if let Some(address) = self.slots.get(&slot).cloned() {
+                    tracing::warn!(
+                        %address,
+                        "fairlock's pub/sub connection to a cluster node did not answer; opening it again"
+                    );
+                    self.drop_link(&address, None);
+                }
+            }
+        }
+    }
+
+    async fn subscribe(&mut self, slot: u16, channel: &str, at: Option<String>, done: Answer) {
+        let Some(address) = at.or_else(|| self.state.redis.node_of_slot(slot)) else {
+            let _ = done.send(Err("CLUSTERDOWN no node is known for the slot".to_owned()));
+            return;
+        };
+        if !self.links.contains_key(&address) {
+            if let Err(error) = self.open(&address).await {
+                let _ = done.send(Err(format!("connection to {address} closed: {error}")));
+                return;
+            }
+        }
+        let Some(link) = self.links.get_mut(&address) else {
+            return;
+        };
+        let mut frame = Vec::new();
+        resp2::command(&mut frame, &[b"SSUBSCRIBE", channel.as_bytes()]);
+        link.awaiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(done);
+        let timeout = self.state.config.command_timeout;
+        let write = async {
+            link.writer.write_all(&frame).await?;
+            link.writer.flush().await
+        };
+        match tokio::time::timeout(timeout, write).await {
+            Ok(Ok(())) => {
+                self.slots.insert(slot, address);
+            }
+            // The answers awaited are dropped with the link: their
+            // requesters see the connection closed and try again.
+            Ok(Err(error)) => {
+                tracing::warn!(%address, %error, "fairlock's pub/sub connection to a cluster node failed");
+                self.drop_link(&address, None);
+            }
+            Err(_) => self.drop_link(&address, None),
+        }
+    }
+
+    /// Opens the connection to `address` and starts its reader.
+    async fn open(&mut self, address: &str) -> Result<(), ConnectionError> {
+        let endpoint = self
+            .state
+            .redis
+            .grant_endpoint()
+            .ok_or(ConnectionError::Unexpected)?;
+        let timeout = self.state.config.connect_timeout;
+        let connection = GrantConnection::open_node(endpoint, address.to_owned(), timeout).await?;
+        let (address, stream, buf) = connection.into_parts();
+        let (reader, writer) = tokio::io::split(stream);
+        let awaiting = Awaiting::default();
+        self.next_id += 1;
+        let id = self.next_id;
+        let reader = spawn_node_reader(
+            Arc::clone(&self.state),
+            NodeReader {
+                id,
+                address: address.clone(),
+                reader,
+                buf,
+                awaiting: Arc::clone(&awaiting),
+                ended: self.ended.clone(),
+            },
+        );
+        self.links.insert(
+            address,
+            Link {
+                id,
+                writer,
+                awaiting,
+                reader,
+            },
+        );
+        self.publish_addresses();
+        Ok(())
+    }
+
+    /// Forgets the connection to `address` (only if it is connection `id`,
+    /// when given), stopping its reader, and asks for a heartbeat round
+    /// that subscribes every slot waited in again.
+    fn drop_link(&mut self, address: &str, id: Option<u64>) {
+        let current = self.links.get(address).map(|link| link.id);
+        if current.is_none() || (id.is_some() && id != current) {
+            return;
+        }
+        self.links.remove(address);
+        self.slots.retain(|_, node| node != address);
+        self.publish_addresses();
+        resubscribed(&self.state);
+    }
+
+    /// Records the nodes connected to (see [`ClientState::grants_at`]).
+    fn publish_addresses(&self) {
+        let mut addresses: Vec<String> = self.links.keys().cloned().collect();
+        addresses.sort();
+        *self
+            .state
+            .grants_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = addresses;
+    }
+}
+
+/// What a node's reader owns.
+struct NodeReader {
+    id: u64,
+    address: String,
+    reader: ReadHalf<GrantStream>,
+    buf: Vec<u8>,
+    awaiting: Awaiting,
+    ended: mpsc::UnboundedSender<(u64, String)>,
+}
+
+/// Starts the task reading one node's connection: grants to their waiters,
+/// answers to their requests, and word to the owner when it ends.
+fn spawn_node_reader(state: Arc<ClientState>, node: NodeReader) -> BackgroundTask {
+    BackgroundTask::spawn(
+        "cluster node grant connection",
+        move |mut shutdown: ShutdownSignal| async move {
+            let NodeReader {
+                id,
+                address,
+                mut reader,
+                mut buf,
+                awaiting,
+                ended,
+            } = node;
+            let lost = loop {
+                match route_frames(&state, &buf, |frame| answer(&state, &awaiting, frame)) {
+                    Ok(used) => {
+                        buf.drain(..used);
+                    }
+                    Err(error) => break error,
+                }
+                tokio::select! {
+                    biased;
+                    () = shutdown.requested() => return,
+                    read = reader.read_buf(&mut buf) => match read {
+                        Ok(0) => break ConnectionError::Closed,
+                        Ok(_) => {}
+                        Err(error) => break ConnectionError::Io(error),
+                    },
+                }
+            };
+            tracing::warn!(%address, error = %lost, "fairlock's pub/sub connection to a cluster node was lost");
+            let _ = ended.send((id, address));
+        },
+    )
+}
+
+/// Handles a frame other than a grant: the answer to the oldest request
+/// awaited, or the end of a subscription.
+fn answer(state: &ClientState, awaiting: &Awaiting, frame: Frame<'_>) {
+    let reply = match frame {
+        Frame::Subscribed(_) => Ok(()),
+        Frame::Error(error) => Err(String::from_utf8_lossy(error).into_owned()),
+        Frame::Unsubscribed(_) => {
+            // The slot left this node (a migration or fail-over): the
+            // heartbeat subscribes it again where it is now.
+            state.heartbeat_now.notify_one();
+            return;
+        }
+        _ => return,
+    };
+    let next = awaiting
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .pop_front();
+    if let Some(done) = next {
+        let _ = done.send(reply);
+    }
+}
