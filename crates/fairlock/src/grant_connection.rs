@@ -11,9 +11,10 @@
 //! grant wakes the waiting task straight from the socket reader: one task
 //! hop, and nothing allocated per grant. Through fred's subscriber a grant
 //! crossed two tasks more (fred's connection task, its broadcast channel,
-//! fairlock's router) before the waiter ran. On a cluster (sharded
-//! channels on every node) and behind Sentinel with TLS, fred's
-//! subscriber carries the grants instead; both paths end in
+//! fairlock's router) before the waiter ran. On a cluster one such
+//! connection per node is kept by `sharded_grants.rs`, which reads them
+//! with [`route_frames`] too; behind Sentinel or on a cluster with TLS,
+//! fred's subscriber carries the grants instead; every path ends in
 //! [`route_notice`].
 //!
 //! Behind Sentinel the connection follows the primary that fred's
