@@ -168,6 +168,20 @@ fn grant_tls(_: &Config) -> Option<TlsSettings> {
     None
 }
 
+/// `reason`, with what to do when it is a server certificate this process
+/// does not trust (a private certificate authority, as self-hosted TLS
+/// setups use).
+fn with_certificate_hint(reason: &str) -> String {
+    if reason.contains("UnknownIssuer") || reason.contains("InvalidCertificate") {
+        format!(
+            "{reason} (the server's TLS certificate is not trusted: add its certificate \
+             authority to the system's store, or name its PEM file in SSL_CERT_FILE)"
+        )
+    } else {
+        reason.to_owned()
+    }
+}
+
 /// `host:port` of `server` as `TcpStream::connect` takes it: an IPv6 host
 /// in brackets (a URL keeps them in the host, a sentinel names the bare
 /// address).
@@ -330,7 +344,7 @@ impl RedisConnection {
         };
         let started = match tokio::time::timeout(config.connect_timeout, started).await {
             Ok(Ok(tasks)) => Ok(tasks),
-            Ok(Err(e)) => Err((e.details().to_owned(), Some(e))),
+            Ok(Err(e)) => Err((with_certificate_hint(e.details()), Some(e))),
             Err(_) => Err((
                 format!(
                     "no connection within the connect timeout of {:?}",
