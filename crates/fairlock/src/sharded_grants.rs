@@ -17,18 +17,20 @@
 //! connection on first use (at the node fred's slot map names for the
 //! slot, or the one a `MOVED` answer names), writes the `SSUBSCRIBE` and
 //! hands the answer's sender to the node's reader, which answers requests
-//! in the order they were sent. A reader that loses its connection, a
-//! node that does not answer in time and a subscription the server ends
-//! (`sunsubscribe`: the slot left the node) all ask the heartbeat for a
-//! round at once, which subscribes every slot waited in again. Opening a
-//! connection holds up the other requests for at most the connect
-//! timeout.
+//! in the order they were sent. A connection is opened beside the task's
+//! other work (a node that does not accept connections holds up only the
+//! subscriptions waiting for it, never those of other nodes). A reader
+//! that loses its connection, a node that does not answer in time and a
+//! subscription the server ends (`sunsubscribe`: the slot left the node)
+//! all ask the heartbeat for a round at once, which subscribes every slot
+//! waited in again.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
 
 use crate::grant_connection::{route_frames, ConnectionError, GrantConnection};
 use crate::grant_stream::GrantStream;
@@ -53,12 +55,24 @@ struct Link {
     reader: BackgroundTask,
 }
 
+/// A subscription waiting for its node's connection to open.
+struct Pending {
+    slot: u16,
+    channel: String,
+    done: Answer,
+}
+
 /// The connections of one client, kept by its cluster grant task.
 struct Nodes {
     state: Arc<ClientState>,
     links: HashMap<String, Link>,
     /// The node each slot was last subscribed on.
     slots: HashMap<u16, String>,
+    /// Connections being opened, and the subscriptions that wait for each.
+    opening: HashMap<String, Vec<Pending>>,
+    /// The opening connections themselves: each ends on its own (connect
+    /// timeout, or shutdown).
+    opens: JoinSet<(String, Result<GrantConnection, ConnectionError>)>,
     next_id: u64,
     /// Readers report here that their connection ended: `(id, address)`.
     ended: mpsc::UnboundedSender<(u64, String)>,
@@ -77,6 +91,8 @@ pub(crate) fn spawn_sharded_grants(
                 state,
                 links: HashMap::new(),
                 slots: HashMap::new(),
+                opening: HashMap::new(),
+                opens: JoinSet::new(),
                 next_id: 0,
                 ended,
             };
@@ -85,12 +101,18 @@ pub(crate) fn spawn_sharded_grants(
                     biased;
                     () = shutdown.requested() => break,
                     Some((id, address)) = ended_rx.recv() => nodes.drop_link(&address, Some(id)),
+                    Some(opened) = nodes.opens.join_next() => match opened {
+                        Ok((address, opened)) => nodes.opened(address, opened).await,
+                        Err(error) => tracing::warn!(%error, "fairlock's cluster connect task failed"),
+                    },
                     request = requests.recv() => match request {
-                        Some(request) => nodes.handle(request).await,
+                        Some(request) => nodes.handle(request, &shutdown).await,
                         None => break,
                     },
                 }
             }
+            // Opening connections see the shutdown too and end.
+            while nodes.opens.join_next().await.is_some() {}
             for (_, mut link) in nodes.links.drain() {
                 link.reader.shutdown().await;
             }
@@ -99,14 +121,49 @@ pub(crate) fn spawn_sharded_grants(
 }
 
 impl Nodes {
-    async fn handle(&mut self, request: ShardRequest) {
+    async fn handle(&mut self, request: ShardRequest, shutdown: &ShutdownSignal) {
         match request {
             ShardRequest::Subscribe {
                 slot,
                 channel,
                 at,
                 done,
-            } => self.subscribe(slot, &channel, at, done).await,
+            } => {
+                let Some(address) = at.or_else(|| self.state.redis.node_of_slot(slot)) else {
+                    let _ = done.send(Err("CLUSTERDOWN no node is known for the slot".to_owned()));
+                    return;
+                };
+                if self.links.contains_key(&address) {
+                    self.subscribe(&address, slot, &channel, done).await;
+                    return;
+                }
+                let pending = Pending {
+                    slot,
+                    channel,
+                    done,
+                };
+                if let Some(waiting) = self.opening.get_mut(&address) {
+                    waiting.push(pending);
+                    return;
+                }
+                self.opening.insert(address.clone(), vec![pending]);
+                let (state, mut shutdown) = (Arc::clone(&self.state), shutdown.clone());
+                self.opens.spawn(async move {
+                    let open = async {
+                        let endpoint = state
+                            .redis
+                            .grant_endpoint()
+                            .ok_or(ConnectionError::Unexpected)?;
+                        let timeout = state.config.connect_timeout;
+                        GrantConnection::open_node(endpoint, address.clone(), timeout).await
+                    };
+                    let opened = tokio::select! {
+                        () = shutdown.requested() => Err(ConnectionError::Closed),
+                        opened = open => opened,
+                    };
+                    (address, opened)
+                });
+            }
             ShardRequest::Silent { slot } => {
                 if let Some(address) = self.slots.get(&slot).cloned() {
                     tracing::warn!(
@@ -119,18 +176,35 @@ impl Nodes {
         }
     }
 
-    async fn subscribe(&mut self, slot: u16, channel: &str, at: Option<String>, done: Answer) {
-        let Some(address) = at.or_else(|| self.state.redis.node_of_slot(slot)) else {
-            let _ = done.send(Err("CLUSTERDOWN no node is known for the slot".to_owned()));
-            return;
-        };
-        if !self.links.contains_key(&address) {
-            if let Err(error) = self.open(&address).await {
-                let _ = done.send(Err(format!("connection to {address} closed: {error}")));
-                return;
+    /// A connection finished opening: its reader starts and the
+    /// subscriptions that waited for it are sent, or they all fail.
+    async fn opened(&mut self, address: String, opened: Result<GrantConnection, ConnectionError>) {
+        let waiting = self.opening.remove(&address).unwrap_or_default();
+        match opened {
+            Ok(connection) => {
+                self.start(connection);
+                for Pending {
+                    slot,
+                    channel,
+                    done,
+                } in waiting
+                {
+                    self.subscribe(&address, slot, &channel, done).await;
+                }
+            }
+            Err(error) => {
+                for pending in waiting {
+                    let reply = Err(format!("connection to {address} closed: {error}"));
+                    let _ = pending.done.send(reply);
+                }
             }
         }
-        let Some(link) = self.links.get_mut(&address) else {
+    }
+
+    /// Writes `SSUBSCRIBE channel` on the open connection to `address`.
+    async fn subscribe(&mut self, address: &str, slot: u16, channel: &str, done: Answer) {
+        let Some(link) = self.links.get_mut(address) else {
+            let _ = done.send(Err(format!("connection to {address} closed")));
             return;
         };
         let mut frame = Vec::new();
@@ -146,27 +220,20 @@ impl Nodes {
         };
         match tokio::time::timeout(timeout, write).await {
             Ok(Ok(())) => {
-                self.slots.insert(slot, address);
+                self.slots.insert(slot, address.to_owned());
             }
             // The answers awaited are dropped with the link: their
             // requesters see the connection closed and try again.
             Ok(Err(error)) => {
                 tracing::warn!(%address, %error, "fairlock's pub/sub connection to a cluster node failed");
-                self.drop_link(&address, None);
+                self.drop_link(address, None);
             }
-            Err(_) => self.drop_link(&address, None),
+            Err(_) => self.drop_link(address, None),
         }
     }
 
-    /// Opens the connection to `address` and starts its reader.
-    async fn open(&mut self, address: &str) -> Result<(), ConnectionError> {
-        let endpoint = self
-            .state
-            .redis
-            .grant_endpoint()
-            .ok_or(ConnectionError::Unexpected)?;
-        let timeout = self.state.config.connect_timeout;
-        let connection = GrantConnection::open_node(endpoint, address.to_owned(), timeout).await?;
+    /// Starts the reader of a connection just opened.
+    fn start(&mut self, connection: GrantConnection) {
         let (address, stream, buf) = connection.into_parts();
         let (reader, writer) = tokio::io::split(stream);
         let awaiting = Awaiting::default();
@@ -193,7 +260,6 @@ impl Nodes {
             },
         );
         self.publish_addresses();
-        Ok(())
     }
 
     /// Forgets the connection to `address` (only if it is connection `id`,
