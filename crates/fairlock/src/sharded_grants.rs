@@ -57,7 +57,6 @@ struct Link {
 
 /// A subscription waiting for its node's connection to open.
 struct Pending {
-    slot: u16,
     channel: String,
     done: Answer,
 }
@@ -66,7 +65,8 @@ struct Pending {
 struct Nodes {
     state: Arc<ClientState>,
     links: HashMap<String, Link>,
-    /// The node each slot was last subscribed on.
+    /// The node each slot was last asked of (the one a requester's
+    /// [`ShardRequest::Silent`] means).
     slots: HashMap<u16, String>,
     /// Connections being opened, and the subscriptions that wait for each.
     opening: HashMap<String, Vec<Pending>>,
@@ -133,15 +133,12 @@ impl Nodes {
                     let _ = done.send(Err("CLUSTERDOWN no node is known for the slot".to_owned()));
                     return;
                 };
+                self.slots.insert(slot, address.clone());
                 if self.links.contains_key(&address) {
-                    self.subscribe(&address, slot, &channel, done).await;
+                    self.subscribe(&address, &channel, done).await;
                     return;
                 }
-                let pending = Pending {
-                    slot,
-                    channel,
-                    done,
-                };
+                let pending = Pending { channel, done };
                 if let Some(waiting) = self.opening.get_mut(&address) {
                     waiting.push(pending);
                     return;
@@ -183,13 +180,8 @@ impl Nodes {
         match opened {
             Ok(connection) => {
                 self.start(connection);
-                for Pending {
-                    slot,
-                    channel,
-                    done,
-                } in waiting
-                {
-                    self.subscribe(&address, slot, &channel, done).await;
+                for Pending { channel, done } in waiting {
+                    self.subscribe(&address, &channel, done).await;
                 }
             }
             Err(error) => {
@@ -202,7 +194,7 @@ impl Nodes {
     }
 
     /// Writes `SSUBSCRIBE channel` on the open connection to `address`.
-    async fn subscribe(&mut self, address: &str, slot: u16, channel: &str, done: Answer) {
+    async fn subscribe(&mut self, address: &str, channel: &str, done: Answer) {
         let Some(link) = self.links.get_mut(address) else {
             let _ = done.send(Err(format!("connection to {address} closed")));
             return;
@@ -219,9 +211,7 @@ impl Nodes {
             link.writer.flush().await
         };
         match tokio::time::timeout(timeout, write).await {
-            Ok(Ok(())) => {
-                self.slots.insert(slot, address.to_owned());
-            }
+            Ok(Ok(())) => {}
             // The answers awaited are dropped with the link: their
             // requesters see the connection closed and try again.
             Ok(Err(error)) => {
