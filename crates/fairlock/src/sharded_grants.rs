@@ -25,7 +25,7 @@
 //! all ask the heartbeat for a round at once, which subscribes every slot
 //! waited in again.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
@@ -36,11 +36,11 @@ use crate::grant_connection::{route_frames, ConnectionError, GrantConnection};
 use crate::grant_stream::GrantStream;
 use crate::grants::resubscribed;
 use crate::resp2::{self, Frame};
-use crate::state::{ClientState, ShardRequest};
+use crate::state::{ClientState, ShardRefusal, ShardRequest};
 use crate::task::{BackgroundTask, ShutdownSignal};
 
 /// Where a subscription request's answer goes.
-type Answer = oneshot::Sender<Result<(), String>>;
+type Answer = oneshot::Sender<Result<(), ShardRefusal>>;
 
 /// Answers awaited on one connection, in the order their requests went.
 type Awaiting = Arc<Mutex<VecDeque<Answer>>>;
@@ -74,6 +74,8 @@ struct Nodes {
     /// timeout, or shutdown).
     opens: JoinSet<(String, Result<GrantConnection, ConnectionError>)>,
     next_id: u64,
+    /// Nodes whose connection was lost and not opened again yet.
+    lost: HashSet<String>,
     /// Readers report here that their connection ended: `(id, address)`.
     ended: mpsc::UnboundedSender<(u64, String)>,
 }
@@ -94,6 +96,7 @@ pub(crate) fn spawn_sharded_grants(
                 opening: HashMap::new(),
                 opens: JoinSet::new(),
                 next_id: 0,
+                lost: HashSet::new(),
                 ended,
             };
             loop {
@@ -130,7 +133,8 @@ impl Nodes {
                 done,
             } => {
                 let Some(address) = at.or_else(|| self.state.redis.node_of_slot(slot)) else {
-                    let _ = done.send(Err("CLUSTERDOWN no node is known for the slot".to_owned()));
+                    let none = "no node is known for the slot yet".to_owned();
+                    let _ = done.send(Err(ShardRefusal::NoConnection(none)));
                     return;
                 };
                 self.slots.insert(slot, address.clone());
@@ -186,7 +190,8 @@ impl Nodes {
             }
             Err(error) => {
                 for pending in waiting {
-                    let reply = Err(format!("connection to {address} closed: {error}"));
+                    let why = format!("the connection to {address} failed: {error}");
+                    let reply = Err(ShardRefusal::NoConnection(why));
                     let _ = pending.done.send(reply);
                 }
             }
@@ -196,7 +201,8 @@ impl Nodes {
     /// Writes `SSUBSCRIBE channel` on the open connection to `address`.
     async fn subscribe(&mut self, address: &str, channel: &str, done: Answer) {
         let Some(link) = self.links.get_mut(address) else {
-            let _ = done.send(Err(format!("connection to {address} closed")));
+            let why = format!("the connection to {address} closed");
+            let _ = done.send(Err(ShardRefusal::NoConnection(why)));
             return;
         };
         let mut frame = Vec::new();
@@ -225,6 +231,9 @@ impl Nodes {
     /// Starts the reader of a connection just opened.
     fn start(&mut self, connection: GrantConnection) {
         let (address, stream, buf) = connection.into_parts();
+        if self.lost.remove(&address) {
+            resubscribed(&self.state);
+        }
         let (reader, writer) = tokio::io::split(stream);
         let awaiting = Awaiting::default();
         self.next_id += 1;
@@ -254,7 +263,8 @@ impl Nodes {
 
     /// Forgets the connection to `address` (only if it is connection `id`,
     /// when given), stopping its reader, and asks for a heartbeat round
-    /// that subscribes every slot waited in again.
+    /// now: it subscribes every slot waited in again, which opens a new
+    /// connection (counted as a reconnect by [`Nodes::start`]).
     fn drop_link(&mut self, address: &str, id: Option<u64>) {
         let current = self.links.get(address).map(|link| link.id);
         if current.is_none() || (id.is_some() && id != current) {
@@ -262,8 +272,9 @@ impl Nodes {
         }
         self.links.remove(address);
         self.slots.retain(|_, node| node != address);
+        self.lost.insert(address.to_owned());
         self.publish_addresses();
-        resubscribed(&self.state);
+        self.state.heartbeat_now.notify_one();
     }
 
     /// Records the nodes connected to (see [`ClientState::grants_at`]).
@@ -330,7 +341,9 @@ fn spawn_node_reader(state: Arc<ClientState>, node: NodeReader) -> BackgroundTas
 fn answer(state: &ClientState, awaiting: &Awaiting, frame: Frame<'_>) {
     let reply = match frame {
         Frame::Subscribed(_) => Ok(()),
-        Frame::Error(error) => Err(String::from_utf8_lossy(error).into_owned()),
+        Frame::Error(error) => Err(ShardRefusal::Redis(
+            String::from_utf8_lossy(error).into_owned(),
+        )),
         Frame::Unsubscribed(_) => {
             // The slot left this node (a migration or fail-over): the
             // heartbeat subscribes it again where it is now.

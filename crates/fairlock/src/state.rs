@@ -41,16 +41,26 @@ const MAX_PURGE_CALLS: usize = 2_000;
 /// the move (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`).
 const RESUBSCRIBE_PAUSE: Duration = Duration::from_millis(50);
 
+/// Why a sharded subscription was not confirmed.
+pub(crate) enum ShardRefusal {
+    /// Redis answered with this error (`MOVED <slot> <host:port>`,
+    /// `NOPERM ...`, ...).
+    Redis(String),
+    /// No connection to the slot's node carried it (no node known yet, or
+    /// its connection failed or closed): worth another try.
+    NoConnection(String),
+}
+
 /// A request to the cluster grant task (`sharded_grants.rs`).
 pub(crate) enum ShardRequest {
     /// Subscribe `channel` (of `slot`) on the node serving the slot, or at
-    /// `at` (a node named by a `MOVED` answer); `done` gets Redis's answer:
-    /// `Ok` once confirmed, else its error text.
+    /// `at` (a node named by a `MOVED` answer); `done` gets `Ok` once Redis
+    /// confirmed it.
     Subscribe {
         slot: u16,
         channel: String,
         at: Option<String>,
-        done: oneshot::Sender<std::result::Result<(), String>>,
+        done: oneshot::Sender<std::result::Result<(), ShardRefusal>>,
     },
     /// The node last asked for `slot` did not answer in time: close its
     /// connection (the next request opens a new one).
@@ -229,7 +239,7 @@ impl ClientState {
                 Ok(Ok(Ok(()))) => return Ok(()),
                 Ok(Ok(Err(refusal))) => refusal,
                 // The connection closed before answering.
-                Ok(Err(_)) => "the node's connection closed".to_owned(),
+                Ok(Err(_)) => ShardRefusal::NoConnection("the node's connection closed".to_owned()),
                 Err(_) => {
                     let _ = requests.send(ShardRequest::Silent { slot });
                     return Err(Error::Timeout {
@@ -238,28 +248,37 @@ impl ClientState {
                     });
                 }
             };
-            if refusal.starts_with("NOPERM") {
-                return Err(Error::NoPermission(format!(
-                    "SSUBSCRIBE {channel} was refused by Redis: {refusal}"
-                )));
-            }
-            let moving = ["MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"]
-                .iter()
-                .any(|kind| refusal.starts_with(kind));
+            let last = match refusal {
+                ShardRefusal::Redis(error) if error.starts_with("NOPERM") => {
+                    return Err(Error::NoPermission(format!(
+                        "SSUBSCRIBE {channel} was refused by Redis: {error}"
+                    )));
+                }
+                ShardRefusal::Redis(error) if error.starts_with("MOVED") => {
+                    // "MOVED <slot> <host:port>"
+                    at = error.split(' ').nth(2).map(str::to_owned);
+                    error
+                }
+                ShardRefusal::Redis(error)
+                    if ["ASK", "TRYAGAIN", "CLUSTERDOWN"]
+                        .iter()
+                        .any(|kind| error.starts_with(kind)) =>
+                {
+                    error
+                }
+                ShardRefusal::Redis(error) => {
+                    return Err(Error::Unreachable {
+                        url: crate::redis::redact(&self.config.url),
+                        reason: format!("SSUBSCRIBE {channel} was refused: {error}"),
+                        source: None,
+                    });
+                }
+                ShardRefusal::NoConnection(why) => why,
+            };
             if tokio::time::Instant::now() + RESUBSCRIBE_PAUSE >= deadline {
                 return Err(Error::Timeout {
-                    operation: format!("SSUBSCRIBE {channel} (last answer: {refusal})"),
+                    operation: format!("SSUBSCRIBE {channel} (last answer: {last})"),
                     timeout,
-                });
-            }
-            if refusal.starts_with("MOVED") {
-                // "MOVED <slot> <host:port>"
-                at = refusal.split(' ').nth(2).map(str::to_owned);
-            } else if !moving && !refusal.contains("closed") {
-                return Err(Error::Unreachable {
-                    url: crate::redis::redact(&self.config.url),
-                    reason: format!("SSUBSCRIBE {channel} was refused: {refusal}"),
-                    source: None,
                 });
             }
             tokio::time::sleep(RESUBSCRIBE_PAUSE).await;
