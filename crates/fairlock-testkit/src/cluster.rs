@@ -8,6 +8,13 @@
 //! `CLUSTER FAILOVER`, SIGKILL), never by editing state behind its back, and
 //! every helper returns only once all live nodes agree on the new slot map:
 //! a test that starts right after a helper sees a settled cluster.
+//!
+//! [`RedisCluster::start_tls`] starts the same cluster with every node also
+//! listening for TLS and running `tls-cluster yes` (the cluster bus over
+//! TLS) and `tls-replication yes`. Redis 7.0 then keeps both ports of every
+//! node and answers `CLUSTER SLOTS`, `CLUSTER SHARDS`, `CLUSTER NODES` and
+//! `MOVED` with the TLS ports to clients connected over TLS and with the
+//! plain ports to the others, such as the kit's admin connections.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -18,7 +25,7 @@ use crate::nodes::NodeSet;
 use crate::process::{free_port, poll_until, run_with_timeout};
 use crate::stats::parse_fields;
 use crate::version::ServerKind;
-use crate::{RedisServer, Resp, TestkitError};
+use crate::{RedisServer, Resp, TestkitError, TlsFiles};
 
 /// Number of hash slots in a Redis Cluster.
 pub const SLOTS: u16 = 16384;
@@ -135,6 +142,12 @@ fn parse_nodes(reply: &Resp) -> Result<Vec<NodeEntry>, TestkitError> {
 /// Dropping it SIGKILLs every node. Roles change after a fail-over, so the
 /// accessors ask the cluster rather than remembering who was primary.
 ///
+/// The accessors name nodes by their plain addresses (`127.0.0.1:<port>`),
+/// also in a cluster started with [`start_tls`](Self::start_tls); every
+/// method taking an address accepts a node's TLS address as well, and
+/// [`RedisServer::tls_addr`] of [`node`](Self::node) gives the TLS address
+/// a TLS client is sent.
+///
 /// ```no_run
 /// use fairlock_testkit::{key_slot, RedisCluster};
 ///
@@ -151,6 +164,9 @@ pub struct RedisCluster {
     /// Killed nodes (see [`kill_node`](Self::kill_node)) are left out of
     /// every wait.
     nodes: NodeSet,
+    /// Started with [`start_tls`](Self::start_tls): nodes talk to each
+    /// other (bus, replication, `MIGRATE`) over TLS.
+    tls: bool,
 }
 
 impl RedisCluster {
@@ -165,13 +181,37 @@ impl RedisCluster {
     /// cli's output if the create fails; [`TestkitError::Timeout`] if the
     /// cluster does not settle within 30 s.
     pub fn start() -> Result<RedisCluster, TestkitError> {
-        let kind = ServerKind::from_env()?;
+        RedisCluster::start_with(ServerKind::from_env()?, None)
+    }
+
+    /// As [`start`](Self::start), but every node also listens for TLS on a
+    /// second port with the server certificate of `files` (which must
+    /// outlive the cluster), and runs `tls-cluster yes` and
+    /// `tls-replication yes`: the cluster bus, replication and `MIGRATE`
+    /// go over TLS, and a client connected over TLS is sent the TLS ports
+    /// in `CLUSTER SLOTS`, `CLUSTER SHARDS` and `MOVED` (connect it with
+    /// [`tls_url`](Self::tls_url), trusting [`TlsFiles::ca`]). The plain
+    /// ports stay open: the kit's admin helpers and `redis-cli --cluster
+    /// create` use them, and are sent plain ports.
+    ///
+    /// Always Redis, whatever `FAIRLOCK_TEST_SERVER` says: the Valkey build
+    /// the suite installs has no TLS.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_tls(files: &TlsFiles) -> Result<RedisCluster, TestkitError> {
+        RedisCluster::start_with(ServerKind::Redis, Some(files))
+    }
+
+    fn start_with(kind: ServerKind, tls: Option<&TlsFiles>) -> Result<RedisCluster, TestkitError> {
         let mut nodes = Vec::with_capacity(PRIMARIES * 2);
         for _ in 0..PRIMARIES * 2 {
-            nodes.push(start_node(kind)?);
+            nodes.push(start_node(kind, tls)?);
         }
         let cluster = RedisCluster {
             nodes: NodeSet::new("cluster node", nodes),
+            tls: tls.is_some(),
         };
         let cli = ensure_cli(kind)?;
         let mut create = Command::new(cli);
@@ -197,13 +237,23 @@ impl RedisCluster {
     /// A `redis-cluster://127.0.0.1:<port>?node=...&node=...` URL naming
     /// every node, as fred's `Config::from_url` accepts it.
     pub fn url(&self) -> String {
-        let mut addrs = self.addrs().into_iter();
-        let first = addrs.next().unwrap_or_default();
-        let rest: Vec<String> = addrs.map(|a| format!("node={a}")).collect();
-        format!("redis-cluster://{first}?{}", rest.join("&"))
+        cluster_url("redis-cluster", self.addrs())
     }
 
-    /// The node listening on `addr` (`127.0.0.1:<port>`).
+    /// For a cluster started with [`start_tls`](Self::start_tls), a
+    /// `rediss-cluster://127.0.0.1:<TLS port>?node=127.0.0.1:<TLS port>&...`
+    /// URL naming every node's TLS port, as fred's `Config::from_url`
+    /// accepts it; `None` for a cluster without TLS.
+    pub fn tls_url(&self) -> Option<String> {
+        let addrs: Option<Vec<String>> =
+            self.nodes.all().iter().map(RedisServer::tls_addr).collect();
+        addrs
+            .filter(|_| self.tls)
+            .map(|addrs| cluster_url("rediss-cluster", addrs))
+    }
+
+    /// The node listening on `addr` (`127.0.0.1:<port>`, the plain or the
+    /// TLS port).
     ///
     /// # Errors
     ///
@@ -216,12 +266,24 @@ impl RedisCluster {
     fn view(&self) -> Result<Vec<NodeEntry>, TestkitError> {
         let mut last = None;
         for node in self.nodes.live() {
-            match node.cmd_ok(&["CLUSTER", "NODES"]) {
-                Ok(reply) => return parse_nodes(&reply),
+            match self.view_of(node) {
+                Ok(view) => return Ok(view),
                 Err(e) => last = Some(e),
             }
         }
         Err(last.unwrap_or_else(|| TestkitError::Protocol("no live cluster node".into())))
+    }
+
+    /// `CLUSTER NODES` of `node`, every address made the node's plain one.
+    /// Over a plain connection Redis 7.0 reports plain ports, except for a
+    /// node it has not heard from since it loaded `nodes.conf` (right after
+    /// a restart), which only records the TLS port.
+    fn view_of(&self, node: &RedisServer) -> Result<Vec<NodeEntry>, TestkitError> {
+        let mut view = parse_nodes(&node.cmd_ok(&["CLUSTER", "NODES"])?)?;
+        for entry in &mut view {
+            entry.addr = self.nodes.plain_addr(&entry.addr);
+        }
+        Ok(view)
     }
 
     /// Addresses of the primaries that own slots, sorted.
@@ -248,9 +310,10 @@ impl RedisCluster {
     /// `primary` is not a node of the cluster.
     pub fn replicas_of(&self, primary: &str) -> Result<Vec<String>, TestkitError> {
         let view = self.view()?;
+        let plain = self.nodes.plain_addr(primary);
         let id = view
             .iter()
-            .find(|e| e.addr == primary)
+            .find(|e| e.addr == plain)
             .map(|e| e.id.clone())
             .ok_or_else(|| TestkitError::Protocol(format!("{primary} is not in CLUSTER NODES")))?;
         Ok(view
@@ -316,7 +379,7 @@ impl RedisCluster {
     /// As [`slot_owner`](Self::slot_owner), or an error reply of a step.
     pub fn begin_slot_migration(&self, slot: u16, to: &str) -> Result<String, TestkitError> {
         let from = self.slot_owner(slot)?;
-        if from == to {
+        if self.node(to)?.listens_at(&from) {
             return Err(TestkitError::Protocol(format!(
                 "{to} already owns slot {slot}"
             )));
@@ -331,7 +394,8 @@ impl RedisCluster {
     }
 
     /// Moves every key of `slot` from `from` to `to` with `MIGRATE ... KEYS`
-    /// in batches; returns how many keys moved.
+    /// in batches; returns how many keys moved. In a TLS cluster `MIGRATE`
+    /// connects over TLS (`tls-cluster yes`), so it is sent `to`'s TLS port.
     ///
     /// # Errors
     ///
@@ -339,8 +403,12 @@ impl RedisCluster {
     pub fn move_slot_keys(&self, slot: u16, from: &str, to: &str) -> Result<usize, TestkitError> {
         let source = self.node(from)?;
         let target = self.node(to)?;
+        let port = match target.tls_port() {
+            Some(tls_port) if self.tls => tls_port,
+            _ => target.port(),
+        };
         let (port, slot_arg, batch) = (
-            target.port().to_string(),
+            port.to_string(),
             slot.to_string(),
             MIGRATE_BATCH.to_string(),
         );
@@ -385,6 +453,8 @@ impl RedisCluster {
         from: &str,
         to: &str,
     ) -> Result<(), TestkitError> {
+        let (from, to) = (self.nodes.plain_addr(from), self.nodes.plain_addr(to));
+        let (from, to) = (from.as_str(), to.as_str());
         let to_id = self.node_id(to)?;
         let slot_arg = slot.to_string();
         let setslot = [
@@ -407,7 +477,7 @@ impl RedisCluster {
             SETTLE_TIMEOUT,
             || {
                 for node in self.nodes.live() {
-                    let view = parse_nodes(&node.cmd_ok(&["CLUSTER", "NODES"])?)?;
+                    let view = self.view_of(node)?;
                     let owner = view.iter().find(|e| e.has_flag("master") && e.owns(slot));
                     if owner.map(|e| e.addr.as_str()) != Some(to) {
                         return Ok(None);
@@ -526,7 +596,7 @@ impl RedisCluster {
                     if info.get("cluster_state").map(String::as_str) != Some("ok") {
                         return Ok(None);
                     }
-                    let view = parse_nodes(&node.cmd_ok(&["CLUSTER", "NODES"])?)?;
+                    let view = self.view_of(node)?;
                     // After a fail-over the old primary keeps its role, without
                     // slots, until it learns it has been replaced.
                     let roles_settled = view.iter().filter(|e| !e.is_failed()).all(|e| {
@@ -586,13 +656,28 @@ fn slot_map(view: &[NodeEntry]) -> BTreeMap<u16, (u16, String)> {
         .collect()
 }
 
+/// `<scheme>://<first addr>?node=<addr>&node=...`.
+fn cluster_url(scheme: &str, addrs: Vec<String>) -> String {
+    let mut addrs = addrs.into_iter();
+    let first = addrs.next().unwrap_or_default();
+    let rest: Vec<String> = addrs.map(|a| format!("node={a}")).collect();
+    format!("{scheme}://{first}?{}", rest.join("&"))
+}
+
 /// Starts one cluster node with its bus on a second free port (the default
-/// bus port, port + 10000, does not exist for ports above 55535).
-fn start_node(kind: ServerKind) -> Result<RedisServer, TestkitError> {
+/// bus port, port + 10000, does not exist for ports above 55535); with
+/// `tls`, also on a TLS port, with the bus and replication over TLS.
+fn start_node(kind: ServerKind, tls: Option<&TlsFiles>) -> Result<RedisServer, TestkitError> {
     let mut last = None;
     for _ in 0..NODE_START_ATTEMPTS {
         let (port, bus_port) = (free_port()?, free_port()?);
-        let started = RedisServer::builder()
+        let mut builder = RedisServer::builder();
+        if let Some(files) = tls {
+            builder = builder
+                .tls(files)
+                .args(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+        }
+        let started = builder
             .kind(kind)
             .port(port)
             .args(["--cluster-enabled", "yes"])

@@ -18,6 +18,10 @@
 //! * [`RedisCluster`]: 3 primaries with a replica each, slot migration and
 //!   fail-over helpers.
 //! * [`SentinelGroup`]: a primary, replicas and 3 sentinels.
+//! * [`TlsFiles`]: a throwaway CA and server certificate, for a server
+//!   ([`RedisServerBuilder::tls`]), a cluster ([`RedisCluster::start_tls`])
+//!   or a sentinel group ([`SentinelGroup::start_tls`]) that also listens
+//!   for TLS (always Redis: the Valkey build the suite installs has no TLS).
 //! * [`IndependentPrimaries`]: N unrelated primaries for a RedLock mode.
 //! * [`RedisTarget::from_env_or_start`]: uses `REDIS_URL` when set, and
 //!   otherwise starts a throwaway server (for examples and benchmarks).

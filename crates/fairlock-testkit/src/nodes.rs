@@ -1,5 +1,6 @@
-//! The server processes of one topology, addressed by `127.0.0.1:<port>`,
-//! with the ones a test killed set aside: [`NodeSet`]. Cluster and sentinel
+//! The server processes of one topology, addressed by `127.0.0.1:<port>`
+//! (the plain or, for a node that also listens for TLS, the TLS port), with
+//! the ones a test killed set aside: [`NodeSet`]. Cluster and sentinel
 //! helpers wait only on live nodes, and killing or restarting a node is the
 //! same in both.
 
@@ -38,22 +39,30 @@ impl NodeSet {
         TestkitError::Protocol(format!("{addr} is not a {} of this topology", self.what))
     }
 
-    /// The node listening on `addr`.
+    /// The node listening on `addr`, by its plain or its TLS address.
     pub(crate) fn get(&self, addr: &str) -> Result<&RedisServer, TestkitError> {
         self.nodes
             .iter()
-            .find(|n| n.addr() == addr)
+            .find(|n| n.listens_at(addr))
             .ok_or_else(|| self.unknown(addr))
     }
 
+    /// The plain address of the node listening on `addr` (plain or TLS);
+    /// `addr` itself when no node has it.
+    pub(crate) fn plain_addr(&self, addr: &str) -> String {
+        self.get(addr)
+            .map_or_else(|_| addr.to_string(), RedisServer::addr)
+    }
+
     fn get_mut(&mut self, addr: &str) -> Result<&mut RedisServer, TestkitError> {
-        match self.nodes.iter().position(|n| n.addr() == addr) {
+        match self.nodes.iter().position(|n| n.listens_at(addr)) {
             Some(i) => Ok(&mut self.nodes[i]),
             None => Err(self.unknown(addr)),
         }
     }
 
-    /// SIGKILLs the node at `addr` and leaves it out of [`live`](Self::live).
+    /// SIGKILLs the node at `addr` (plain or TLS) and leaves it out of
+    /// [`live`](Self::live).
     pub(crate) fn kill(&mut self, addr: &str) -> Result<(), TestkitError> {
         let node = self.get_mut(addr)?;
         node.kill();
@@ -64,7 +73,8 @@ impl NodeSet {
         Ok(())
     }
 
-    /// Restarts the node at `addr` on its port and counts it live again.
+    /// Restarts the node at `addr` (plain or TLS) on its ports and counts it
+    /// live again.
     pub(crate) fn restart(&mut self, addr: &str) -> Result<(), TestkitError> {
         let node = self.get_mut(addr)?;
         node.restart()?;

@@ -10,13 +10,20 @@
 //! `DEBUG SLEEP` or `CLIENT PAUSE` do not do that: a sleeping replica is
 //! marked down and never promoted, and writes already sent to a paused one
 //! still arrive.
+//!
+//! [`SentinelGroup::start_tls`] starts the same group with every process
+//! also listening for TLS and running `tls-replication yes`: replicas
+//! replicate over TLS and announce their TLS ports, sentinels talk to the
+//! data nodes and to each other over TLS, and so every address a sentinel
+//! reports is a TLS one. The plain ports stay open for the kit's admin
+//! commands.
 
 use std::time::Duration;
 
 use crate::nodes::NodeSet;
 use crate::process::poll_until;
 use crate::version::ServerKind;
-use crate::{RedisServer, Resp, TestkitError};
+use crate::{RedisServer, RedisServerBuilder, Resp, TestkitError, TlsFiles};
 
 /// The name the sentinels monitor the primary under.
 const MASTER_NAME: &str = "fairlock-primary";
@@ -34,6 +41,13 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(40);
 /// `FAIRLOCK_TEST_SERVER=valkey`, all of them Valkey). Every process is
 /// SIGKILLed on drop.
 ///
+/// Data nodes are named by the address the sentinels report: the plain one
+/// (`127.0.0.1:<port>`), or in a group started with
+/// [`start_tls`](Self::start_tls) the TLS one. That is what
+/// [`primary_addr`](Self::primary_addr), [`replica_addrs`](Self::replica_addrs),
+/// [`failover`](Self::failover) and [`kill_primary`](Self::kill_primary)
+/// return; every method taking an address accepts either.
+///
 /// ```no_run
 /// use fairlock_testkit::SentinelGroup;
 ///
@@ -49,6 +63,9 @@ pub struct SentinelGroup {
     /// Data nodes: the first was the primary at start, the rest replicas.
     nodes: NodeSet,
     sentinels: Vec<RedisServer>,
+    /// Started with [`start_tls`](Self::start_tls): every process
+    /// replicates and monitors over TLS and is known by its TLS address.
+    tls: bool,
 }
 
 impl SentinelGroup {
@@ -61,23 +78,54 @@ impl SentinelGroup {
     /// As [`RedisServer::start`], or [`TestkitError::Timeout`] if the group
     /// does not settle within 40 s.
     pub fn start(replicas: usize) -> Result<SentinelGroup, TestkitError> {
-        let kind = ServerKind::from_env()?;
-        let primary = data_node(kind, None)?;
+        SentinelGroup::start_with(ServerKind::from_env()?, replicas, None)
+    }
+
+    /// As [`start`](Self::start), but every process (data nodes and
+    /// sentinels) also listens for TLS on a second port with the server
+    /// certificate of `files` (which must outlive the group) and runs
+    /// `tls-replication yes`: replicas replicate from the primary's TLS
+    /// port and announce their own, and the sentinels monitor the primary
+    /// at its TLS port and talk to the data nodes and to each other over
+    /// TLS. So the sentinels report TLS addresses only, to every client,
+    /// and [`primary_addr`](Self::primary_addr) and the other helpers
+    /// return them. Connect a client through [`tls_url`](Self::tls_url),
+    /// trusting [`TlsFiles::ca`]; the kit's admin commands keep using the
+    /// plain ports.
+    ///
+    /// Always Redis, whatever `FAIRLOCK_TEST_SERVER` says: the Valkey build
+    /// the suite installs has no TLS.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_tls(replicas: usize, files: &TlsFiles) -> Result<SentinelGroup, TestkitError> {
+        SentinelGroup::start_with(ServerKind::Redis, replicas, Some(files))
+    }
+
+    fn start_with(
+        kind: ServerKind,
+        replicas: usize,
+        tls: Option<&TlsFiles>,
+    ) -> Result<SentinelGroup, TestkitError> {
+        let primary = data_node(kind, None, tls)?;
+        // The port replicas and sentinels reach the primary on.
+        let primary_port = announced_port(&primary);
         let mut nodes = vec![primary];
         for _ in 0..replicas {
-            nodes.push(data_node(kind, Some(nodes[0].port()))?);
+            nodes.push(data_node(kind, Some(primary_port), tls)?);
         }
         let config = format!(
             "sentinel monitor {MASTER_NAME} 127.0.0.1 {port} 2\n\
              sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n\
              sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}\n\
              sentinel parallel-syncs {MASTER_NAME} {SENTINELS}\n",
-            port = nodes[0].port()
+            port = primary_port
         );
         let mut sentinels = Vec::with_capacity(SENTINELS);
         for _ in 0..SENTINELS {
             sentinels.push(
-                RedisServer::builder()
+                with_tls(RedisServer::builder(), tls)
                     .kind(kind)
                     .config(config.clone())
                     .arg("--sentinel")
@@ -87,6 +135,7 @@ impl SentinelGroup {
         let group = SentinelGroup {
             nodes: NodeSet::new("data node", nodes),
             sentinels,
+            tls: tls.is_some(),
         };
         group.wait_settled()?;
         Ok(group)
@@ -98,9 +147,22 @@ impl SentinelGroup {
         MASTER_NAME
     }
 
-    /// `127.0.0.1:<port>` of each sentinel.
+    /// `127.0.0.1:<port>` of each sentinel (the plain port, also in a TLS
+    /// group).
     pub fn sentinel_addrs(&self) -> Vec<String> {
         self.sentinels.iter().map(RedisServer::addr).collect()
+    }
+
+    /// `127.0.0.1:<TLS port>` of each sentinel of a group started with
+    /// [`start_tls`](Self::start_tls); empty for a group without TLS.
+    pub fn sentinel_tls_addrs(&self) -> Vec<String> {
+        if !self.tls {
+            return Vec::new();
+        }
+        self.sentinels
+            .iter()
+            .filter_map(RedisServer::tls_addr)
+            .collect()
     }
 
     /// The sentinel processes.
@@ -113,7 +175,7 @@ impl SentinelGroup {
         self.nodes.all()
     }
 
-    /// The data node at `addr`.
+    /// The data node at `addr` (its plain or its TLS address).
     ///
     /// # Errors
     ///
@@ -124,15 +186,25 @@ impl SentinelGroup {
 
     /// A `redis-sentinel://127.0.0.1:<port>?sentinelServiceName=...&node=...`
     /// URL naming all three sentinels, as fred's `Config::from_url` accepts it.
+    /// In a TLS group the sentinels it names answer in plain text but name
+    /// the primary's TLS port: use [`tls_url`](Self::tls_url) there.
     pub fn url(&self) -> String {
-        let mut addrs = self.sentinel_addrs().into_iter();
-        let first = addrs.next().unwrap_or_default();
-        let rest: String = addrs.map(|a| format!("&node={a}")).collect();
-        format!("redis-sentinel://{first}?sentinelServiceName={MASTER_NAME}{rest}")
+        sentinel_url("redis-sentinel", self.sentinel_addrs())
+    }
+
+    /// For a group started with [`start_tls`](Self::start_tls), a
+    /// `rediss-sentinel://127.0.0.1:<TLS port>?sentinelServiceName=...&node=127.0.0.1:<TLS port>&...`
+    /// URL naming all three sentinels' TLS ports, as fred's
+    /// `Config::from_url` accepts it (fred then talks TLS to the sentinels
+    /// and to the primary they name); `None` for a group without TLS.
+    pub fn tls_url(&self) -> Option<String> {
+        Some(self.sentinel_tls_addrs())
+            .filter(|addrs| !addrs.is_empty())
+            .map(|addrs| sentinel_url("rediss-sentinel", addrs))
     }
 
     /// The primary's address according to the first sentinel that answers
-    /// (`SENTINEL get-master-addr-by-name`).
+    /// (`SENTINEL get-master-addr-by-name`): its TLS address in a TLS group.
     ///
     /// # Errors
     ///
@@ -148,8 +220,8 @@ impl SentinelGroup {
         Err(last.unwrap_or_else(|| TestkitError::Protocol("no sentinel".into())))
     }
 
-    /// The live replicas of the current primary, by their own
-    /// `INFO replication`.
+    /// The live data nodes other than the current primary, by the address
+    /// the sentinels know them by (the TLS one in a TLS group).
     ///
     /// # Errors
     ///
@@ -159,8 +231,8 @@ impl SentinelGroup {
         Ok(self
             .nodes
             .live()
-            .filter(|n| n.addr() != primary)
-            .map(RedisServer::addr)
+            .filter(|n| !n.listens_at(&primary))
+            .map(|n| format!("127.0.0.1:{}", announced_port(n)))
             .collect())
     }
 
@@ -198,7 +270,8 @@ impl SentinelGroup {
         Ok(new)
     }
 
-    /// SIGKILLs the data node at `addr` without waiting for the sentinels.
+    /// SIGKILLs the data node at `addr` (plain or TLS) without waiting for
+    /// the sentinels.
     ///
     /// # Errors
     ///
@@ -218,10 +291,12 @@ impl SentinelGroup {
     pub fn restart_node(&mut self, addr: &str) -> Result<(), TestkitError> {
         self.nodes.restart(addr)?;
         let primary = self.primary_addr()?;
-        if primary != addr {
+        let node = self.node(addr)?;
+        if !node.listens_at(&primary) {
+            // The sentinels' address: the TLS port in a TLS group, where the
+            // node replicates over TLS.
             let (host, primary_port) = primary.split_once(':').unwrap_or(("127.0.0.1", ""));
-            self.node(addr)?
-                .cmd_ok(&["REPLICAOF", host, primary_port])?;
+            node.cmd_ok(&["REPLICAOF", host, primary_port])?;
         }
         self.wait_settled()
     }
@@ -256,7 +331,7 @@ impl SentinelGroup {
             // The only replica: a fail-over has no other choice.
             return Ok(());
         }
-        let port = node.port().to_string();
+        let port = announced_port(node).to_string();
         poll_until(
             "every sentinel to see the lagging replica's priority",
             SETTLE_TIMEOUT,
@@ -360,11 +435,13 @@ impl SentinelGroup {
                 if primary_info.get("role").map(String::as_str) != Some("master") {
                     return Ok(None);
                 }
-                for node in self.nodes.live().filter(|n| n.addr() != primary) {
+                for node in self.nodes.live().filter(|n| !n.listens_at(&primary)) {
                     let info = node.info("replication")?;
                     let follows = info.get("role").map(String::as_str) == Some("slave")
-                        && info.get("master_port").map(String::as_str)
-                            == Some(primary_node.port().to_string().as_str());
+                        && info
+                            .get("master_port")
+                            .and_then(|port| port.parse().ok())
+                            .is_some_and(|port| primary_node.listens_on(port));
                     let paused = node
                         .cmd_ok(&["CONFIG", "GET", "masteruser"])?
                         .as_array()
@@ -411,11 +488,39 @@ fn master_addr(sentinel: &RedisServer) -> Result<String, TestkitError> {
     }
 }
 
+/// `<scheme>://<first addr>?sentinelServiceName=...&node=<addr>&...`.
+fn sentinel_url(scheme: &str, addrs: Vec<String>) -> String {
+    let mut addrs = addrs.into_iter();
+    let first = addrs.next().unwrap_or_default();
+    let rest: String = addrs.map(|a| format!("&node={a}")).collect();
+    format!("{scheme}://{first}?sentinelServiceName={MASTER_NAME}{rest}")
+}
+
+/// With `tls`, makes the server also listen for TLS and replicate (a data
+/// node) or monitor (a sentinel) over TLS.
+fn with_tls(builder: RedisServerBuilder, tls: Option<&TlsFiles>) -> RedisServerBuilder {
+    match tls {
+        Some(files) => builder.tls(files).args(["--tls-replication", "yes"]),
+        None => builder,
+    }
+}
+
+/// The port a server started by [`with_tls`] is reached on by its peers,
+/// and reported by the sentinels: the TLS one when it has one.
+fn announced_port(server: &RedisServer) -> u16 {
+    server.tls_port().unwrap_or_else(|| server.port())
+}
+
 /// One data node: an empty config file (so sentinels' `CONFIG REWRITE`
 /// after a role change succeeds) and no diskless-sync delay (so a replica's
-/// first sync starts at once).
-fn data_node(kind: ServerKind, replica_of: Option<u16>) -> Result<RedisServer, TestkitError> {
-    let mut builder = RedisServer::builder()
+/// first sync starts at once). `replica_of` is the primary's port (its TLS
+/// port with `tls`).
+fn data_node(
+    kind: ServerKind,
+    replica_of: Option<u16>,
+    tls: Option<&TlsFiles>,
+) -> Result<RedisServer, TestkitError> {
+    let mut builder = with_tls(RedisServer::builder(), tls)
         .kind(kind)
         .config("")
         .args(["--repl-diskless-sync-delay", "0"]);

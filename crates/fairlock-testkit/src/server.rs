@@ -240,6 +240,26 @@ impl RedisServer {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// The TLS port of a server started with [`RedisServerBuilder::tls`]
+    /// (stays the same across [`restart`](Self::restart)).
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
+    }
+
+    /// `true` if `addr` is this server's [`addr`](Self::addr) or its
+    /// [`tls_addr`](Self::tls_addr): topologies whose servers report their
+    /// TLS ports (sentinels, replicas with `tls-replication yes`) name a
+    /// node by either.
+    pub(crate) fn listens_at(&self, addr: &str) -> bool {
+        self.addr() == addr || self.tls_addr().as_deref() == Some(addr)
+    }
+
+    /// `true` if `port` is this server's plain or TLS port (e.g. the
+    /// `master_port` a replica reports).
+    pub(crate) fn listens_on(&self, port: u16) -> bool {
+        self.port == port || self.tls_port == Some(port)
+    }
+
     /// The TCP port (stays the same across [`restart`](Self::restart)).
     pub fn port(&self) -> u16 {
         self.port
@@ -384,6 +404,7 @@ impl fmt::Debug for RedisServer {
         f.debug_struct("RedisServer")
             .field("kind", &self.kind)
             .field("port", &self.port)
+            .field("tls_port", &self.tls_port)
             .field("pid", &self.pid)
             .field("running", &self.child.is_some())
             .field("dir", &self.dir)

@@ -50,6 +50,8 @@ impl RedisServer {
     /// at least every write `primary` had when asked. Reading the primary
     /// first makes this hold under a steady stream of writes (e.g. waiters'
     /// heartbeats), where the two offsets are rarely equal at one instant.
+    /// The link may go to either of `primary`'s ports (a replica with
+    /// `tls-replication yes` replicates from the TLS one).
     ///
     /// # Errors
     ///
@@ -63,7 +65,9 @@ impl RedisServer {
         let field = |name: &str| info.get(name).map(String::as_str);
         let linked = field("master_link_status") == Some("up")
             && field("master_sync_in_progress") == Some("0")
-            && field("master_port") == Some(primary.port().to_string().as_str());
+            && field("master_port")
+                .and_then(|port| port.parse().ok())
+                .is_some_and(|port| primary.listens_on(port));
         Ok(linked
             && matches!(
                 (offset(&info, "slave_repl_offset"), target),

@@ -23,6 +23,12 @@ impl TlsFiles {
     /// Makes a new CA (valid 2 days, P-256 keys) and a server certificate
     /// for `IP:127.0.0.1` and `DNS:localhost` signed by it.
     ///
+    /// The certificate is good for client authentication too: with
+    /// `tls-cluster yes` cluster nodes present it to each other on the
+    /// cluster bus, which always asks the connecting node for a certificate
+    /// (`tls-auth-clients` does not apply to the bus) and refuses a
+    /// certificate meant for servers only.
+    ///
     /// # Errors
     ///
     /// [`TestkitError::NotInstalled`] without `openssl` (and no way to
@@ -39,7 +45,7 @@ impl TlsFiles {
             "subjectAltName=IP:127.0.0.1,DNS:localhost\n\
              basicConstraints=CA:FALSE\n\
              keyUsage=critical,digitalSignature,keyEncipherment\n\
-             extendedKeyUsage=serverAuth\n",
+             extendedKeyUsage=serverAuth,clientAuth\n",
         )?;
         let key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
         let steps: [Vec<&str>; 3] = [
