@@ -339,6 +339,26 @@ pub fn zcard(server: &RedisServer, key: &str) -> i64 {
         .expect("int")
 }
 
+/// Lock names whose keys land on each of the three primaries.
+pub fn lock_names_on_every_primary(cluster: &fairlock_testkit::RedisCluster) -> Vec<String> {
+    let primaries = cluster.primaries().expect("primaries");
+    let mut names = Vec::new();
+    for primary in &primaries {
+        let name = (0..)
+            .map(|i| format!("cluster:{i}"))
+            .find(|name| {
+                let keys = fairlock_core::LockKeys::new(
+                    &fairlock_core::KeyPrefix::default(),
+                    &fairlock_core::LockName::new(name.as_str()).expect("name"),
+                );
+                cluster.slot_owner(keys.slot()).ok().as_ref() == Some(primary)
+            })
+            .expect("a name on this primary");
+        names.push(name);
+    }
+    names
+}
+
 /// A client of a local Redis Cluster with fast test timings.
 pub async fn cluster_client(cluster: &fairlock_testkit::RedisCluster) -> LockClient {
     let mut config = ClientConfig::new(cluster.url());

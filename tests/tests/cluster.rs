@@ -10,30 +10,13 @@ use fairlock::{Error, FencedOp, LockClient, LockOptions, Reply};
 use fairlock_core::{Acquire, AcquireMode, AcquireReply, Timings};
 use fairlock_examples::seckill::{swarm, SwarmConfig, Variant};
 use fairlock_testkit::RedisCluster;
-use fairlock_tests::{assert_swarm_passed, cluster_client, hand_over, raw, wait_for_queue_len};
+use fairlock_tests::{
+    assert_swarm_passed, cluster_client, hand_over, lock_names_on_every_primary, raw,
+    wait_for_queue_len,
+};
 
 /// Hang guard.
 const LONG: Duration = Duration::from_secs(30);
-
-/// Lock names whose keys land on each of the three primaries.
-fn names_on_every_primary(cluster: &RedisCluster) -> Vec<String> {
-    let primaries = cluster.primaries().expect("primaries");
-    let mut names = Vec::new();
-    for primary in &primaries {
-        let name = (0..)
-            .map(|i| format!("cluster:{i}"))
-            .find(|name| {
-                let keys = fairlock_core::LockKeys::new(
-                    &fairlock_core::KeyPrefix::default(),
-                    &fairlock_core::LockName::new(name.as_str()).expect("name"),
-                );
-                cluster.slot_owner(keys.slot()).ok().as_ref() == Some(primary)
-            })
-            .expect("a name on this primary");
-        names.push(name);
-    }
-    names
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_on_every_primary_exclude_and_hand_over_in_order() {
@@ -44,7 +27,7 @@ async fn locks_on_every_primary_exclude_and_hand_over_in_order() {
     ];
     // Nothing waited for yet: no node subscribed.
     assert!(clients[0].grants_subscribed_at().is_empty());
-    for name in names_on_every_primary(&cluster) {
+    for name in lock_names_on_every_primary(&cluster) {
         // Scripts are loaded on demand, node by node, even after a flush.
         for node in cluster.nodes() {
             let _ = node.cmd(&["SCRIPT", "FLUSH"]);
@@ -126,7 +109,7 @@ async fn a_grant_comes_on_fairlocks_own_connection_to_the_slots_node() {
     };
     let holder_client = slow_heartbeat().await.expect("client");
     let waiter_client = slow_heartbeat().await.expect("client");
-    for name in names_on_every_primary(&cluster) {
+    for name in lock_names_on_every_primary(&cluster) {
         let holder = holder_client.lock(&name).await.expect("holder");
         let granted = hand_over(holder, &holder_client, &waiter_client, LONG / 2).await;
         granted.release().await.expect("release");
@@ -239,7 +222,7 @@ async fn a_client_survives_an_ask_redirect_and_its_waiters_are_granted() {
         cluster_client(&cluster).await,
         cluster_client(&cluster).await,
     ];
-    let names = names_on_every_primary(&cluster);
+    let names = lock_names_on_every_primary(&cluster);
     let (waited, migrating) = (&names[0], &names[1]);
     let slot = slot_of(migrating);
     let to = cluster
@@ -326,7 +309,7 @@ async fn core_cases_hold_on_the_cluster() {
         cluster_client(&cluster).await,
         cluster_client(&cluster).await,
     ];
-    let names = names_on_every_primary(&cluster);
+    let names = lock_names_on_every_primary(&cluster);
     let owner_of = |name: &str| {
         let addr = cluster.slot_owner(slot_of(name)).expect("slot owner");
         cluster.node(&addr).expect("node")
@@ -476,4 +459,67 @@ async fn core_cases_hold_on_the_cluster() {
         assert_eq!(report.sold, 50, "{variant:?}");
         assert_eq!(report.final_stock, Some(0), "{variant:?}");
     }
+}
+
+/// After a lock's slot moves to another primary, the next grant reaches a
+/// waiter of another process on fairlock's own connection to the slot's
+/// new node, with the heartbeat (the fallback) a minute away; so does the
+/// grant after that node cut the process's pub/sub connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_slot_migration_grants_come_from_the_new_node() {
+    let cluster = RedisCluster::start().expect("cluster");
+    let slow_heartbeat = || {
+        let mut config = fairlock::ClientConfig::new(cluster.url());
+        config.heartbeat_interval = Duration::from_secs(60);
+        config.waiter_timeout = Duration::from_secs(180);
+        LockClient::with_config(config)
+    };
+    let holder_client = slow_heartbeat().await.expect("client");
+    let waiter_client = slow_heartbeat().await.expect("client");
+    let name = lock_names_on_every_primary(&cluster).remove(0);
+    let slot = fairlock_core::LockKeys::new(
+        &fairlock_core::KeyPrefix::default(),
+        &fairlock_core::LockName::new(name.as_str()).expect("name"),
+    )
+    .slot();
+    let holder = holder_client.lock(&name).await.expect("holder");
+    let granted = hand_over(holder, &holder_client, &waiter_client, LONG / 2).await;
+    granted.release().await.expect("release");
+
+    let from = cluster.slot_owner(slot).expect("slot owner");
+    let to = cluster
+        .primaries()
+        .expect("primaries")
+        .into_iter()
+        .find(|primary| *primary != from)
+        .expect("another primary");
+    cluster.migrate_slot(slot, &to).expect("slot migration");
+    let holder = tokio::time::timeout(LONG, holder_client.lock(&name))
+        .await
+        .expect("lock after the migration")
+        .expect("holder");
+    let granted = hand_over(holder, &holder_client, &waiter_client, LONG / 2).await;
+    granted.release().await.expect("release");
+    assert!(
+        waiter_client.grants_subscribed_at().contains(&to),
+        "subscribed at {:?}, the slot is on {to}",
+        waiter_client.grants_subscribed_at()
+    );
+
+    // The node cuts the pub/sub connections while nobody waits: the next
+    // waiter opens one again and subscribes before it enqueues.
+    cluster
+        .node(&to)
+        .expect("node")
+        .cmd_ok(&["CLIENT", "KILL", "TYPE", "pubsub"])
+        .expect("kill the pub/sub connections");
+    let deadline = std::time::Instant::now() + LONG;
+    while waiter_client.grants_subscribed_at().contains(&to) {
+        assert!(std::time::Instant::now() < deadline, "the cut is noticed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let holder = holder_client.lock(&name).await.expect("holder");
+    let granted = hand_over(holder, &holder_client, &waiter_client, LONG / 2).await;
+    granted.release().await.expect("release");
+    assert!(waiter_client.grants_subscribed_at().contains(&to));
 }

@@ -271,6 +271,8 @@ impl Nodes {
             return;
         }
         self.links.remove(address);
+        let on_node = self.slots.iter().filter(|(_, node)| *node == address);
+        self.state.forget_slots(on_node.map(|(slot, _)| *slot));
         self.slots.retain(|_, node| node != address);
         self.lost.insert(address.to_owned());
         self.publish_addresses();
@@ -344,9 +346,11 @@ fn answer(state: &ClientState, awaiting: &Awaiting, frame: Frame<'_>) {
         Frame::Error(error) => Err(ShardRefusal::Redis(
             String::from_utf8_lossy(error).into_owned(),
         )),
-        Frame::Unsubscribed(_) => {
+        Frame::Unsubscribed(channel) => {
             // The slot left this node (a migration or fail-over): the
-            // heartbeat subscribes it again where it is now.
+            // heartbeat subscribes the slots waited in again where they
+            // are now, and the next enqueue in this slot subscribes it.
+            state.forget_slots([fairlock_core::key_slot(channel)]);
             state.heartbeat_now.notify_one();
             return;
         }

@@ -92,7 +92,7 @@ pub(crate) struct ClientState {
     /// The servers fairlock's own grant connections are open to now
     /// (`grant_connection.rs` and `sharded_grants.rs` keep it); empty while
     /// they are being opened and when fred's subscriber carries the grants
-    /// (Sentinel with TLS, a cluster with TLS).
+    /// (RedLock's primaries).
     pub(crate) grants_at: Mutex<Vec<String>>,
     /// On a cluster: the task that keeps one grant connection per node
     /// (`sharded_grants.rs`) takes its subscription requests here.
@@ -211,6 +211,18 @@ impl ClientState {
             .unwrap_or_else(|p| p.into_inner())
             .insert(slot);
         Ok(())
+    }
+
+    /// Forgets that `slots` are subscribed, so the next enqueue in one of
+    /// them subscribes it again: the server ended the subscription (the
+    /// slot left its node) or the node's connection was lost. The
+    /// heartbeat round asked for at the same time covers only the slots
+    /// waited in at that moment.
+    pub(crate) fn forget_slots(&self, slots: impl IntoIterator<Item = u16>) {
+        let mut known = self.sharded_slots.lock().unwrap_or_else(|p| p.into_inner());
+        for slot in slots {
+            known.remove(&slot);
+        }
     }
 
     /// Has the cluster grant task subscribe `channel` on the node serving
