@@ -411,13 +411,11 @@ impl LockClient {
     }
 
     /// The servers (`host:port`) to which fairlock's own pub/sub
-    /// connections for this process's grants are open: the single server
-    /// (plain TCP or TLS); behind Sentinel the primary fred's command
-    /// connection uses (it follows a fail-over within a heartbeat
-    /// interval); on a Redis Cluster each node serving a slot this process
-    /// has waited in. Empty while a connection is being opened again, and
-    /// behind Sentinel or on a cluster with TLS, where fred's subscriber
-    /// carries the grants.
+    /// connections for this process's grants are open: the single server;
+    /// behind Sentinel the primary fred's command connection uses (it
+    /// follows a fail-over within a heartbeat interval); on a Redis Cluster
+    /// each node serving a slot this process has waited in. Over plain TCP
+    /// or TLS alike. Empty while a connection is being opened again.
     pub fn grants_subscribed_at(&self) -> Vec<String> {
         let at = self.state().grants_at.lock();
         at.unwrap_or_else(|p| p.into_inner()).clone()

@@ -2,10 +2,10 @@
 //! the task that wakes its waiter.
 //!
 //! On a single server (the usual deployment: Redis or Valkey behind a
-//! `redis://host:port` URL, or `rediss://` with TLS, opened with fred's
-//! TLS settings by `grant_stream.rs`) and on a primary managed by Sentinel
-//! (plain TCP), the process's one pub/sub subscription is this connection,
-//! not fred's subscriber. The task that reads it parses each message in
+//! `redis://host:port` URL) and on a primary managed by Sentinel, the
+//! process's one pub/sub subscription is this connection, not fred's
+//! subscriber; with TLS (`rediss://`, `rediss-sentinel://`) too, opened
+//! with fred's TLS settings by `grant_stream.rs`. The task that reads it parses each message in
 //! place from the connection's buffer and hands the grant to its waiter's
 //! slot (`grants.rs`), so a
 //! grant wakes the waiting task straight from the socket reader: one task
@@ -13,9 +13,9 @@
 //! crossed two tasks more (fred's connection task, its broadcast channel,
 //! fairlock's router) before the waiter ran. On a cluster one such
 //! connection per node is kept by `sharded_grants.rs`, which reads them
-//! with [`route_frames`] too; behind Sentinel or on a cluster with TLS,
-//! fred's subscriber carries the grants instead; every path ends in
-//! [`route_notice`].
+//! with [`route_frames`] too; only where fred's subscriber carries the
+//! grants (RedLock's primaries) does a router task read them instead;
+//! every path ends in [`route_notice`].
 //!
 //! Behind Sentinel the connection follows the primary that fred's
 //! waiters' command connection is connected to (`redis.rs` reads fred's

@@ -1,6 +1,7 @@
-//! The byte stream under fairlock's own grant connection: plain TCP, or
-//! TLS over it for `rediss://` URLs (with the `tls` feature), opened with
-//! the TLS settings fred uses for the command connections.
+//! The byte stream under fairlock's own grant connections: plain TCP, or
+//! TLS over it for `rediss://`, `rediss-sentinel://` and `rediss-cluster://`
+//! URLs (with the `tls` feature), opened with the TLS settings fred uses for
+//! the command connections.
 
 use std::io;
 use std::pin::Pin;
@@ -9,13 +10,14 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-/// How to wrap the TCP connection in TLS: fred's rustls connector and the
-/// name the server's certificate must carry.
+/// How to wrap the TCP connection in TLS: fred's rustls connector. The
+/// server's certificate must carry the host of the address connected to,
+/// as fred checks it (fairlock builds fred's configuration from the URL
+/// alone, so no TLS host mapping renames a server).
 #[cfg(feature = "tls")]
 #[derive(Clone)]
 pub(crate) struct TlsSettings {
     pub(crate) connector: tokio_rustls::TlsConnector,
-    pub(crate) server_name: tokio_rustls::rustls::pki_types::ServerName<'static>,
 }
 
 /// Plain TCP or TLS; no TLS settings exist without the `tls` feature.
@@ -32,22 +34,39 @@ pub(crate) enum GrantStream {
 }
 
 impl GrantStream {
-    /// Connects to `address` (`host:port`) and, with `tls`, completes the
-    /// TLS handshake.
+    /// Connects to `address` (`host:port`, an IPv6 host in brackets) and,
+    /// with `tls`, completes the TLS handshake for the address's host.
     pub(crate) async fn connect(address: &str, tls: Option<&TlsSettings>) -> io::Result<Self> {
+        #[cfg(feature = "tls")]
+        let name = tls.map(|_| server_name(address)).transpose()?;
         let tcp = TcpStream::connect(address).await?;
         tcp.set_nodelay(true)?;
         match tls {
             None => Ok(Self::Plain(tcp)),
             #[cfg(feature = "tls")]
             Some(tls) => {
-                let stream = tls.connector.connect(tls.server_name.clone(), tcp).await?;
+                let name = name.ok_or_else(|| io::Error::other("no TLS server name"))?;
+                let stream = tls.connector.connect(name, tcp).await?;
                 Ok(Self::Tls(Box::new(stream)))
             }
             #[cfg(not(feature = "tls"))]
             Some(never) => match *never {},
         }
     }
+}
+
+/// The name the certificate of the server at `address` must carry: its
+/// host (a DNS name or an IP address, brackets removed).
+#[cfg(feature = "tls")]
+fn server_name(address: &str) -> io::Result<tokio_rustls::rustls::pki_types::ServerName<'static>> {
+    let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    tokio_rustls::rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{host} is not a TLS server name: {e}"),
+        )
+    })
 }
 
 impl AsyncRead for GrantStream {
@@ -91,5 +110,34 @@ impl AsyncWrite for GrantStream {
             #[cfg(feature = "tls")]
             Self::Tls(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
         }
+    }
+}
+
+#[cfg(all(test, feature = "tls"))]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+    use tokio_rustls::rustls::pki_types::ServerName;
+
+    use super::server_name;
+
+    /// The certificate is checked against the host fred would check: an IP
+    /// address as an address (IPv6 without its brackets), a name as a name.
+    #[test]
+    fn the_certificate_name_is_the_address_host() {
+        let ip = |ip: IpAddr| Some(ServerName::IpAddress(ip.into()));
+        assert_eq!(
+            server_name("127.0.0.1:6380").ok(),
+            ip(IpAddr::V4(Ipv4Addr::LOCALHOST))
+        );
+        assert_eq!(
+            server_name("[::1]:6379").ok(),
+            ip(IpAddr::V6(Ipv6Addr::LOCALHOST))
+        );
+        assert_eq!(
+            server_name("redis.example.com:6379").ok(),
+            ServerName::try_from("redis.example.com").ok()
+        );
+        assert!(server_name("bad host!:1").is_err());
     }
 }

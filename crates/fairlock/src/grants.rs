@@ -1,12 +1,11 @@
 //! The grant path: socket → waiter, in one place.
 //!
 //! A grant arrives on the process's pub/sub subscription. On a single
-//! server (plain TCP or TLS), behind Sentinel and on a cluster (plain TCP)
-//! that is fairlock's own connection, whose reader calls [`route_notice`]
+//! server, behind Sentinel and on a cluster, over plain TCP or TLS, that
+//! is fairlock's own connection, whose reader calls [`route_notice`]
 //! itself (`grant_connection.rs`, `sharded_grants.rs`: socket → waiter
-//! slot → waiter, one task hop); behind Sentinel or on a cluster with TLS
-//! it is fred's subscriber, read by the router task here
-//! ([`spawn_router`]).
+//! slot → waiter, one task hop); for RedLock's primaries it is fred's
+//! subscriber, read by the router task here ([`spawn_router`]).
 //!
 //! Each process subscribes once, at connect, to its own channel
 //! `<prefix>notify:<client tag>`, before any of its tasks can enqueue: a

@@ -4,12 +4,12 @@
 //! calls, [`Reply`]) so the Redis client can be swapped by rewriting this
 //! file alone. Three connections per process: two command lanes and one
 //! subscriber that carries the process's single pub/sub channel. On a
-//! single server (plain TCP or TLS), and on a Sentinel-managed primary
-//! (plain TCP), that subscriber is not fred's but fairlock's own grant
-//! connection (`grant_connection.rs`), read by the task that wakes the
-//! waiters; this module only says where it connects
-//! ([`RedisConnection::grant_endpoint`], which behind Sentinel follows
-//! fred's reconnects).
+//! single server, on a Sentinel-managed primary and on a cluster's nodes,
+//! over plain TCP or TLS, that subscriber is not fred's but fairlock's own
+//! grant connection (`grant_connection.rs`, one per node in
+//! `sharded_grants.rs`), read by the task that wakes the waiters; this
+//! module only says where it connects ([`RedisConnection::grant_endpoint`],
+//! which behind Sentinel follows fred's reconnects).
 //!
 //! The two command lanes keep a holder's work out of the waiters' line.
 //! Each lane is pipelined: a command waits for every command sent before
@@ -73,8 +73,9 @@ impl Lane {
 /// Which connection carries a client's pub/sub subscriptions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PubSub {
-    /// fairlock's own grant connection wherever the server allows it (a
-    /// single server over plain TCP), fred's subscriber elsewhere.
+    /// fairlock's own grant connections wherever they can go (every
+    /// topology; TLS only with the `tls` feature), fred's subscriber
+    /// elsewhere.
     OwnWherePossible,
     /// Always fred's subscriber (RedLock's primaries, which subscribe
     /// channels of their own).
@@ -124,48 +125,60 @@ enum GrantPlace {
 
 impl GrantPlace {
     /// Where fairlock's own grant connections can go for `config`: a single
-    /// server (over plain TCP or TLS), a Sentinel-managed primary or the
-    /// nodes of a cluster (plain TCP). `None` for Sentinel or a cluster with
-    /// TLS, and for TLS without `tls` ([`grant_tls`]).
+    /// server, a Sentinel-managed primary or the nodes of a cluster, over
+    /// plain TCP or TLS. `None` for TLS without its settings (built without
+    /// the `tls` feature, [`grant_tls`]).
     fn of(config: &Config, tls: Option<&TlsSettings>) -> Option<Self> {
+        if config.uses_tls() != tls.is_some() {
+            return None;
+        }
         match &config.server {
-            ServerConfig::Centralized { server } if config.uses_tls() == tls.is_some() => {
-                Some(Self::Fixed(address(server)))
-            }
-            ServerConfig::Sentinel { .. } if !config.uses_tls() => Some(Self::SentinelPrimary),
-            ServerConfig::Clustered { .. } if !config.uses_tls() => Some(Self::ClusterNodes),
+            ServerConfig::Centralized { server } => Some(Self::Fixed(address(server))),
+            ServerConfig::Sentinel { .. } => Some(Self::SentinelPrimary),
+            ServerConfig::Clustered { .. } => Some(Self::ClusterNodes),
+            #[allow(unreachable_patterns)]
             _ => None,
         }
     }
 }
 
-/// The TLS settings of a single server's grant connection: fred's rustls
-/// connector, and the name fred checks the certificate against (the
-/// server's TLS name, else its host). `None` without TLS.
+/// The TLS settings of fairlock's own grant connections: fred's rustls
+/// connector (with the roots fred trusts). `None` without TLS.
 #[cfg(feature = "tls")]
 fn grant_tls(config: &Config) -> Option<TlsSettings> {
     use fred::types::config::TlsConnector;
-    use tokio_rustls::rustls::pki_types::ServerName;
-    let (Some(tls), ServerConfig::Centralized { server }) = (&config.tls, &config.server) else {
-        return None;
-    };
-    let connector = match &tls.connector {
-        TlsConnector::Rustls(connector) => connector.clone(),
+    match &config.tls.as_ref()?.connector {
+        TlsConnector::Rustls(connector) => Some(TlsSettings {
+            connector: connector.clone(),
+        }),
         #[allow(unreachable_patterns)]
-        _ => return None,
-    };
-    let name: &str = server.tls_server_name.as_ref().unwrap_or(&server.host);
-    let name = name.trim_start_matches('[').trim_end_matches(']');
-    let server_name = ServerName::try_from(name.to_owned()).ok()?;
-    Some(TlsSettings {
-        connector,
-        server_name,
-    })
+        _ => None,
+    }
 }
 
 #[cfg(not(feature = "tls"))]
 fn grant_tls(_: &Config) -> Option<TlsSettings> {
     None
+}
+
+/// A TLS URL (`rediss://`, `rediss-cluster://`, `rediss-sentinel://`, or
+/// Valkey's `valkeys` spellings) needs the `tls` feature: without it fred
+/// would speak plain TCP to a TLS port and the connect would fail with
+/// nothing that says why.
+fn check_tls_scheme(url: &str, redacted: &str) -> Result<()> {
+    let scheme = url
+        .split("://")
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let tls = scheme.starts_with("rediss") || scheme.starts_with("valkeys");
+    if tls && !cfg!(feature = "tls") {
+        return Err(Error::InvalidOptions(format!(
+            "Redis URL {redacted} asks for TLS, and this build of fairlock has no TLS: \
+             enable its `tls` feature"
+        )));
+    }
+    Ok(())
 }
 
 /// `reason`, with what to do when it is a server certificate this process
@@ -272,6 +285,7 @@ impl RedisConnection {
                 e.details()
             ))
         })?;
+        check_tls_scheme(&config.url, &url)?;
         let resp3 = fred_config.version == fred::types::RespVersion::RESP3;
         let tls = grant_tls(&fred_config);
         let grant_place = match pubsub {
@@ -1097,6 +1111,31 @@ mod tests {
         assert_eq!(address(&Server::new("10.0.0.2", 6379)), "10.0.0.2:6379");
     }
 
+    /// With TLS, every topology gets fairlock's own grant connections, with
+    /// fred's TLS connector.
+    #[cfg(feature = "tls")]
+    #[test]
+    fn tls_grant_connections_go_to_every_topology() {
+        let place = |url: &str| {
+            let config = fred::prelude::Config::from_url(url).expect("valid URL");
+            let tls = super::grant_tls(&config);
+            assert!(tls.is_some(), "{url}: TLS settings");
+            GrantPlace::of(&config, tls.as_ref())
+        };
+        assert_eq!(
+            place("rediss://127.0.0.1:6380"),
+            Some(GrantPlace::Fixed("127.0.0.1:6380".to_owned()))
+        );
+        assert_eq!(
+            place("rediss-sentinel://127.0.0.1:26379?sentinelServiceName=m"),
+            Some(GrantPlace::SentinelPrimary)
+        );
+        assert_eq!(
+            place("rediss-cluster://127.0.0.1:7000"),
+            Some(GrantPlace::ClusterNodes)
+        );
+    }
+
     /// A script call in flight holds fred's request future (about 5 KB)
     /// once, boxed. Held inline by each wrapper (call, evaluation loop,
     /// NOSCRIPT reload, retry) it came to 11 KB per call, allocated,
@@ -1167,6 +1206,35 @@ mod tests {
         }
         assert_eq!(state.redis.in_flight(Lane::Waiters, WINDOW), 0);
         client.shutdown().await;
+    }
+
+    /// A TLS URL is refused with a clear error in a build without TLS, and
+    /// taken with it; a plain URL is taken either way.
+    #[test]
+    fn a_tls_url_needs_the_tls_feature() {
+        for url in [
+            "rediss://127.0.0.1:6380",
+            "REDISS-CLUSTER://127.0.0.1:7000",
+            "rediss-sentinel://127.0.0.1:26379?sentinelServiceName=m",
+            "valkeys://127.0.0.1:6380",
+        ] {
+            let checked = super::check_tls_scheme(url, url);
+            if cfg!(feature = "tls") {
+                assert!(checked.is_ok(), "{url}: {checked:?}");
+            } else {
+                assert!(
+                    matches!(&checked, Err(crate::Error::InvalidOptions(why)) if why.contains("`tls` feature")),
+                    "{url}: {checked:?}"
+                );
+            }
+        }
+        for url in [
+            "redis://127.0.0.1:6379",
+            "redis-cluster://h:1",
+            "valkey://h:1",
+        ] {
+            assert!(super::check_tls_scheme(url, url).is_ok(), "{url}");
+        }
     }
 
     #[test]

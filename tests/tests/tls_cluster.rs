@@ -1,0 +1,97 @@
+//! fairlock on a Redis Cluster over TLS (`rediss-cluster://`, the `tls`
+//! feature): every node listens for TLS with a certificate authority made
+//! for the test, and runs `tls-cluster yes`, so clients connected over TLS
+//! are sent the nodes' TLS ports. One test in this binary: it sets
+//! `SSL_CERT_FILE`, which the TLS setup of every client in the process
+//! reads.
+
+use std::time::Duration;
+
+use fairlock::{ClientConfig, LockClient};
+use fairlock_core::{KeyPrefix, LockKeys, LockName};
+use fairlock_testkit::{RedisCluster, TlsFiles};
+use fairlock_tests::{hand_over, lock_names_on_every_primary};
+
+/// A grant reaches a waiter of another client within this bound only on a
+/// pub/sub connection: the heartbeat, which finds grants nobody heard,
+/// looks after a minute. Not a speed assertion.
+const HEARD: Duration = Duration::from_secs(20);
+
+/// The TLS address of the node serving `name`'s slot.
+fn tls_owner(cluster: &RedisCluster, name: &str) -> String {
+    let keys = LockKeys::new(&KeyPrefix::default(), &LockName::new(name).expect("name"));
+    let owner = cluster.slot_owner(keys.slot()).expect("slot owner");
+    cluster
+        .node(&owner)
+        .expect("owner node")
+        .tls_addr()
+        .expect("a TLS port")
+}
+
+/// Locks on every primary hand over between two clients over TLS, each
+/// grant arriving on fairlock's own TLS connection to the node serving
+/// the lock's slot; after a slot moves to another primary the waiter's
+/// subscription follows it there, over TLS too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_come_over_tls_from_each_slots_node() {
+    let files = TlsFiles::generate().expect("a CA and a server certificate");
+    let cluster = RedisCluster::start_tls(&files).expect("cluster with TLS");
+    let url = cluster.tls_url().expect("TLS ports");
+    // SAFETY (not `unsafe` in edition 2021, but racy in principle): the
+    // only test of this binary, set before any client exists.
+    std::env::set_var("SSL_CERT_FILE", files.ca());
+    let connect = || {
+        let mut config = ClientConfig::new(url.as_str());
+        config.connect_timeout = Duration::from_secs(3);
+        config.heartbeat_interval = Duration::from_secs(60);
+        config.waiter_timeout = Duration::from_secs(180);
+        LockClient::with_config(config)
+    };
+    let holder_client = connect().await.expect("TLS cluster client");
+    let waiter_client = connect().await.expect("TLS cluster client");
+
+    let names = lock_names_on_every_primary(&cluster);
+    for name in &names {
+        let holder = holder_client.lock(name).await.expect("lock over TLS");
+        let granted = hand_over(holder, &holder_client, &waiter_client, HEARD).await;
+        granted.release().await.expect("release");
+        let node = tls_owner(&cluster, name);
+        assert!(
+            waiter_client.grants_subscribed_at().contains(&node),
+            "{name}: subscribed at {:?}, the slot is on {node}",
+            waiter_client.grants_subscribed_at()
+        );
+    }
+
+    // Move the first lock's slot to the next primary: the next grant comes
+    // from there.
+    let name = &names[0];
+    let slot = LockKeys::new(
+        &KeyPrefix::default(),
+        &LockName::new(name.as_str()).expect("name"),
+    )
+    .slot();
+    let from = cluster.slot_owner(slot).expect("slot owner");
+    let primaries = cluster.primaries().expect("primaries");
+    let to = primaries
+        .iter()
+        .find(|primary| **primary != from)
+        .expect("another primary")
+        .clone();
+    cluster.migrate_slot(slot, &to).expect("slot migration");
+    let holder = tokio::time::timeout(HEARD, holder_client.lock(name))
+        .await
+        .expect("lock after the migration")
+        .expect("holder");
+    let granted = hand_over(holder, &holder_client, &waiter_client, HEARD).await;
+    granted.release().await.expect("release");
+    let node = tls_owner(&cluster, name);
+    assert_eq!(to, cluster.slot_owner(slot).expect("slot owner"));
+    assert!(
+        waiter_client.grants_subscribed_at().contains(&node),
+        "after the migration: subscribed at {:?}, the slot is on {node}",
+        waiter_client.grants_subscribed_at()
+    );
+    holder_client.shutdown().await;
+    waiter_client.shutdown().await;
+}
