@@ -339,6 +339,29 @@ pub fn zcard(server: &RedisServer, key: &str) -> i64 {
         .expect("int")
 }
 
+/// The cluster slot of lock `name`'s keys (default prefix).
+pub fn lock_slot(name: &str) -> u16 {
+    LockKeys::new(
+        &KeyPrefix::default(),
+        &LockName::new(name).expect("a valid lock name"),
+    )
+    .slot()
+}
+
+/// A client of `url` whose heartbeat, the fallback that finds grants
+/// nobody heard, runs only once a minute: a grant that reaches it within
+/// seconds came by pub/sub.
+pub async fn pubsub_only_client(url: &str) -> LockClient {
+    let mut config = ClientConfig::new(url);
+    config.connect_timeout = Duration::from_secs(3);
+    config.heartbeat_interval = Duration::from_secs(60);
+    config.waiter_timeout = Duration::from_secs(180);
+    match LockClient::with_config(config).await {
+        Ok(client) => client,
+        Err(error) => panic!("client of {url}: {error}"),
+    }
+}
+
 /// Lock names whose keys land on each of the three primaries.
 pub fn lock_names_on_every_primary(cluster: &fairlock_testkit::RedisCluster) -> Vec<String> {
     let primaries = cluster.primaries().expect("primaries");
@@ -346,13 +369,7 @@ pub fn lock_names_on_every_primary(cluster: &fairlock_testkit::RedisCluster) -> 
     for primary in &primaries {
         let name = (0..)
             .map(|i| format!("cluster:{i}"))
-            .find(|name| {
-                let keys = fairlock_core::LockKeys::new(
-                    &fairlock_core::KeyPrefix::default(),
-                    &fairlock_core::LockName::new(name.as_str()).expect("name"),
-                );
-                cluster.slot_owner(keys.slot()).ok().as_ref() == Some(primary)
-            })
+            .find(|name| cluster.slot_owner(lock_slot(name)).ok().as_ref() == Some(primary))
             .expect("a name on this primary");
         names.push(name);
     }

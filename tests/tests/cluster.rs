@@ -11,8 +11,8 @@ use fairlock_core::{Acquire, AcquireMode, AcquireReply, Timings};
 use fairlock_examples::seckill::{swarm, SwarmConfig, Variant};
 use fairlock_testkit::RedisCluster;
 use fairlock_tests::{
-    assert_swarm_passed, cluster_client, hand_over, lock_names_on_every_primary, raw,
-    wait_for_queue_len,
+    assert_swarm_passed, cluster_client, hand_over, lock_names_on_every_primary, lock_slot,
+    pubsub_only_client, raw, wait_for_queue_len,
 };
 
 /// Hang guard.
@@ -101,23 +101,13 @@ async fn locks_on_every_primary_exclude_and_hand_over_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_comes_on_fairlocks_own_connection_to_the_slots_node() {
     let cluster = RedisCluster::start().expect("cluster");
-    let slow_heartbeat = || {
-        let mut config = fairlock::ClientConfig::new(cluster.url());
-        config.heartbeat_interval = Duration::from_secs(60);
-        config.waiter_timeout = Duration::from_secs(180);
-        LockClient::with_config(config)
-    };
-    let holder_client = slow_heartbeat().await.expect("client");
-    let waiter_client = slow_heartbeat().await.expect("client");
+    let holder_client = pubsub_only_client(&cluster.url()).await;
+    let waiter_client = pubsub_only_client(&cluster.url()).await;
     for name in lock_names_on_every_primary(&cluster) {
         let holder = holder_client.lock(&name).await.expect("holder");
         let granted = hand_over(holder, &holder_client, &waiter_client, LONG / 2).await;
         granted.release().await.expect("release");
-        let keys = fairlock_core::LockKeys::new(
-            &fairlock_core::KeyPrefix::default(),
-            &fairlock_core::LockName::new(name.as_str()).expect("name"),
-        );
-        let node = cluster.slot_owner(keys.slot()).expect("slot owner");
+        let node = cluster.slot_owner(lock_slot(&name)).expect("slot owner");
         assert!(
             waiter_client.grants_subscribed_at().contains(&node),
             "{name}: subscribed at {:?}, the slot is on {node}",
@@ -468,20 +458,10 @@ async fn core_cases_hold_on_the_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_slot_migration_grants_come_from_the_new_node() {
     let cluster = RedisCluster::start().expect("cluster");
-    let slow_heartbeat = || {
-        let mut config = fairlock::ClientConfig::new(cluster.url());
-        config.heartbeat_interval = Duration::from_secs(60);
-        config.waiter_timeout = Duration::from_secs(180);
-        LockClient::with_config(config)
-    };
-    let holder_client = slow_heartbeat().await.expect("client");
-    let waiter_client = slow_heartbeat().await.expect("client");
+    let holder_client = pubsub_only_client(&cluster.url()).await;
+    let waiter_client = pubsub_only_client(&cluster.url()).await;
     let name = lock_names_on_every_primary(&cluster).remove(0);
-    let slot = fairlock_core::LockKeys::new(
-        &fairlock_core::KeyPrefix::default(),
-        &fairlock_core::LockName::new(name.as_str()).expect("name"),
-    )
-    .slot();
+    let slot = lock_slot(&name);
     let holder = holder_client.lock(&name).await.expect("holder");
     let granted = hand_over(holder, &holder_client, &waiter_client, LONG / 2).await;
     granted.release().await.expect("release");

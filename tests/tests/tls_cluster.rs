@@ -7,20 +7,16 @@
 
 use std::time::Duration;
 
-use fairlock::{ClientConfig, LockClient};
-use fairlock_core::{KeyPrefix, LockKeys, LockName};
 use fairlock_testkit::{RedisCluster, TlsFiles};
-use fairlock_tests::{hand_over, lock_names_on_every_primary};
+use fairlock_tests::{hand_over, lock_names_on_every_primary, lock_slot, pubsub_only_client};
 
-/// A grant reaches a waiter of another client within this bound only on a
-/// pub/sub connection: the heartbeat, which finds grants nobody heard,
-/// looks after a minute. Not a speed assertion.
+/// A grant reaches a waiter of a [`pubsub_only_client`] within this bound
+/// only on a pub/sub connection. Not a speed assertion.
 const HEARD: Duration = Duration::from_secs(20);
 
 /// The TLS address of the node serving `name`'s slot.
 fn tls_owner(cluster: &RedisCluster, name: &str) -> String {
-    let keys = LockKeys::new(&KeyPrefix::default(), &LockName::new(name).expect("name"));
-    let owner = cluster.slot_owner(keys.slot()).expect("slot owner");
+    let owner = cluster.slot_owner(lock_slot(name)).expect("slot owner");
     cluster
         .node(&owner)
         .expect("owner node")
@@ -40,15 +36,8 @@ async fn grants_come_over_tls_from_each_slots_node() {
     // SAFETY (not `unsafe` in edition 2021, but racy in principle): the
     // only test of this binary, set before any client exists.
     std::env::set_var("SSL_CERT_FILE", files.ca());
-    let connect = || {
-        let mut config = ClientConfig::new(url.as_str());
-        config.connect_timeout = Duration::from_secs(3);
-        config.heartbeat_interval = Duration::from_secs(60);
-        config.waiter_timeout = Duration::from_secs(180);
-        LockClient::with_config(config)
-    };
-    let holder_client = connect().await.expect("TLS cluster client");
-    let waiter_client = connect().await.expect("TLS cluster client");
+    let holder_client = pubsub_only_client(&url).await;
+    let waiter_client = pubsub_only_client(&url).await;
 
     let names = lock_names_on_every_primary(&cluster);
     for name in &names {
@@ -66,11 +55,7 @@ async fn grants_come_over_tls_from_each_slots_node() {
     // Move the first lock's slot to the next primary: the next grant comes
     // from there.
     let name = &names[0];
-    let slot = LockKeys::new(
-        &KeyPrefix::default(),
-        &LockName::new(name.as_str()).expect("name"),
-    )
-    .slot();
+    let slot = lock_slot(name);
     let from = cluster.slot_owner(slot).expect("slot owner");
     let primaries = cluster.primaries().expect("primaries");
     let to = primaries

@@ -9,14 +9,11 @@ use std::time::Duration;
 
 use fairlock::{ClientConfig, LockClient};
 use fairlock_testkit::{SentinelGroup, TlsFiles};
-use fairlock_tests::hand_over;
+use fairlock_tests::{hand_over, pubsub_only_client};
 
-/// A grant reaches a waiter of another client within this bound only on a
-/// pub/sub connection: the heartbeat, which finds grants nobody heard,
-/// looks after a minute. Not a speed assertion.
+/// A grant reaches a waiter of a [`pubsub_only_client`] within this bound
+/// only on a pub/sub connection. Not a speed assertion.
 const HEARD: Duration = Duration::from_secs(20);
-/// The heartbeat interval of the clients whose grants must come by pub/sub.
-const SLOW: Duration = Duration::from_secs(60);
 
 /// Waits (bounded) until `client`'s grant connection is subscribed on
 /// `primary` alone, and says where it is.
@@ -40,19 +37,13 @@ async fn grants_come_over_tls_from_the_primary_through_a_failover() {
     // SAFETY (not `unsafe` in edition 2021, but racy in principle): the
     // only test of this binary, set before any client exists.
     std::env::set_var("SSL_CERT_FILE", files.ca());
-    let connect = |heartbeat: Duration| {
-        let mut config = ClientConfig::new(url.as_str());
-        config.connect_timeout = Duration::from_secs(3);
-        config.heartbeat_interval = heartbeat;
-        config.waiter_timeout = Duration::from_secs(180);
-        LockClient::with_config(config)
-    };
-    // Heartbeats a minute apart: a grant within `HEARD` came by pub/sub.
-    let holder_client = connect(SLOW).await.expect("TLS sentinel client");
-    let waiter_client = connect(SLOW).await.expect("TLS sentinel client");
+    let holder_client = pubsub_only_client(&url).await;
+    let waiter_client = pubsub_only_client(&url).await;
     // The keep-alive check that moves a grant connection to a new primary
     // runs once per heartbeat interval.
-    let follower = connect(Duration::from_secs(1))
+    let mut config = ClientConfig::new(url.as_str());
+    config.heartbeat_interval = Duration::from_secs(1);
+    let follower = LockClient::with_config(config)
         .await
         .expect("TLS sentinel client");
 
@@ -77,7 +68,7 @@ async fn grants_come_over_tls_from_the_primary_through_a_failover() {
         std::slice::from_ref(&new_primary),
         "the grant connection follows the new primary"
     );
-    let new_waiter = connect(SLOW).await.expect("TLS sentinel client");
+    let new_waiter = pubsub_only_client(&url).await;
     assert_eq!(
         subscribed_on(&new_waiter, &new_primary).await,
         std::slice::from_ref(&new_primary)
