@@ -105,11 +105,12 @@ impl LockConn for SpinConn {
             .evalsha::<Value, _, _, _>(self.release_sha.as_ref(), keys.clone(), args.clone())
             .await
         {
+            // Not loaded on the node serving the key (a cluster node other
+            // than the one `connect` loaded it on, or a restarted server):
+            // EVAL sends the text, which also caches it there. A reload
+            // with SCRIPT LOAD could land on another node of a cluster.
             Err(e) if e.details().starts_with("NOSCRIPT") => {
-                let _: String = client.script_load(COMPARE_AND_DELETE).await?;
-                client
-                    .evalsha(self.release_sha.as_ref(), keys, args)
-                    .await?
+                client.eval(COMPARE_AND_DELETE, keys, args).await?
             }
             other => other?.convert()?,
         };
