@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use fairlock_testkit::{RedisCluster, RedisServer, Resp, SentinelGroup};
+use fairlock_testkit::{RedisCluster, RedisServer, Resp, SentinelGroup, TlsFiles};
 
 use crate::impls::Result;
 
@@ -59,6 +59,37 @@ impl Servers for SentinelGroup {
             .and_then(|addr| self.node(&addr).ok())
             .into_iter()
             .collect()
+    }
+}
+
+/// A topology whose servers also listen for TLS, reached through its TLS
+/// URL (`rediss://`, `rediss-cluster://`, `rediss-sentinel://`); the
+/// harness's admin commands still go over plain TCP. Owns the certificate
+/// files the servers read.
+pub struct OverTls<S> {
+    servers: S,
+    url: String,
+    _files: TlsFiles,
+}
+
+impl<S: Servers> OverTls<S> {
+    /// `servers`, started with `files`, reached at `url`.
+    pub fn new(servers: S, url: Option<String>, files: TlsFiles) -> Result<Self> {
+        let url = url.ok_or("the servers were started without a TLS port")?;
+        Ok(Self {
+            servers,
+            url,
+            _files: files,
+        })
+    }
+}
+
+impl<S: Servers> Servers for OverTls<S> {
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+    fn primaries(&self) -> Vec<&RedisServer> {
+        self.servers.primaries()
     }
 }
 

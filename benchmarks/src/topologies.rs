@@ -4,7 +4,10 @@
 //! Each topology is started by the test kit on 127.0.0.1: one server, a
 //! Redis Cluster of 3 primaries with a replica each, and a Sentinel group
 //! (a primary, 1 replica, 3 sentinels) used without and with
-//! `replica_acks(1)`. fairlock runs beside the spin lock (`SET NX PX`,
+//! `replica_acks(1)`; then the same three over TLS (`rediss://...`, every
+//! server also listening for TLS with a throwaway certificate authority
+//! that the process trusts through `SSL_CERT_FILE`; always Redis, as the
+//! Valkey build the kit installs has no TLS). fairlock runs beside the spin lock (`SET NX PX`,
 //! 10 ms retry) in the same harness as the main benchmark: 1,000 locks,
 //! 2,000 contenders on 4 simulated client processes, hold 1 ms, a
 //! non-atomic GET + SET under each lock (a lost update is a violation).
@@ -16,9 +19,9 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use fairlock_testkit::{RedisCluster, SentinelGroup};
+use fairlock_testkit::{RedisCluster, RedisServer, SentinelGroup, ServerKind, TlsFiles};
 
-use crate::admin::Admin;
+use crate::admin::{Admin, OverTls};
 use crate::cell::CellPlan;
 use crate::impls::fairlock::{FairlockAcksImpl, FairlockImpl};
 use crate::impls::spin::SpinImpl;
@@ -52,21 +55,45 @@ fn plan(quick: bool) -> CellPlan {
 pub async fn run(out: &Path, quick: bool) -> Result<bool> {
     let plan = plan(quick);
     let per_cell = plan.warmup_min.as_secs_f64() + plan.measure.as_secs_f64() + 3.0;
-    let progress = Progress::new(per_cell * 8.0 + 30.0);
+    let progress = Progress::new(per_cell * 14.0 + 60.0);
     let spin = SpinImpl::new(Duration::from_millis(10));
     let mut rows = Vec::new();
 
-    let topologies: [&'static str; 4] = [
+    let topologies: [&'static str; 7] = [
         "one primary",
         "Redis Cluster 3+3",
         "Sentinel",
         "Sentinel + replica_acks(1)",
+        "one primary, TLS",
+        "Redis Cluster 3+3, TLS",
+        "Sentinel, TLS",
     ];
     for topology in topologies {
         progress.step(&format!("starting {topology}"), 5.0);
         let admin = match topology {
             "one primary" => Admin::start()?,
             "Redis Cluster 3+3" => Admin::over(RedisCluster::start()?),
+            "one primary, TLS" => {
+                let files = trusted_tls_files()?;
+                let server = RedisServer::builder()
+                    .kind(ServerKind::Redis)
+                    .tls(&files)
+                    .start()?;
+                let url = server.tls_url();
+                Admin::over(OverTls::new(server, url, files)?)
+            }
+            "Redis Cluster 3+3, TLS" => {
+                let files = trusted_tls_files()?;
+                let cluster = RedisCluster::start_tls(&files)?;
+                let url = cluster.tls_url();
+                Admin::over(OverTls::new(cluster, url, files)?)
+            }
+            "Sentinel, TLS" => {
+                let files = trusted_tls_files()?;
+                let group = SentinelGroup::start_tls(1, &files)?;
+                let url = group.tls_url();
+                Admin::over(OverTls::new(group, url, files)?)
+            }
             _ => Admin::over(SentinelGroup::start(1)?),
         };
         progress.step(&format!("{topology}: fairlock"), per_cell);
@@ -135,6 +162,17 @@ pub async fn run(out: &Path, quick: bool) -> Result<bool> {
     Ok(rows.iter().all(|r| r.record.violations == 0))
 }
 
+/// A new certificate authority and server certificate, trusted by this
+/// process from now on: `SSL_CERT_FILE` names the authority, and the TLS
+/// setup of every client made afterwards reads it (only the TLS rows' are).
+fn trusted_tls_files() -> Result<TlsFiles> {
+    let files = TlsFiles::generate()?;
+    // Racy in principle (other threads may read the environment); the
+    // benchmark runs one topology at a time and nothing else sets it.
+    std::env::set_var("SSL_CERT_FILE", files.ca());
+    Ok(files)
+}
+
 fn render(rows: &[Row], plan: &CellPlan, quick: bool) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "# fairlock per topology\n");
@@ -161,6 +199,7 @@ fn render(rows: &[Row], plan: &CellPlan, quick: bool) -> String {
             .find(|r| r.topology == row.topology && r.implementation == "spin-10ms")
             .or_else(|| {
                 // Sentinel with acks is compared with Sentinel's spin lock.
+                // (The TLS rows each have their own.)
                 rows.iter()
                     .find(|r| r.topology == "Sentinel" && r.implementation == "spin-10ms")
             });
