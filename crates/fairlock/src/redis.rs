@@ -73,9 +73,8 @@ impl Lane {
 /// Which connection carries a client's pub/sub subscriptions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PubSub {
-    /// fairlock's own grant connections wherever they can go (every
-    /// topology; TLS only with the `tls` feature), fred's subscriber
-    /// elsewhere.
+    /// fairlock's own grant connections: on every topology, over plain TCP
+    /// or TLS.
     OwnWherePossible,
     /// Always fred's subscriber (RedLock's primaries, which subscribe
     /// channels of their own).
@@ -126,8 +125,9 @@ enum GrantPlace {
 impl GrantPlace {
     /// Where fairlock's own grant connections can go for `config`: a single
     /// server, a Sentinel-managed primary or the nodes of a cluster, over
-    /// plain TCP or TLS. `None` for TLS without its settings (built without
-    /// the `tls` feature, [`grant_tls`]).
+    /// plain TCP or TLS. `None` if fred's TLS connector is not the rustls
+    /// one [`grant_tls`] takes (not with fairlock's `tls` feature; a TLS URL
+    /// without it is refused by [`check_tls_scheme`]).
     fn of(config: &Config, tls: Option<&TlsSettings>) -> Option<Self> {
         if config.uses_tls() != tls.is_some() {
             return None;
