@@ -164,9 +164,6 @@ pub struct RedisCluster {
     /// Killed nodes (see [`kill_node`](Self::kill_node)) are left out of
     /// every wait.
     nodes: NodeSet,
-    /// Started with [`start_tls`](Self::start_tls): nodes talk to each
-    /// other (bus, replication, `MIGRATE`) over TLS.
-    tls: bool,
 }
 
 impl RedisCluster {
@@ -211,7 +208,6 @@ impl RedisCluster {
         }
         let cluster = RedisCluster {
             nodes: NodeSet::new("cluster node", nodes),
-            tls: tls.is_some(),
         };
         let cli = ensure_cli(kind)?;
         let mut create = Command::new(cli);
@@ -245,11 +241,11 @@ impl RedisCluster {
     /// URL naming every node's TLS port, as fred's `Config::from_url`
     /// accepts it; `None` for a cluster without TLS.
     pub fn tls_url(&self) -> Option<String> {
+        // Every node has a TLS port exactly when the cluster was started
+        // with TLS.
         let addrs: Option<Vec<String>> =
             self.nodes.all().iter().map(RedisServer::tls_addr).collect();
-        addrs
-            .filter(|_| self.tls)
-            .map(|addrs| cluster_url("rediss-cluster", addrs))
+        addrs.map(|addrs| cluster_url("rediss-cluster", addrs))
     }
 
     /// The node listening on `addr` (`127.0.0.1:<port>`, the plain or the
@@ -403,10 +399,8 @@ impl RedisCluster {
     pub fn move_slot_keys(&self, slot: u16, from: &str, to: &str) -> Result<usize, TestkitError> {
         let source = self.node(from)?;
         let target = self.node(to)?;
-        let port = match target.tls_port() {
-            Some(tls_port) if self.tls => tls_port,
-            _ => target.port(),
-        };
+        // Only nodes of a TLS cluster have a TLS port.
+        let port = target.tls_port().unwrap_or(target.port());
         let (port, slot_arg, batch) = (
             port.to_string(),
             slot.to_string(),

@@ -63,9 +63,6 @@ pub struct SentinelGroup {
     /// Data nodes: the first was the primary at start, the rest replicas.
     nodes: NodeSet,
     sentinels: Vec<RedisServer>,
-    /// Started with [`start_tls`](Self::start_tls): every process
-    /// replicates and monitors over TLS and is known by its TLS address.
-    tls: bool,
 }
 
 impl SentinelGroup {
@@ -135,7 +132,6 @@ impl SentinelGroup {
         let group = SentinelGroup {
             nodes: NodeSet::new("data node", nodes),
             sentinels,
-            tls: tls.is_some(),
         };
         group.wait_settled()?;
         Ok(group)
@@ -156,9 +152,7 @@ impl SentinelGroup {
     /// `127.0.0.1:<TLS port>` of each sentinel of a group started with
     /// [`start_tls`](Self::start_tls); empty for a group without TLS.
     pub fn sentinel_tls_addrs(&self) -> Vec<String> {
-        if !self.tls {
-            return Vec::new();
-        }
+        // Only sentinels of a TLS group have a TLS port.
         self.sentinels
             .iter()
             .filter_map(RedisServer::tls_addr)
