@@ -25,11 +25,16 @@ pub trait Servers: Send + Sync {
     fn url(&self) -> String;
     /// The primaries: statistics are summed over them, resets hit each.
     fn primaries(&self) -> Vec<&RedisServer>;
+    /// The URL naming the TLS ports, for servers started with TLS.
+    fn tls_url(&self) -> Option<String>;
 }
 
 impl Servers for RedisServer {
     fn url(&self) -> String {
         RedisServer::url(self)
+    }
+    fn tls_url(&self) -> Option<String> {
+        RedisServer::tls_url(self)
     }
     fn primaries(&self) -> Vec<&RedisServer> {
         vec![self]
@@ -39,6 +44,9 @@ impl Servers for RedisServer {
 impl Servers for RedisCluster {
     fn url(&self) -> String {
         RedisCluster::url(self)
+    }
+    fn tls_url(&self) -> Option<String> {
+        RedisCluster::tls_url(self)
     }
     fn primaries(&self) -> Vec<&RedisServer> {
         RedisCluster::primaries(self)
@@ -52,6 +60,9 @@ impl Servers for RedisCluster {
 impl Servers for SentinelGroup {
     fn url(&self) -> String {
         SentinelGroup::url(self)
+    }
+    fn tls_url(&self) -> Option<String> {
+        SentinelGroup::tls_url(self)
     }
     fn primaries(&self) -> Vec<&RedisServer> {
         self.primary_addr()
@@ -73,9 +84,11 @@ pub struct OverTls<S> {
 }
 
 impl<S: Servers> OverTls<S> {
-    /// `servers`, started with `files`, reached at `url`.
-    pub fn new(servers: S, url: Option<String>, files: TlsFiles) -> Result<Self> {
-        let url = url.ok_or("the servers were started without a TLS port")?;
+    /// `servers`, started with `files`, reached at their TLS URL.
+    pub fn new(servers: S, files: TlsFiles) -> Result<Self> {
+        let url = servers
+            .tls_url()
+            .ok_or("the servers were started without a TLS port")?;
         Ok(Self {
             servers,
             url,
@@ -90,6 +103,9 @@ impl<S: Servers> Servers for OverTls<S> {
     }
     fn primaries(&self) -> Vec<&RedisServer> {
         self.servers.primaries()
+    }
+    fn tls_url(&self) -> Option<String> {
+        Some(self.url.clone())
     }
 }
 

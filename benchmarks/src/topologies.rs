@@ -75,24 +75,16 @@ pub async fn run(out: &Path, quick: bool) -> Result<bool> {
             "Redis Cluster 3+3" => Admin::over(RedisCluster::start()?),
             "one primary, TLS" => {
                 let files = trusted_tls_files()?;
-                let server = RedisServer::builder()
-                    .kind(ServerKind::Redis)
-                    .tls(&files)
-                    .start()?;
-                let url = server.tls_url();
-                Admin::over(OverTls::new(server, url, files)?)
+                let server = RedisServer::builder().kind(ServerKind::Redis).tls(&files);
+                Admin::over(OverTls::new(server.start()?, files)?)
             }
             "Redis Cluster 3+3, TLS" => {
                 let files = trusted_tls_files()?;
-                let cluster = RedisCluster::start_tls(&files)?;
-                let url = cluster.tls_url();
-                Admin::over(OverTls::new(cluster, url, files)?)
+                Admin::over(OverTls::new(RedisCluster::start_tls(&files)?, files)?)
             }
             "Sentinel, TLS" => {
                 let files = trusted_tls_files()?;
-                let group = SentinelGroup::start_tls(1, &files)?;
-                let url = group.tls_url();
-                Admin::over(OverTls::new(group, url, files)?)
+                Admin::over(OverTls::new(SentinelGroup::start_tls(1, &files)?, files)?)
             }
             _ => Admin::over(SentinelGroup::start(1)?),
         };

@@ -163,14 +163,6 @@ async fn waiters_survive(
     }
 }
 
-fn slot_of(name: &str) -> u16 {
-    fairlock_core::LockKeys::new(
-        &fairlock_core::KeyPrefix::default(),
-        &fairlock_core::LockName::new(name).expect("name"),
-    )
-    .slot()
-}
-
 /// A slot migration drops sharded subscriptions silently: the waiters'
 /// processes subscribe again on the new owner (heartbeat), and a grant that
 /// reached nobody keeps its place until its waiter confirms it.
@@ -182,14 +174,9 @@ async fn waiters_are_granted_in_order_across_a_slot_migration() {
         cluster_client(&cluster).await,
     ];
     let name = "migrating";
-    let slot = slot_of(name);
+    let slot = lock_slot(name);
     let from = cluster.slot_owner(slot).expect("owner");
-    let to = cluster
-        .primaries()
-        .expect("primaries")
-        .into_iter()
-        .find(|p| *p != from)
-        .expect("another primary");
+    let to = cluster.other_primary(&from).expect("another primary");
     waiters_survive(&mut cluster, &clients, name, 6, |cluster| {
         cluster.migrate_slot(slot, &to).expect("migrate");
     })
@@ -214,12 +201,9 @@ async fn a_client_survives_an_ask_redirect_and_its_waiters_are_granted() {
     ];
     let names = lock_names_on_every_primary(&cluster);
     let (waited, migrating) = (&names[0], &names[1]);
-    let slot = slot_of(migrating);
+    let slot = lock_slot(migrating);
     let to = cluster
-        .primaries()
-        .expect("primaries")
-        .into_iter()
-        .find(|p| *p != cluster.slot_owner(slot).expect("owner"))
+        .other_primary(&cluster.slot_owner(slot).expect("owner"))
         .expect("another primary");
     let holder = clients[0].lock(waited).await.expect("holder");
     let waiter = {
@@ -280,7 +264,7 @@ async fn waiters_are_granted_in_order_across_a_primary_failover() {
         cluster_client(&cluster).await,
     ];
     let name = "failing-over";
-    let primary = cluster.slot_owner(slot_of(name)).expect("owner");
+    let primary = cluster.slot_owner(lock_slot(name)).expect("owner");
     waiters_survive(&mut cluster, &clients, name, 6, |cluster| {
         cluster.failover(&primary).expect("failover");
     })
@@ -301,7 +285,7 @@ async fn core_cases_hold_on_the_cluster() {
     ];
     let names = lock_names_on_every_primary(&cluster);
     let owner_of = |name: &str| {
-        let addr = cluster.slot_owner(slot_of(name)).expect("slot owner");
+        let addr = cluster.slot_owner(lock_slot(name)).expect("slot owner");
         cluster.node(&addr).expect("node")
     };
 
@@ -467,12 +451,7 @@ async fn after_a_slot_migration_grants_come_from_the_new_node() {
     granted.release().await.expect("release");
 
     let from = cluster.slot_owner(slot).expect("slot owner");
-    let to = cluster
-        .primaries()
-        .expect("primaries")
-        .into_iter()
-        .find(|primary| *primary != from)
-        .expect("another primary");
+    let to = cluster.other_primary(&from).expect("another primary");
     cluster.migrate_slot(slot, &to).expect("slot migration");
     let holder = tokio::time::timeout(LONG, holder_client.lock(&name))
         .await

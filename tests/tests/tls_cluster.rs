@@ -57,12 +57,7 @@ async fn grants_come_over_tls_from_each_slots_node() {
     let name = &names[0];
     let slot = lock_slot(name);
     let from = cluster.slot_owner(slot).expect("slot owner");
-    let primaries = cluster.primaries().expect("primaries");
-    let to = primaries
-        .iter()
-        .find(|primary| **primary != from)
-        .expect("another primary")
-        .clone();
+    let to = cluster.other_primary(&from).expect("another primary");
     cluster.migrate_slot(slot, &to).expect("slot migration");
     let holder = tokio::time::timeout(HEARD, holder_client.lock(name))
         .await

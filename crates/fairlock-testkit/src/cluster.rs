@@ -298,6 +298,20 @@ impl RedisCluster {
         Ok(out)
     }
 
+    /// The first primary (by address) other than `than`: where to move a
+    /// slot that `than` owns, or which node to fail over to.
+    ///
+    /// # Errors
+    ///
+    /// As [`primaries`](Self::primaries), or [`TestkitError::Protocol`]
+    /// when no other primary owns slots.
+    pub fn other_primary(&self, than: &str) -> Result<String, TestkitError> {
+        self.primaries()?
+            .into_iter()
+            .find(|primary| primary != than)
+            .ok_or_else(|| TestkitError::Protocol(format!("no primary other than {than}")))
+    }
+
     /// Addresses of the live replicas of the primary at `primary`.
     ///
     /// # Errors

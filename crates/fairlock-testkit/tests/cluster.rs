@@ -64,12 +64,7 @@ fn slot_migration_moves_the_keys_and_the_slot() {
         let key = format!("{{mig}}:{i}");
         cmd_at(&from, &["SET", &key, &i.to_string()]).unwrap();
     }
-    let to = cluster
-        .primaries()
-        .unwrap()
-        .into_iter()
-        .find(|p| *p != from)
-        .unwrap();
+    let to = cluster.other_primary(&from).unwrap();
     // Writes keep flowing on both primaries during the migration, as
     // waiters' heartbeats would: the helper must still see replicas settle
     // although primary and replica offsets are rarely equal at one instant.

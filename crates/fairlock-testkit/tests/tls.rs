@@ -117,12 +117,7 @@ fn tls_cluster_sends_tls_ports_to_tls_clients() {
     // Slot migration (MIGRATE goes over TLS with tls-cluster) moves the
     // keys; a node's TLS address names it as well as its plain one.
     cmd_at(&owner, &["SET", key, "v"]).unwrap();
-    let to = cluster
-        .primaries()
-        .unwrap()
-        .into_iter()
-        .find(|p| *p != owner)
-        .unwrap();
+    let to = cluster.other_primary(&owner).unwrap();
     let to_tls = cluster.node(&to).unwrap().tls_addr().unwrap();
     assert_eq!(
         cluster
