@@ -159,9 +159,8 @@ pub async fn run(out: &Path, quick: bool) -> Result<bool> {
 /// setup of every client made afterwards reads it (only the TLS rows' are).
 fn trusted_tls_files() -> Result<TlsFiles> {
     let files = TlsFiles::generate()?;
-    // Racy in principle (other threads may read the environment); the
-    // benchmark runs one topology at a time and nothing else sets it.
-    std::env::set_var("SSL_CERT_FILE", files.ca());
+    // The benchmark runs one topology at a time and nothing else sets it.
+    files.trust();
     Ok(files)
 }
 

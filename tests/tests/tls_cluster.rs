@@ -33,9 +33,8 @@ async fn grants_come_over_tls_from_each_slots_node() {
     let files = TlsFiles::generate().expect("a CA and a server certificate");
     let cluster = RedisCluster::start_tls(&files).expect("cluster with TLS");
     let url = cluster.tls_url().expect("TLS ports");
-    // SAFETY (not `unsafe` in edition 2021, but racy in principle): the
-    // only test of this binary, set before any client exists.
-    std::env::set_var("SSL_CERT_FILE", files.ca());
+    // The only test of this binary, before any client exists.
+    files.trust();
     let holder_client = pubsub_only_client(&url).await;
     let waiter_client = pubsub_only_client(&url).await;
 

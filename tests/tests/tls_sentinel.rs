@@ -34,9 +34,8 @@ async fn grants_come_over_tls_from_the_primary_through_a_failover() {
     let files = TlsFiles::generate().expect("a CA and a server certificate");
     let group = SentinelGroup::start_tls(1, &files).expect("sentinel group with TLS");
     let url = group.tls_url().expect("TLS ports");
-    // SAFETY (not `unsafe` in edition 2021, but racy in principle): the
-    // only test of this binary, set before any client exists.
-    std::env::set_var("SSL_CERT_FILE", files.ca());
+    // The only test of this binary, before any client exists.
+    files.trust();
     let holder_client = pubsub_only_client(&url).await;
     let waiter_client = pubsub_only_client(&url).await;
     // The keep-alive check that moves a grant connection to a new primary

@@ -106,6 +106,16 @@ impl TlsFiles {
         self.dir.join("ca.crt")
     }
 
+    /// Makes this process trust the CA from now on: points `SSL_CERT_FILE`
+    /// at it, which the TLS setup of every client made afterwards reads.
+    ///
+    /// Setting the environment is racy in principle (not `unsafe` in
+    /// edition 2021): call it before any client exists, from a test binary
+    /// or program where no other thread reads the environment meanwhile.
+    pub fn trust(&self) {
+        std::env::set_var("SSL_CERT_FILE", self.ca());
+    }
+
     /// `redis-server` arguments that make it listen for TLS on `port` too,
     /// without asking clients for certificates.
     pub fn server_args(&self, port: u16) -> Vec<OsString> {

@@ -1094,7 +1094,7 @@ mod tests {
     /// redirections (`Routing`), and a command that used up its write
     /// attempts on `ASK` answers (`Unknown`, which a CI run met: the
     /// call failed in `cluster.rs`'s ASK test instead of being sent again).
-    /// Anything Redis itself refused is not.
+    /// Other errors (an error reply, a timeout) are not.
     #[test]
     fn calls_that_met_a_migrating_slot_are_sent_again() {
         use fred::error::{Error as FredError, ErrorKind};
