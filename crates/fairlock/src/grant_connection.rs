@@ -17,17 +17,16 @@
 //! grants (RedLock's primaries) does a router task read them instead;
 //! every path ends in [`route_notice`].
 //!
-//! Behind Sentinel the connection follows the primary that fred's
-//! waiters' command connection is connected to (`redis.rs` reads fred's
-//! reconnect announcements). A fail-over may cut this connection (Sentinel
-//! kills the clients of the servers it reconfigures); it is then opened
-//! again at the primary fred names at that moment, which can still be the
-//! old one. Whenever fred names another server than the one it is
+//! Behind Sentinel the connection follows the primary that fred's waiters'
+//! command connection is connected to (`redis/grant_endpoint.rs` reads
+//! fred's reconnect announcements). A fail-over may cut this connection
+//! (Sentinel kills the clients of the servers it reconfigures); it is then
+//! opened again at the primary fred names at that moment, which can still
+//! be the old one. Whenever fred names another server than the one it is
 //! subscribed on, it moves there at its next keep-alive check, once per
-//! heartbeat interval (`sentinel.rs` shows that without this check it
-//! stays on the old primary). Until then it still hears grants if it sits
-//! on a replica of the new primary, since Redis passes `PUBLISH` on to
-//! replicas.
+//! heartbeat interval (`sentinel.rs` shows that without this check it stays
+//! on the old primary). Until then it still hears grants if it sits on a
+//! replica of the new primary, since Redis passes `PUBLISH` on to replicas.
 //!
 //! The connection keeps itself up. When Redis has sent nothing for a
 //! heartbeat interval it sends `PING`; with no answer within the command

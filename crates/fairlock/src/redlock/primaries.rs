@@ -1,7 +1,7 @@
 //! The N independent primaries: one command connection and one subscriber
 //! connection to each, and the one way RedLock calls them.
 //!
-//! Every call to a primary goes through [`Primaries::call`], which bounds it
+//! Every call to a primary goes through [`call`], which bounds it
 //! by the call timeout and turns any failure into a [`PrimaryFailure`]: for
 //! RedLock a primary that fails is simply one vote fewer, never an error of
 //! the whole operation. A primary whose connection is known to be down is

@@ -1,0 +1,279 @@
+//! Where fairlock's own grant connections connect: the URL's single
+//! server, the primary the sentinels name (followed through fred's
+//! reconnect announcements), or each cluster node serving a slot waited
+//! in; with the URL's credentials and, for TLS, fred's own connector.
+
+use std::sync::Mutex;
+
+use fred::prelude::{Config, Server};
+use fred::types::config::ServerConfig;
+use tokio::sync::broadcast;
+
+use crate::error::{Error, Result};
+use crate::grant_stream::TlsSettings;
+
+/// Where fairlock's own grant connection connects, with the URL's
+/// credentials (those of the data nodes, not of the sentinels). No
+/// `Debug`: it holds the password.
+pub(crate) struct GrantEndpoint {
+    target: GrantTarget,
+    /// For `rediss://`: the TLS settings fred's command connections use.
+    tls: Option<TlsSettings>,
+    pub(crate) username: Option<String>,
+    pub(crate) password: Option<String>,
+}
+
+/// Which server the grant connection subscribes on.
+enum GrantTarget {
+    /// The URL's single server, `host:port` as fred connects to it.
+    Fixed(String),
+    /// Behind Sentinel: the primary the waiters' command connection was
+    /// last connected to. fred announces every (re)connect of that
+    /// connection, the first one included, with the server it reached;
+    /// the announcements are read when the address is asked for.
+    Primary(Mutex<FollowPrimary>),
+    /// On a cluster: the primary of each slot this process waits in, as
+    /// fred's slot map names it (`sharded_grants.rs`).
+    ClusterNodes,
+}
+
+/// The reconnect announcements of fred's waiters' command connection and
+/// the last server they named.
+struct FollowPrimary {
+    reconnects: broadcast::Receiver<Server>,
+    latest: Option<String>,
+}
+
+/// Which kind of grant endpoint a fred config allows, before any
+/// connection exists.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum GrantPlace {
+    Fixed(String),
+    SentinelPrimary,
+    ClusterNodes,
+}
+
+impl GrantPlace {
+    /// Where fairlock's own grant connections can go for `config`: a single
+    /// server, a Sentinel-managed primary or the nodes of a cluster, over
+    /// plain TCP or TLS. `None` if fred's TLS connector is not the rustls
+    /// one [`grant_tls`] takes (not with fairlock's `tls` feature; a TLS URL
+    /// without it is refused by [`check_tls_scheme`]).
+    pub(super) fn of(config: &Config, tls: Option<&TlsSettings>) -> Option<Self> {
+        if config.uses_tls() != tls.is_some() {
+            return None;
+        }
+        match &config.server {
+            ServerConfig::Centralized { server } => Some(Self::Fixed(address(server))),
+            ServerConfig::Sentinel { .. } => Some(Self::SentinelPrimary),
+            ServerConfig::Clustered { .. } => Some(Self::ClusterNodes),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+}
+
+/// The TLS settings of fairlock's own grant connections: fred's rustls
+/// connector (with the roots fred trusts). `None` without TLS.
+#[cfg(feature = "tls")]
+pub(super) fn grant_tls(config: &Config) -> Option<TlsSettings> {
+    use fred::types::config::TlsConnector;
+    match &config.tls.as_ref()?.connector {
+        TlsConnector::Rustls(connector) => Some(TlsSettings {
+            connector: connector.clone(),
+        }),
+        #[allow(unreachable_patterns)]
+        _ => None,
+    }
+}
+
+#[cfg(not(feature = "tls"))]
+pub(super) fn grant_tls(_: &Config) -> Option<TlsSettings> {
+    None
+}
+
+/// A TLS URL (`rediss://`, `rediss-cluster://`, `rediss-sentinel://`, or
+/// Valkey's `valkeys` spellings) needs the `tls` feature: without it fred
+/// would speak plain TCP to a TLS port and the connect would fail with
+/// nothing that says why.
+pub(super) fn check_tls_scheme(url: &str, redacted: &str) -> Result<()> {
+    let scheme = url
+        .split("://")
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let tls = scheme.starts_with("rediss") || scheme.starts_with("valkeys");
+    if tls && !cfg!(feature = "tls") {
+        return Err(Error::InvalidOptions(format!(
+            "Redis URL {redacted} asks for TLS, and this build of fairlock has no TLS: \
+             enable its `tls` feature"
+        )));
+    }
+    Ok(())
+}
+
+/// `host:port` of `server` as `TcpStream::connect` takes it: an IPv6 host
+/// in brackets (a URL keeps them in the host, a sentinel names the bare
+/// address).
+pub(super) fn address(server: &Server) -> String {
+    let host: &str = &server.host;
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{}", server.port)
+    } else {
+        format!("{host}:{}", server.port)
+    }
+}
+
+impl GrantEndpoint {
+    /// The endpoint for `place`, with the URL's TLS settings and
+    /// credentials. Behind Sentinel it follows the announcements of
+    /// `reconnects()` (fred's waiters' command connection).
+    pub(super) fn new(
+        place: GrantPlace,
+        reconnects: impl FnOnce() -> broadcast::Receiver<Server>,
+        tls: Option<TlsSettings>,
+        username: Option<String>,
+        password: Option<String>,
+    ) -> Self {
+        let target = match place {
+            GrantPlace::Fixed(address) => GrantTarget::Fixed(address),
+            GrantPlace::ClusterNodes => GrantTarget::ClusterNodes,
+            GrantPlace::SentinelPrimary => GrantTarget::Primary(Mutex::new(FollowPrimary {
+                reconnects: reconnects(),
+                latest: None,
+            })),
+        };
+        Self {
+            target,
+            tls,
+            username,
+            password,
+        }
+    }
+
+    /// How to wrap the connection in TLS, for `rediss://`.
+    pub(crate) fn tls(&self) -> Option<&TlsSettings> {
+        self.tls.as_ref()
+    }
+
+    /// Whether the grants come on one connection per cluster node (then
+    /// [`GrantEndpoint::address`] is `None`; see
+    /// [`RedisConnection::node_of_slot`](super::RedisConnection::node_of_slot)).
+    pub(crate) fn is_sharded(&self) -> bool {
+        matches!(self.target, GrantTarget::ClusterNodes)
+    }
+
+    /// The address to connect to now. `None` behind Sentinel before fred
+    /// has reached a primary, and on a cluster.
+    pub(crate) fn address(&self) -> Option<String> {
+        match &self.target {
+            GrantTarget::Fixed(address) => Some(address.clone()),
+            GrantTarget::ClusterNodes => None,
+            GrantTarget::Primary(follow) => {
+                let mut follow = follow.lock().unwrap_or_else(|p| p.into_inner());
+                loop {
+                    match follow.reconnects.try_recv() {
+                        Ok(server) => follow.latest = Some(address(&server)),
+                        // Missed announcements: the next ones are newer.
+                        Err(broadcast::error::TryRecvError::Lagged(_)) => {}
+                        Err(_) => break,
+                    }
+                }
+                follow.latest.clone()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fred::prelude::Server;
+
+    use super::{address, GrantPlace};
+
+    /// fairlock's own grant connection is opened for a single plain-TCP
+    /// server at the address fred uses (an IPv6 host in brackets, which
+    /// `to_socket_addrs` needs), for a Sentinel-managed primary and for the
+    /// nodes of a cluster. A sentinel names an IPv6 primary without
+    /// brackets.
+    #[test]
+    fn the_grant_connection_goes_where_fred_goes() {
+        let place = |url: &str| {
+            GrantPlace::of(
+                &fred::prelude::Config::from_url(url).expect("valid URL"),
+                None,
+            )
+        };
+        let fixed = |address: &str| Some(GrantPlace::Fixed(address.to_owned()));
+        assert_eq!(
+            place("redis://user:pw@127.0.0.1:6380/2"),
+            fixed("127.0.0.1:6380")
+        );
+        assert_eq!(place("redis://[::1]:6379"), fixed("[::1]:6379"));
+        assert!("[::1]:6379".parse::<std::net::SocketAddr>().is_ok());
+        assert_eq!(
+            place("redis-sentinel://127.0.0.1:26379?sentinelServiceName=m"),
+            Some(GrantPlace::SentinelPrimary)
+        );
+        assert_eq!(
+            place("redis-cluster://127.0.0.1:7000"),
+            Some(GrantPlace::ClusterNodes)
+        );
+        assert_eq!(address(&Server::new("::1", 6379)), "[::1]:6379");
+        assert_eq!(address(&Server::new("10.0.0.2", 6379)), "10.0.0.2:6379");
+    }
+
+    /// With TLS, every topology gets fairlock's own grant connections, with
+    /// fred's TLS connector.
+    #[cfg(feature = "tls")]
+    #[test]
+    fn tls_grant_connections_go_to_every_topology() {
+        let place = |url: &str| {
+            let config = fred::prelude::Config::from_url(url).expect("valid URL");
+            let tls = super::grant_tls(&config);
+            assert!(tls.is_some(), "{url}: TLS settings");
+            GrantPlace::of(&config, tls.as_ref())
+        };
+        assert_eq!(
+            place("rediss://127.0.0.1:6380"),
+            Some(GrantPlace::Fixed("127.0.0.1:6380".to_owned()))
+        );
+        assert_eq!(
+            place("rediss-sentinel://127.0.0.1:26379?sentinelServiceName=m"),
+            Some(GrantPlace::SentinelPrimary)
+        );
+        assert_eq!(
+            place("rediss-cluster://127.0.0.1:7000"),
+            Some(GrantPlace::ClusterNodes)
+        );
+    }
+
+    /// A TLS URL is refused with a clear error in a build without TLS, and
+    /// taken with it; a plain URL is taken either way.
+    #[test]
+    fn a_tls_url_needs_the_tls_feature() {
+        for url in [
+            "rediss://127.0.0.1:6380",
+            "REDISS-CLUSTER://127.0.0.1:7000",
+            "rediss-sentinel://127.0.0.1:26379?sentinelServiceName=m",
+            "valkeys://127.0.0.1:6380",
+        ] {
+            let checked = super::check_tls_scheme(url, url);
+            if cfg!(feature = "tls") {
+                assert!(checked.is_ok(), "{url}: {checked:?}");
+            } else {
+                assert!(
+                    matches!(&checked, Err(crate::Error::InvalidOptions(why)) if why.contains("`tls` feature")),
+                    "{url}: {checked:?}"
+                );
+            }
+        }
+        for url in [
+            "redis://127.0.0.1:6379",
+            "redis-cluster://h:1",
+            "valkey://h:1",
+        ] {
+            assert!(super::check_tls_scheme(url, url).is_ok(), "{url}");
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! The only module that talks to fred.
+//!
+//! Everything else in the client speaks in fairlock-core's terms (script
+//! calls, [`Reply`](fairlock_core::Reply)) so the Redis client can be
+//! swapped by rewriting this module alone. Three connections per process:
+//! two command lanes and one subscriber that carries the process's single
+//! pub/sub channel. On a single server, on a Sentinel-managed primary and
+//! on a cluster's nodes, over plain TCP or TLS, that subscriber is not fred's but fairlock's own
+//! grant connection (`grant_connection.rs`, one per node in
+//! `sharded_grants.rs`), read by the task that wakes the waiters; this
+//! module only says where it connects ([`RedisConnection::grant_endpoint`],
+//! which behind Sentinel follows fred's reconnects).
+//!
+//! The two command lanes keep a holder's work out of the waiters' line.
+//! Each lane is pipelined: a command waits for every command sent before
+//! it on that lane. With all commands on one lane, a holder's release (and
+//! the fenced calls of its critical section) queued behind thousands of
+//! waiters' enqueue, heartbeat and cancel scripts when a burst arrived, so
+//! the lock changed hands once per backlog instead of once per round trip.
+//! [`Lane::Holders`] carries what holders send (release, renewal, fenced
+//! calls); [`Lane::Waiters`] everything else.
+//!
+//! Each connection's fred task is kept running by a [`BackgroundTask`]
+//! (see [`keep_connected`]): fred ends that task for good on some routing
+//! errors, and a client whose task ended answers no call again.
+//!
+//! Files: this one connects and closes; `calls.rs` sends the calls
+//! (scripts, with their `NOSCRIPT` reload, resend and timeout);
+//! `grant_endpoint.rs` says where fairlock's own grant connections go;
+//! `fred_pubsub.rs` is fred's subscriber where it still carries grants;
+//! `keeper.rs` restarts a fred connection task that ended; `errors.rs`
+//! turns fred's errors into fairlock's.
+
+mod calls;
+mod errors;
+mod fred_pubsub;
+mod grant_endpoint;
+mod keeper;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use fred::clients::SubscriberClient;
+use fred::prelude::{
+    Builder, Client, ClientLike, ClusterInterface, Config, Error as FredError, EventInterface,
+    ReconnectPolicy,
+};
+use tokio::sync::Semaphore;
+
+use crate::config::ClientConfig;
+use crate::error::{Error, Result};
+use crate::task::BackgroundTask;
+
+use errors::{redis_error, with_certificate_hint};
+use grant_endpoint::{address, check_tls_scheme, grant_tls, GrantPlace};
+use keeper::keep_connected;
+
+pub(crate) use errors::redact;
+pub(crate) use fred_pubsub::{Messages, Reconnects};
+pub(crate) use grant_endpoint::GrantEndpoint;
+
+/// Which command connection a call goes on (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    /// Enqueue, cancel, heartbeat, inspection and administration.
+    Waiters,
+    /// Release, renewal and fenced calls: what a holder is waited on for.
+    Holders,
+}
+
+impl Lane {
+    /// This lane's place in per-lane arrays.
+    fn index(self) -> usize {
+        match self {
+            Lane::Waiters => 0,
+            Lane::Holders => 1,
+        }
+    }
+}
+
+/// Which connection carries a client's pub/sub subscriptions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PubSub {
+    /// fairlock's own grant connections: on every topology, over plain TCP
+    /// or TLS.
+    OwnWherePossible,
+    /// Always fred's subscriber (RedLock's primaries, which subscribe
+    /// channels of their own).
+    Fred,
+}
+
+/// What carries a client's pub/sub subscription.
+enum Subscriber {
+    /// fred's subscriber connection.
+    Fred(SubscriberClient),
+    /// fairlock's own grant connection, which connects here (opened by
+    /// `grant_connection.rs`, not by this module).
+    Own(GrantEndpoint),
+}
+
+/// The command connections and the subscriber connection of one client.
+pub(crate) struct RedisConnection {
+    /// Whether the server is a Redis Cluster: then a script may only touch
+    /// keys of one slot, and batched calls are made per slot.
+    clustered: bool,
+    /// Whether the connections speak RESP3 (chosen in the URL).
+    resp3: bool,
+    commands: Client,
+    holders: Client,
+    subscriber: Subscriber,
+    command_timeout: Duration,
+    /// Script calls in flight per lane, `[waiters, holders]`, at most
+    /// [`ClientConfig::max_in_flight`] each; `None` without that bound and
+    /// on a cluster (see there).
+    windows: Option<[Semaphore; 2]>,
+    /// One per connection: connects it again if its fred task ends with an
+    /// error. Taken and stopped by [`RedisConnection::quit`].
+    keepers: Mutex<Vec<BackgroundTask>>,
+    /// Set by [`RedisConnection::quit`]: a cancelled call is then final.
+    closing: AtomicBool,
+}
+
+impl RedisConnection {
+    /// Connects the command connections and, unless fairlock's own grant
+    /// connection is to carry the subscription (`pubsub`), fred's
+    /// subscriber, all within the connect timeout.
+    pub(crate) async fn connect(config: &ClientConfig, pubsub: PubSub) -> Result<Self> {
+        let url = redact(&config.url);
+        let fred_config = Config::from_url(&config.url).map_err(|e| {
+            Error::InvalidOptions(format!(
+                "Redis URL {url} is not valid: {}; expected redis://[user:password@]host:port[/db]",
+                e.details()
+            ))
+        })?;
+        check_tls_scheme(&config.url, &url)?;
+        let resp3 = fred_config.version == fred::types::RespVersion::RESP3;
+        let tls = grant_tls(&fred_config);
+        let grant_place = match pubsub {
+            PubSub::OwnWherePossible => GrantPlace::of(&fred_config, tls.as_ref()),
+            PubSub::Fred => None,
+        };
+        let (username, password) = (fred_config.username.clone(), fred_config.password.clone());
+        let mut builder = Builder::from_config(fred_config);
+        builder
+            .with_connection_config(|c| {
+                c.connection_timeout = config.connect_timeout;
+                c.internal_command_timeout = config.command_timeout;
+                // fred resends a command after a reconnect; every fairlock
+                // script is idempotent, so a resend is harmless.
+                c.max_command_attempts = 3;
+            })
+            .with_performance_config(|p| {
+                p.default_command_timeout = config.command_timeout;
+                // Nobody listens to the command connections' event
+                // channels (messages, reconnects, errors, ...): fred's
+                // default buffer. Each of those ten channels preallocates
+                // its buffer, so 4,096 on all three connections cost
+                // 7 MB per client; the subscriber's is raised below.
+                p.broadcast_channel_capacity = COMMAND_EVENT_BUFFER;
+            })
+            // Keep reconnecting forever (0 = no attempt limit), backing off to 2 s.
+            .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2));
+        let commands = builder
+            .build()
+            .map_err(|e| redis_error("building the command connection", e))?;
+        let holders = builder
+            .build()
+            .map_err(|e| redis_error("building the holders' command connection", e))?;
+        // Grants arrive in bursts when many locks hand over at once;
+        // fred's default of 32 buffered messages overflows then.
+        builder.with_performance_config(|p| p.broadcast_channel_capacity = GRANT_BUFFER);
+        let subscriber = match grant_place {
+            // Listening to fred's reconnects before `init`: its first
+            // connect is announced too.
+            Some(place) => Subscriber::Own(GrantEndpoint::new(
+                place,
+                || commands.reconnect_rx(),
+                tls,
+                username,
+                password,
+            )),
+            None => Subscriber::Fred(
+                builder
+                    .build_subscriber_client()
+                    .map_err(|e| redis_error("building the subscriber connection", e))?,
+            ),
+        };
+
+        let started = async {
+            let commands_task = commands.init().await?;
+            let holders_task = holders.init().await?;
+            let subscriber_task = match &subscriber {
+                Subscriber::Fred(subscriber) => Some(subscriber.init().await?),
+                Subscriber::Own(_) => None,
+            };
+            Ok::<_, FredError>((commands_task, holders_task, subscriber_task))
+        };
+        let started = match tokio::time::timeout(config.connect_timeout, started).await {
+            Ok(Ok(tasks)) => Ok(tasks),
+            Ok(Err(e)) => Err((with_certificate_hint(e.details()), Some(e))),
+            Err(_) => Err((
+                format!(
+                    "no connection within the connect timeout of {:?}",
+                    config.connect_timeout
+                ),
+                None,
+            )),
+        };
+        let (commands_task, holders_task, subscriber_task) = match started {
+            Ok(tasks) => tasks,
+            Err((reason, source)) => {
+                let grace = Duration::from_millis(100);
+                let _ = tokio::time::timeout(grace, commands.quit()).await;
+                let _ = tokio::time::timeout(grace, holders.quit()).await;
+                if let Subscriber::Fred(subscriber) = &subscriber {
+                    let _ = tokio::time::timeout(grace, subscriber.quit()).await;
+                }
+                return Err(Error::Unreachable {
+                    url,
+                    reason,
+                    source,
+                });
+            }
+        };
+        let mut keepers = vec![
+            keep_connected(
+                "waiters' command connection",
+                commands.clone(),
+                commands_task,
+            ),
+            keep_connected("holders' command connection", holders.clone(), holders_task),
+        ];
+        if let (Subscriber::Fred(subscriber), Some(task)) = (&subscriber, subscriber_task) {
+            // Resubscribe by itself after every reconnect of the subscriber
+            // (a connection task started again by its keeper counts too).
+            let _resubscriber = subscriber.manage_subscriptions();
+            keepers.push(keep_connected(
+                "subscriber connection",
+                subscriber.clone(),
+                task,
+            ));
+        }
+        let clustered = commands.is_clustered();
+        Ok(Self {
+            resp3,
+            clustered,
+            commands,
+            holders,
+            subscriber,
+            command_timeout: config.command_timeout,
+            windows: config
+                .max_in_flight
+                .filter(|_| !clustered)
+                .map(|calls| [Semaphore::new(calls), Semaphore::new(calls)]),
+            keepers: Mutex::new(keepers),
+            closing: AtomicBool::new(false),
+        })
+    }
+
+    /// The connection of `lane`.
+    fn lane(&self, lane: Lane) -> &Client {
+        match lane {
+            Lane::Waiters => &self.commands,
+            Lane::Holders => &self.holders,
+        }
+    }
+
+    /// Whether keys of different slots must go in different script calls.
+    pub(crate) fn is_clustered(&self) -> bool {
+        self.clustered
+    }
+
+    /// The primary serving `slot` in fred's slot map, `host:port`.
+    pub(crate) fn node_of_slot(&self, slot: u16) -> Option<String> {
+        let routing = self.commands.cached_cluster_state()?;
+        routing.get_server(slot).map(address)
+    }
+
+    /// Where fairlock's own grant connection is to connect, when it carries
+    /// the subscription instead of fred's subscriber.
+    pub(crate) fn grant_endpoint(&self) -> Option<&GrantEndpoint> {
+        match &self.subscriber {
+            Subscriber::Own(endpoint) => Some(endpoint),
+            Subscriber::Fred(_) => None,
+        }
+    }
+
+    /// Script calls of `lane` in flight now, with a window (0 without).
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self, lane: Lane, limit: usize) -> usize {
+        self.windows
+            .as_ref()
+            .map_or(0, |w| limit - w[lane.index()].available_permits())
+    }
+
+    /// Whether the command connection is up right now (fred reconnects in
+    /// the background; a call sent while it is down waits for the command
+    /// timeout).
+    pub(crate) fn is_connected(&self) -> bool {
+        self.commands.is_connected()
+    }
+
+    /// Closes every connection.
+    pub(crate) async fn quit(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+        // The keepers first, so none connects again what is being closed.
+        let keepers = std::mem::take(&mut *self.keepers.lock().unwrap_or_else(|p| p.into_inner()));
+        for mut keeper in keepers {
+            keeper.shutdown().await;
+        }
+        if let Some(subscriber) = self.fred_subscriber() {
+            let _ = tokio::time::timeout(self.command_timeout, subscriber.quit()).await;
+        }
+        let _ = tokio::time::timeout(self.command_timeout, self.commands.quit()).await;
+        let _ = tokio::time::timeout(self.command_timeout, self.holders.quit()).await;
+    }
+}
+
+/// Messages the subscriber connection buffers for the grant router.
+const GRANT_BUFFER: usize = 4_096;
+/// Events a command connection buffers for listeners it never has.
+const COMMAND_EVENT_BUFFER: usize = 32;
