@@ -16,19 +16,18 @@
 //! `MOVED` with the TLS ports to clients connected over TLS and with the
 //! plain ports to the others, such as the kit's admin connections.
 
-use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::Duration;
 
+use crate::cluster_view::{parse_nodes, slot_map, NodeEntry};
 use crate::install::ensure_cli;
 use crate::nodes::NodeSet;
 use crate::process::{free_port, poll_until, run_with_timeout};
+use crate::slots::SLOTS;
 use crate::stats::parse_fields;
 use crate::version::ServerKind;
 use crate::{RedisServer, Resp, TestkitError, TlsFiles};
 
-/// Number of hash slots in a Redis Cluster.
-pub const SLOTS: u16 = 16384;
 /// Primaries the cluster starts with.
 const PRIMARIES: usize = 3;
 /// `cluster-node-timeout`: short, so a killed primary is failed over in a
@@ -43,97 +42,6 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
 const MIGRATE_BATCH: usize = 100;
 /// Start attempts per node (two ports are picked per attempt).
 const NODE_START_ATTEMPTS: usize = 3;
-
-/// The cluster's hash slot of `key`: CRC16 (XMODEM) of the key, or of its
-/// hash tag (the part between the first `{` and the next `}`, when not
-/// empty), modulo 16384.
-pub fn key_slot(key: &[u8]) -> u16 {
-    let hashed = key
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let rest = &key[open + 1..];
-            rest.iter()
-                .position(|&b| b == b'}')
-                .filter(|&close| close > 0)
-                .map(|close| &rest[..close])
-        })
-        .unwrap_or(key);
-    crc16_xmodem(hashed) % SLOTS
-}
-
-fn crc16_xmodem(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in data {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
-
-/// One line of `CLUSTER NODES`.
-#[derive(Debug, Clone)]
-struct NodeEntry {
-    id: String,
-    addr: String,
-    flags: Vec<String>,
-    primary_id: Option<String>,
-    slots: Vec<(u16, u16)>,
-}
-
-impl NodeEntry {
-    fn has_flag(&self, flag: &str) -> bool {
-        self.flags.iter().any(|f| f == flag)
-    }
-
-    fn is_failed(&self) -> bool {
-        self.has_flag("fail") || self.has_flag("fail?")
-    }
-
-    fn owns(&self, slot: u16) -> bool {
-        self.slots.iter().any(|&(a, b)| (a..=b).contains(&slot))
-    }
-}
-
-fn parse_nodes(reply: &Resp) -> Result<Vec<NodeEntry>, TestkitError> {
-    let text = reply.as_str().ok_or_else(|| {
-        TestkitError::Protocol(format!("unexpected CLUSTER NODES reply {reply:?}"))
-    })?;
-    let mut out = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields.len() < 8 {
-            return Err(TestkitError::Protocol(format!(
-                "short CLUSTER NODES line {line:?}"
-            )));
-        }
-        // `ip:port@cport[,hostname]`.
-        let addr = fields[1].split('@').next().unwrap_or(fields[1]).to_string();
-        let slots = fields[8..]
-            .iter()
-            // Skip `[slot->-id]` / `[slot-<-id]` migration markers.
-            .filter(|s| !s.starts_with('['))
-            .filter_map(|s| match s.split_once('-') {
-                Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
-                None => s.parse().ok().map(|n| (n, n)),
-            })
-            .collect();
-        out.push(NodeEntry {
-            id: fields[0].to_string(),
-            addr,
-            flags: fields[2].split(',').map(str::to_string).collect(),
-            primary_id: Some(fields[3]).filter(|m| *m != "-").map(str::to_string),
-            slots,
-        });
-    }
-    Ok(out)
-}
 
 /// A local Redis Cluster (or Valkey cluster, with `FAIRLOCK_TEST_SERVER=valkey`):
 /// 3 primaries and 1 replica each, on free 127.0.0.1 ports, each node with
@@ -653,15 +561,6 @@ impl RedisCluster {
             },
         )
     }
-}
-
-/// `{first slot: (last slot, owner addr)}` of the live primaries in a view,
-/// for comparing the views of different nodes.
-fn slot_map(view: &[NodeEntry]) -> BTreeMap<u16, (u16, String)> {
-    view.iter()
-        .filter(|e| e.has_flag("master") && !e.is_failed())
-        .flat_map(|e| e.slots.iter().map(move |&(a, b)| (a, (b, e.addr.clone()))))
-        .collect()
 }
 
 /// `<scheme>://<first addr>?node=<addr>&node=...`.

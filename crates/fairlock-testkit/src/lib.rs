@@ -17,6 +17,7 @@
 //!   test; [`RedisServer::commandstats`] and [`RedisServer::info`] read stats.
 //! * [`RedisCluster`]: 3 primaries with a replica each, slot migration and
 //!   fail-over helpers.
+//! * [`key_slot`]: a key's hash slot, computed as the server does.
 //! * [`SentinelGroup`]: a primary, replicas and 3 sentinels.
 //! * [`TlsFiles`]: a throwaway CA and server certificate, for a server
 //!   ([`RedisServerBuilder::tls`]), a cluster ([`RedisCluster::start_tls`])
@@ -39,6 +40,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod cluster;
+mod cluster_view;
 mod error;
 pub mod install;
 mod nodes;
@@ -48,12 +50,13 @@ mod prometheus;
 mod resp;
 mod sentinel;
 mod server;
+mod slots;
 mod stats;
 mod target;
 mod tls;
 pub mod version;
 
-pub use cluster::{key_slot, RedisCluster};
+pub use cluster::RedisCluster;
 pub use error::TestkitError;
 pub use install::{ensure_debian_binaries, ensure_redis_server, ensure_valkey_server};
 pub use primaries::IndependentPrimaries;
@@ -64,6 +67,7 @@ pub use prometheus::{
 pub use resp::{cmd_at, Resp};
 pub use sentinel::SentinelGroup;
 pub use server::{RedisServer, RedisServerBuilder};
+pub use slots::key_slot;
 pub use stats::parse_fields;
 pub use target::RedisTarget;
 pub use tls::TlsFiles;
