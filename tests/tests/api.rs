@@ -327,3 +327,54 @@ async fn try_lock_with_waits_up_to_its_wait_timeout_in_the_queue() {
     let again = handle.try_lock().await.expect("try").expect("free now");
     again.release().await.expect("release");
 }
+
+/// `shutdown()` ends every task waiting in the client's queues with
+/// `Error::Closed`: a waiting `lock()` (no wait timeout) and a waiting
+/// semaphore `acquire()`. Once the heartbeat and the grant connection are
+/// stopped nothing else could ever wake them, so before this a service
+/// that shut its client down on SIGTERM kept those tasks forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_the_waiting_tasks_with_closed() {
+    let server = server();
+    let holder = client(&server).await;
+    let doomed = fairlock_tests::client(&server).await;
+    let lock = holder.lock("api:shutdown").await.expect("lock");
+    let semaphore = holder.semaphore("api:shutdown-sem", 1).expect("semaphore");
+    let permit = semaphore.acquire().await.expect("permit");
+
+    let waiting_lock = spawn_lock(&doomed, "api:shutdown");
+    let waiting_permit = {
+        let semaphore = doomed.semaphore("api:shutdown-sem", 1).expect("semaphore");
+        tokio::spawn(async move { semaphore.acquire().await.map(drop) })
+    };
+    wait_for_queue_len(&doomed, "api:shutdown", 1).await;
+    for _ in 0..200 {
+        if doomed.stats().waiters == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(doomed.stats().waiters, 2, "both tasks wait");
+
+    doomed.shutdown().await;
+    let lock_result = within("the waiting lock() after shutdown", waiting_lock)
+        .await
+        .expect("task");
+    assert!(
+        matches!(lock_result, Err(Error::Closed)),
+        "{:?}",
+        lock_result.map(|g| g.token())
+    );
+    let permit_result = within("the waiting acquire() after shutdown", waiting_permit)
+        .await
+        .expect("task");
+    assert!(
+        matches!(permit_result, Err(Error::Closed)),
+        "{permit_result:?}"
+    );
+
+    // The holder's side goes on: its locks release and the next waiter
+    // (none alive here) is skipped once the dead process's deadline passes.
+    lock.release().await.expect("release");
+    permit.release().await.expect("release permit");
+}

@@ -423,7 +423,9 @@ impl LockClient {
 
     /// Stops the background tasks and closes the connections, even while
     /// guards are alive. Locks still held are not released: their leases
-    /// run out. Later calls fail with [`Error::Closed`].
+    /// run out. Tasks waiting for a lock or a permit end with
+    /// [`Error::Closed`] (their queue entries are passed over once this
+    /// process's heartbeat deadline has passed), and so do later calls.
     pub async fn shutdown(&self) {
         self.state().close();
         let mut tasks =

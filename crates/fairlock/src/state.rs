@@ -135,8 +135,13 @@ impl ClientState {
         &self.runtime
     }
 
+    /// Marks the client closed: every later call fails with
+    /// [`Error::Closed`], and every waiting task is woken to find out.
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
+        // After the flag: a waiter that registers later meets it at its
+        // first call; every one registered before is woken to meet it.
+        self.waiters.recheck_all();
     }
 
     pub(crate) fn check_open(&self) -> Result<()> {

@@ -226,6 +226,22 @@ impl WaiterRegistry {
         }
     }
 
+    /// Tells every waiter here to check its place: when the client closes,
+    /// each then finds the client closed and ends with `Error::Closed`
+    /// (nothing else could wake it once the heartbeat and the grant
+    /// connections have stopped).
+    pub(crate) fn recheck_all(&self) {
+        let slots: Vec<Arc<WaiterSlot>> = self
+            .state()
+            .waiters
+            .values()
+            .map(|w| Arc::clone(&w.slot))
+            .collect();
+        for slot in slots {
+            slot.put(WaiterEvent::Recheck);
+        }
+    }
+
     /// Every lock with queued waiters here.
     pub(crate) fn waiting_locks(&self) -> Vec<LockWaiters> {
         let state = self.state();
