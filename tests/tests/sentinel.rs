@@ -272,3 +272,82 @@ async fn the_grant_connection_follows_the_primary_through_a_failover() {
     drop(granted);
     assert_eq!(client.grants_subscribed_at(), [new_primary]);
 }
+
+/// A client asking one replica to acknowledge every grant, on a server
+/// without replicas (`WAIT 1` answers 0 there, after `timeout`): every
+/// grant it takes must be given back. The watchdog lease is long, so a
+/// grant that is not given back stays held for the whole test.
+async fn unacknowledged_client(
+    server: &fairlock_testkit::RedisServer,
+    timeout: Duration,
+) -> LockClient {
+    let config = ClientConfig::builder(server.url())
+        .heartbeat_interval(Duration::from_millis(100))
+        .waiter_timeout(Duration::from_secs(1))
+        .watchdog_lease(Duration::from_secs(120))
+        .replica_acks(1, timeout)
+        .build()
+        .expect("config");
+    LockClient::with_config(config).await.expect("connect")
+}
+
+/// A lock handed over from the queue is held to the same acknowledgement
+/// as one granted at once: without it the waiter's `lock()` fails with
+/// `NotReplicated` and the lock goes on to the next waiter. Before, only a
+/// grant in the acquire reply was checked, and the handed-over one was
+/// returned unacknowledged (the contended case, where it matters most).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_over_grant_is_acknowledged_or_given_back() {
+    let server = fairlock_tests::server();
+    let holder = fairlock_tests::client(&server).await;
+    let acked = unacknowledged_client(&server, Duration::from_millis(200)).await;
+    let guard = holder.lock("handed").await.expect("lock");
+    let refused = {
+        let acked = acked.clone();
+        tokio::spawn(async move { acked.lock("handed").await })
+    };
+    fairlock_tests::wait_for_queue_len(&holder, "handed", 1).await;
+    let next = fairlock_tests::spawn_lock(&holder, "handed");
+    fairlock_tests::wait_for_queue_len(&holder, "handed", 2).await;
+    guard.release().await.expect("release");
+
+    let refused = fairlock_tests::within("the acknowledged waiter", refused)
+        .await
+        .expect("task");
+    assert!(
+        matches!(
+            refused,
+            Err(Error::NotReplicated {
+                acked: 0,
+                wanted: 1
+            })
+        ),
+        "{:?}",
+        refused.map(|g| g.token())
+    );
+    let next = fairlock_tests::granted(next, "the waiter after the refused one").await;
+    assert_eq!(
+        acked.stats().held,
+        0,
+        "nothing left held by the refused one"
+    );
+    next.release().await.expect("release");
+}
+
+/// An acquire dropped while it waits for the replicas' acknowledgement
+/// (a caller's own timeout) gives the grant back, as a refused one does:
+/// before, the grant stayed registered and renewed with no guard to
+/// release it, and the lock stayed held for its whole lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_dropped_while_waiting_for_replicas_gives_the_grant_back() {
+    let server = fairlock_tests::server();
+    let acked = unacknowledged_client(&server, Duration::from_secs(5)).await;
+    let dropped = tokio::time::timeout(Duration::from_millis(300), acked.lock("dropped")).await;
+    assert!(dropped.is_err(), "the lock() was still waiting for WAIT");
+    let other = fairlock_tests::client(&server).await;
+    let next = fairlock_tests::within("the lock after the dropped acquire", other.lock("dropped"))
+        .await
+        .expect("lock");
+    assert_eq!(acked.stats().held, 0, "the dropped grant is not kept");
+    next.release().await.expect("release");
+}

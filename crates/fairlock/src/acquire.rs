@@ -314,9 +314,12 @@ async fn acquire_validated(
             tracing::debug!(token, "fairlock lock handed on to this waiter");
             // The releasing script set this waiter's own lease moments
             // ago; it is counted from the moment the grant arrived.
-            return Ok(Some(
-                pending.granted(name, grant(token, ticket, lease_from)),
-            ));
+            let held = pending.granted(name, grant(token, ticket, lease_from));
+            if state.config.replica_acks.is_none() {
+                return Ok(Some(held));
+            }
+            // Held to the same acknowledgement as a grant in the reply.
+            return Box::pin(replicated_or_given_back(state, held)).await;
         }
         // Recheck: the queue may have lost us; acquire keeps our place if
         // we still have one, and queues us again otherwise.
@@ -425,19 +428,54 @@ async fn refused_later(recheck: &mut Option<Recheck<'_>>) -> Error {
 
 /// With replica acknowledgement on, keeps the grant only once enough
 /// replicas have it; otherwise gives it back (the next waiter gets it) and
-/// fails with [`Error::NotReplicated`].
+/// fails with [`Error::NotReplicated`]. Dropped before the replicas have
+/// answered (the caller gave up waiting), it gives the grant back too:
+/// no guard exists yet that could.
 async fn replicated_or_given_back(
     state: &Arc<ClientState>,
     held: Arc<HeldLock>,
 ) -> Result<Option<Arc<HeldLock>>> {
+    let mut unconfirmed = Unconfirmed {
+        state,
+        held: Some(held),
+    };
     match state.confirm_replicated().await {
-        Ok(()) => Ok(Some(held)),
+        Ok(()) => Ok(unconfirmed.held.take()),
         Err(error) => {
-            if let Err(release_error) = state.release(&held).await {
-                tracing::warn!(%release_error, "fairlock could not give back an unreplicated grant; its lease runs out");
+            // In a task of its own, so the give-back finishes even if this
+            // future is dropped while it runs; awaited, so the lock is
+            // free (or the next waiter's) when the error is returned.
+            if let Some(give_back) = unconfirmed.give_back() {
+                let _ = give_back.await;
             }
             Err(error)
         }
+    }
+}
+
+/// A grant waiting for the replicas' acknowledgement, given back unless
+/// taken out of it.
+struct Unconfirmed<'a> {
+    state: &'a Arc<ClientState>,
+    held: Option<Arc<HeldLock>>,
+}
+
+impl Unconfirmed<'_> {
+    /// Releases the grant in a task of its own (the next waiter gets it).
+    fn give_back(&mut self) -> Option<tokio::task::JoinHandle<()>> {
+        let held = self.held.take()?;
+        let state = Arc::clone(self.state);
+        Some(self.state.runtime().spawn(async move {
+            if let Err(error) = state.give_back(&held).await {
+                tracing::warn!(%error, "fairlock could not give back an unacknowledged grant; its lease runs out");
+            }
+        }))
+    }
+}
+
+impl Drop for Unconfirmed<'_> {
+    fn drop(&mut self) {
+        drop(self.give_back());
     }
 }
 

@@ -363,8 +363,16 @@ impl ClientState {
         OwnerId::tag_of(owner_id) == Some(self.tag.as_str())
     }
 
-    /// Releases a guard's grant.
+    /// Releases a guard's grant (with replica acknowledgement on, once the
+    /// replicas have the release).
     pub(crate) async fn release(self: &Arc<Self>, held: &HeldLock) -> Result<()> {
+        self.give_back(held).await?;
+        self.confirm_replicated().await
+    }
+
+    /// Releases a grant without waiting for replicas: a grant given back
+    /// because the replicas did not acknowledge it.
+    pub(crate) async fn give_back(self: &Arc<Self>, held: &HeldLock) -> Result<()> {
         if !held.set_released() {
             // Released already (by `release_all`): nothing left to do.
             return Ok(());
@@ -379,8 +387,7 @@ impl ClientState {
         self.held.forget(&held.owner_id);
         held.telemetry.held_for(held.granted_at);
         tracing::debug!(lock = %held.name, token = held.token, ok = result.is_ok(), "fairlock lock released");
-        result?;
-        self.confirm_replicated().await
+        result
     }
 
     /// Releases the grant of `owner_id`, waking the next owner at once if it
