@@ -465,3 +465,60 @@ fn without_deadlines(mut dump: Vec<(String, String)>) -> Vec<(String, String)> {
     dump.retain(|(key, _)| !key.ends_with(":alive"));
     dump
 }
+
+/// A waiter whose wait timeout ran out leaves the queue even if the
+/// caller drops its `lock()` while that cancel is still on its way. Here
+/// the cancel waits for the client's one place in flight (`max_in_flight(1)`,
+/// held by a heartbeat that Redis, paused for writes, does not answer)
+/// when the caller's own, longer timeout drops the future. Before, the
+/// cancel was dropped with it and the dead entry stayed in the queue
+/// (kept alive by a waiter of another process behind it) until a handoff
+/// skipped it; now the cancel runs in a task of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_waiter_leaves_the_queue_when_dropped_during_its_cancel() {
+    let server = server();
+    let holder = client(&server).await;
+    let behind = fairlock_tests::client(&server).await;
+    let guard = holder.lock("give-up").await.expect("lock");
+    let config = fairlock::ClientConfig::builder(server.url())
+        .heartbeat_interval(Duration::from_millis(100))
+        .waiter_timeout(Duration::from_secs(1))
+        .command_timeout(Duration::from_secs(5))
+        .max_in_flight(1)
+        .build()
+        .expect("config");
+    let waiter = LockClient::with_config(config).await.expect("connect");
+    let queue = keys("give-up").queue().to_owned();
+    let dropped = tokio::spawn(async move {
+        let options = LockOptions::new().wait_timeout(Duration::from_millis(500));
+        let outcome =
+            tokio::time::timeout(Duration::from_secs(1), waiter.lock_with("give-up", options))
+                .await
+                .map(|r| r.map(drop));
+        // The client lives on, as in a service whose one request gave up.
+        (outcome, waiter)
+    });
+    wait_for_zcard(&server, &queue, 1).await;
+    let last = spawn_lock(&behind, "give-up");
+    wait_for_zcard(&server, &queue, 2).await;
+    server
+        .cmd_ok(&["CLIENT", "PAUSE", "2000", "WRITE"])
+        .expect("pause writes");
+    let (outcome, _waiter) = within("the dropped lock()", dropped).await.expect("task");
+    assert!(
+        outcome.is_err(),
+        "the caller's timeout dropped it: {outcome:?}"
+    );
+    within("the dropped waiter's queue entry's removal", async {
+        while zcard(&server, &queue) != 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    guard.release().await.expect("release");
+    granted(last, "the waiter behind")
+        .await
+        .release()
+        .await
+        .expect("release");
+}

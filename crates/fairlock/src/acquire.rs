@@ -589,12 +589,24 @@ impl<'a> PendingAcquire<'a> {
 
     /// Leaves the queue now (wait timeout, admission refusal), passing on
     /// a raced grant, and ends with `error` (counted as `outcome`). Owns
-    /// the error so the waiting future need not keep one inline.
+    /// the error so the waiting future need not keep one inline. The
+    /// cancel runs in a task of its own, awaited: the caller dropping this
+    /// future meanwhile (its own timeout) does not stop it.
     async fn give_up(&mut self, error: Error, outcome: &'static str) -> Error {
         self.finished();
-        self.state.cancel(self.keys, self.owner_id).await;
+        let _ = self.spawn_cancel().await;
         self.telemetry.acquire_ended(outcome, self.started);
         error
+    }
+
+    /// Runs `cancel.lua` for this waiter in a task of its own.
+    fn spawn_cancel(&self) -> tokio::task::JoinHandle<()> {
+        let state = Arc::clone(self.state);
+        let keys = Arc::clone(self.keys);
+        let owner_id = self.owner_id.to_owned();
+        self.state
+            .runtime()
+            .spawn(async move { state.cancel(&keys, &owner_id).await })
     }
 }
 
@@ -605,10 +617,6 @@ impl Drop for PendingAcquire<'_> {
         }
         self.finished();
         self.telemetry.acquire_ended("cancelled", self.started);
-        let state = Arc::clone(self.state);
-        let keys = Arc::clone(self.keys);
-        let owner_id = self.owner_id.to_owned();
-        self.state
-            .spawn(async move { state.cancel(&keys, &owner_id).await });
+        drop(self.spawn_cancel());
     }
 }
