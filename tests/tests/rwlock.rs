@@ -234,3 +234,67 @@ async fn a_writer_that_gives_up_lets_the_readers_behind_it_in() {
     late.release().await.expect("release");
     read.release().await.expect("release");
 }
+
+/// Readers of one process whose grants all went unheard (its grant
+/// connection was cut off when the writer released, so every message
+/// reached nobody and each grant got only the short waiter TTL as lease)
+/// are all found at the next heartbeat and keep the very grants they were
+/// given. The heartbeat probes only the process's oldest waiter; before,
+/// it found one holding reader per interval, and the later readers' short
+/// leases ran out first: they lost their grants and queued again, with
+/// new tokens (20 readers, 100 ms heartbeats, 1 s waiter TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_whose_grants_went_unheard_all_keep_them() {
+    const READERS: usize = 20;
+    let server = server();
+    let name = "unheard";
+    let writer_client = client(&server).await;
+    let readers_client = fairlock_tests::client(&server).await;
+    let writer = writer_client
+        .rw_lock(name)
+        .expect("rw lock")
+        .write()
+        .await
+        .expect("write");
+    let rw = readers_client.rw_lock(name).expect("rw lock");
+    let mut readers = Vec::new();
+    for _ in 0..READERS {
+        let rw = rw.clone();
+        readers.push(tokio::spawn(async move { rw.read().await }));
+    }
+    until_queued(&server, name, READERS as i64).await;
+
+    let cut_off = cut_off_subscribers(&server);
+    writer.release().await.expect("release");
+    let grants = server
+        .cmd_ok(&["HGETALL", &rw_keys(name).all()[4]])
+        .expect("HGETALL grants");
+    let granted: std::collections::HashMap<String, u64> = grants
+        .as_array()
+        .expect("array")
+        .chunks(2)
+        .filter_map(|pair| {
+            let owner_id = pair[0].as_str()?.to_owned();
+            let token = pair[1].as_str()?.parse().ok()?;
+            Some((owner_id, token))
+        })
+        .collect();
+    let mut permits = Vec::new();
+    for reader in readers {
+        let permit = tokio::time::timeout(LIVENESS, reader)
+            .await
+            .expect("granted")
+            .expect("task")
+            .expect("read");
+        assert_eq!(
+            granted.get(permit.owner_id()).copied(),
+            Some(permit.token().value()),
+            "a reader kept the grant the writer's release gave it"
+        );
+        permits.push(permit);
+    }
+    drop(cut_off);
+    for permit in permits {
+        permit.release().await.expect("release");
+    }
+}

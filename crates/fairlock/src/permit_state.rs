@@ -20,7 +20,7 @@ use fairlock_core::{
 use crate::error::{Error, Result};
 use crate::redis::Lane;
 use crate::state::ClientState;
-use crate::waiters::{LockWaiters, WaiterEvent};
+use crate::waiters::LockWaiters;
 
 impl ClientState {
     /// A new permit owner id: a random 128-bit nonce, this process's tag,
@@ -82,6 +82,14 @@ impl ClientState {
     /// oldest is no longer queued (granted with its message lost, or
     /// dropped), every waiter here re-runs acquire, which answers a grant
     /// (with the waiter's own lease) or keeps or retakes its place.
+    ///
+    /// The reply only says whether the oldest holds: one that holds while
+    /// its task still waits here lost its grant's message, and the grants
+    /// of one release go out together in FIFO order (all the readers at
+    /// the head), so the waiters behind it may have lost theirs in the
+    /// same burst. All of them check at once: found one per interval, the
+    /// later ones' short unheard leases ran out first and their grants
+    /// were wasted.
     pub(crate) async fn beat_permits(self: &Arc<Self>, lock: LockWaiters) {
         let channel_prefix = self.channel_prefix(&lock.keys);
         let call = PermitHeartbeat {
@@ -94,9 +102,11 @@ impl ClientState {
             Ok(reply) => {
                 self.after_purge(&lock.keys, reply.purged);
                 if reply.probe_holds {
-                    // Granted while the call was on its way, or its
-                    // message was lost: only the probe may need to hear.
-                    self.waiters.deliver(&lock.probe, WaiterEvent::Recheck);
+                    // Its task took the grant while the call was on its
+                    // way (nothing to do), or still waits: see above.
+                    if self.waiters.is_waiting(&lock.probe) {
+                        self.waiters.recheck_lock(lock.keys.owner());
+                    }
                 } else if !reply.probe_queued && self.waiters.is_waiting(&lock.probe) {
                     self.waiters.recheck_lock(lock.keys.owner());
                 }
