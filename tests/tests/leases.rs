@@ -376,3 +376,42 @@ async fn a_handed_on_fixed_lease_is_not_reported_lost() {
     assert!(!guard.is_lost(), "a fresh grant is not lost");
     guard.release().await.expect("released within its lease");
 }
+
+/// `extend` on a watchdog-kept lock sets the lease the watchdog then keeps:
+/// a shorter one is renewed before it runs out (at a third of it, like any
+/// watchdog lease) and a longer one is not cut back to the watchdog lease.
+/// Before, the watchdog renewed at a third of the configured lease
+/// whatever `extend` had set, so a short extend let the key expire (another
+/// client took the lock while the guard still held it) and a long one was
+/// shortened at the next renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_sets_the_lease_the_watchdog_keeps() {
+    let server = server();
+    let client = client(&server).await; // watchdog lease 3 s, 100 ms rounds
+    let rival = fairlock_tests::client(&server).await;
+
+    let short = client.lock("extend-short").await.expect("lock");
+    short
+        .extend(Duration::from_millis(600))
+        .await
+        .expect("extend");
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    assert!(!short.is_lost(), "the short extend was renewed");
+    assert!(
+        rival.try_lock("extend-short").await.expect("try").is_none(),
+        "nobody else got the lock"
+    );
+
+    let long = client.lock("extend-long").await.expect("lock");
+    long.extend(Duration::from_secs(60)).await.expect("extend");
+    // Past a third of the 3 s watchdog lease: the watchdog has renewed by now.
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let ttl = server
+        .cmd_ok(&["PTTL", keys("extend-long").owner()])
+        .expect("PTTL")
+        .as_int()
+        .expect("int");
+    assert!(ttl > 3_000, "the 60 s lease was kept, PTTL {ttl} ms");
+    short.release().await.expect("release");
+    long.release().await.expect("release");
+}

@@ -171,9 +171,13 @@ impl LockGuard {
     }
 
     /// Sets the lease to `lease` from now. For a watchdog-kept lock the
-    /// watchdog keeps renewing afterwards; for a fixed lease this is the
-    /// new lease. Fails with [`Error::NotOwner`] (and fires the lost
-    /// signal) if the lock is no longer held.
+    /// watchdog keeps renewing afterwards: a lease longer than the
+    /// watchdog's is renewed at its own length, a shorter one is renewed
+    /// (to the watchdog lease) once a third of it has passed, at the
+    /// watchdog's next round (one per heartbeat interval), so a lease
+    /// shorter than about two intervals can run out first. For a fixed
+    /// lease this is the new lease. Fails with [`Error::NotOwner`] (and
+    /// fires the lost signal) if the lock is no longer held.
     pub async fn extend(&self, lease: Duration) -> Result<()> {
         LockOptions::new().lease(lease).validate()?;
         let sent_at = Instant::now();

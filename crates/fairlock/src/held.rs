@@ -90,6 +90,11 @@ impl HeldLock {
         from.checked_add(len)
     }
 
+    /// The lease last set (by the grant, a renewal or `extend`).
+    pub(crate) fn current_lease(&self) -> Duration {
+        *self.lease_len.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Since the lease was last set.
     pub(crate) fn since_lease_set(&self) -> Duration {
         self.lease_from

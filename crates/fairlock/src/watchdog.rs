@@ -80,10 +80,16 @@ async fn watch_round(state: &Arc<ClientState>) {
     while calls.join_next().await.is_some() {}
 }
 
-/// The lease to set now for `lock`, or 0 to only check it.
+/// The lease to set now for `lock`, or 0 to only check it. A watchdog
+/// lease is renewed once a third of it has passed; one that `extend` set
+/// counts too: a shorter one is renewed before it runs out (and then
+/// gets the watchdog lease back), a longer one keeps its length.
 fn renewal_due(lock: &HeldLock, watchdog_lease: Duration) -> u64 {
+    let current = lock.current_lease();
     match lock.lease {
-        Lease::Watchdog if lock.since_lease_set() >= watchdog_lease / 3 => millis(watchdog_lease),
+        Lease::Watchdog if lock.since_lease_set() >= current.min(watchdog_lease) / 3 => {
+            millis(current.max(watchdog_lease))
+        }
         _ => 0,
     }
 }
@@ -143,7 +149,7 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
                 match status {
                     RenewStatus::Held if lease_ms > 0 => {
                         lease_renewal("renewed");
-                        lock.lease_set(started, watchdog_lease);
+                        lock.lease_set(started, Duration::from_millis(lease_ms));
                     }
                     RenewStatus::Held => {}
                     RenewStatus::Lost | RenewStatus::WrongType => {
