@@ -170,7 +170,9 @@ async fn acquire_validated(
     // Subscribed before the first call that could make a grant for us.
     // The rare, larger futures below are boxed: every waiting task carries
     // its acquire future for its whole wait, so it stays small.
-    Box::pin(state.subscribe_slot(&keys, false)).await?;
+    if let Err(error) = Box::pin(state.subscribe_slot(&keys, false)).await {
+        return Err(pending.failed(error));
+    }
     let channel_prefix = state.channel_prefix(&keys);
     let grant = |token, ticket, lease_from| Grant {
         token,
@@ -208,11 +210,7 @@ async fn acquire_validated(
             };
             let reply = match reply {
                 Ok(reply) => reply,
-                Err(error) => {
-                    telemetry.acquire_ended("error", started);
-                    crate::telemetry::span_failed(&error);
-                    return Err(error);
-                }
+                Err(error) => return Err(pending.failed(error)),
             };
             match reply {
                 AcquireReply::Granted { token } => {
@@ -296,9 +294,12 @@ async fn acquire_validated(
             // own lease) so that WAIT on its connection covers the handoff
             // that came before it in the replication stream.
             let confirm = confirm || state.config.replica_acks.is_some();
-            if confirm
-                && !Box::pin(confirm_lease(state, &keys, &owner_id, lease_len, request)).await?
-            {
+            let still_held = if confirm {
+                Box::pin(confirm_lease(state, &keys, &owner_id, lease_len, request)).await
+            } else {
+                Ok(true)
+            };
+            if !still_held.map_err(|error| pending.failed(error))? {
                 // The short lease of an unheard grant ran out first: the
                 // lock went on; queue again.
                 telemetry.recheck();
@@ -585,6 +586,18 @@ impl<'a> PendingAcquire<'a> {
         self.telemetry.acquire_ended("acquired", self.started);
         tracing::debug!(token, ?ticket, waited = ?self.started.elapsed(), "fairlock lock granted");
         held
+    }
+
+    /// A call of this acquire failed: counted as an error (once: not also
+    /// as cancelled when dropped), and the waiter leaves the queue in the
+    /// background in case the failed call had queued it (a reply lost
+    /// after the script ran), passing on a grant that raced it.
+    fn failed(&mut self, error: Error) -> Error {
+        self.finished();
+        self.telemetry.acquire_ended("error", self.started);
+        crate::telemetry::span_failed(&error);
+        drop(self.spawn_cancel());
+        error
     }
 
     /// Leaves the queue now (wait timeout, admission refusal), passing on
