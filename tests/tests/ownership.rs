@@ -522,3 +522,31 @@ async fn a_timed_out_waiter_leaves_the_queue_when_dropped_during_its_cancel() {
         .await
         .expect("release");
 }
+
+/// An owner handle's per-name bookkeeping shrinks back to zero also when
+/// an acquire through it is dropped midway (a caller's own timeout).
+/// Before, only an acquire that finished pruned it, so a long-lived owner
+/// that timed out on many names kept one entry per name for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_forgets_a_name_whose_acquire_was_dropped() {
+    let server = server();
+    let holder = client(&server).await;
+    let waiting = fairlock_tests::client(&server).await;
+    let owner = waiting.owner();
+    let mut guards = Vec::new();
+    for i in 0..5 {
+        let name = format!("gate-{i}");
+        guards.push(holder.lock(&name).await.expect("lock"));
+        let dropped =
+            tokio::time::timeout(Duration::from_millis(50), owner.lock(name.as_str())).await;
+        assert!(dropped.is_err(), "{name} was held: the acquire waited");
+    }
+    assert_eq!(
+        owner.acquiring(),
+        0,
+        "no name left in the owner's bookkeeping"
+    );
+    for guard in guards {
+        guard.release().await.expect("release");
+    }
+}

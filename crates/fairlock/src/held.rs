@@ -261,10 +261,10 @@ impl OwnerShared {
     }
 
     /// Forgets the gate of `name` once nobody uses it.
-    pub(crate) fn prune_gate(&self, name: &LockName, gate: Arc<tokio::sync::Mutex<()>>) {
+    pub(crate) fn prune_gate(&self, name: &LockName, gate: &Arc<tokio::sync::Mutex<()>>) {
         let mut gates = self.acquiring.lock().unwrap_or_else(|p| p.into_inner());
         // Ours and the map's: nobody else is acquiring this name.
-        if Arc::strong_count(&gate) == 2 {
+        if Arc::strong_count(gate) == 2 {
             gates.remove(name);
         }
     }

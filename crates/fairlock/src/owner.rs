@@ -93,13 +93,9 @@ impl LockOwner {
         mode: Mode,
     ) -> Result<Option<LockGuard>> {
         let name = LockName::new(name)?;
-        let gate = self.shared.gate(&name);
-        let result = {
-            let _one_at_a_time = gate.lock().await;
-            self.take_gated(&name, options, mode).await
-        };
-        self.shared.prune_gate(&name, gate);
-        result
+        let gate = GateUse::new(&self.shared, &name);
+        let _one_at_a_time = gate.lock().await;
+        self.take_gated(&name, options, mode).await
     }
 
     async fn take_gated(
@@ -122,5 +118,36 @@ impl LockOwner {
         Ok(Some(
             LockGuard::new(Arc::clone(&self.state), held).with_owner(Arc::clone(&self.shared)),
         ))
+    }
+}
+
+/// This handle's gate for one name, in use by one acquire: forgotten when
+/// the acquire ends, also when its future is dropped midway (a caller's
+/// timeout), so the handle's bookkeeping shrinks back to zero.
+struct GateUse<'a> {
+    shared: &'a OwnerShared,
+    name: &'a LockName,
+    gate: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl<'a> GateUse<'a> {
+    fn new(shared: &'a OwnerShared, name: &'a LockName) -> Self {
+        Self {
+            shared,
+            name,
+            gate: shared.gate(name),
+        }
+    }
+
+    /// Waits for the acquisitions of this name through the handle that
+    /// came first.
+    async fn lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.gate.lock().await
+    }
+}
+
+impl Drop for GateUse<'_> {
+    fn drop(&mut self) {
+        self.shared.prune_gate(self.name, &self.gate);
     }
 }
