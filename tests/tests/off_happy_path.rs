@@ -211,6 +211,91 @@ async fn a_waiter_granted_in_its_own_acquire_reply_keeps_its_own_lease() {
     );
 }
 
+/// A resent acquire (fred resends a call after a reconnect) of a waiter
+/// whose grant went unheard (its pub/sub connection was down too, so the
+/// releasing script cut the lease to the waiter TTL) answers the grant and
+/// sets the waiter's own lease: the client takes that answer as a grant
+/// with its full lease. Before, the lease stayed cut to 5 s and the key
+/// expired under a holder that believed it had 60 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_acquire_of_an_unheard_grant_sets_the_waiters_own_lease() {
+    let server = server();
+    let timings = Timings::default();
+    const HOLDER: &str = "aa000000000000000000000000000000.00000000000000a1.30000";
+    const WAITER: &str = "bb000000000000000000000000000000.00000000000000b2.60000";
+    let name = "resent";
+    let holder_token = match raw(&server, name, &waiting_acquire(HOLDER, &timings)) {
+        AcquireReply::Granted { token } => token,
+        other => panic!("{other:?}"),
+    };
+    assert!(matches!(
+        raw(&server, name, &waiting_acquire(WAITER, &timings)),
+        AcquireReply::Queued { .. }
+    ));
+    let released = raw(
+        &server,
+        name,
+        &Release {
+            owner_id: HOLDER,
+            timings: &timings,
+            channel_prefix: "test:nobody:",
+            reply_to: "",
+        },
+    );
+    assert!(
+        matches!(released, ReleaseReply::Released { .. }),
+        "{released:?}"
+    );
+    let cut = pttl(&server, keys(name).owner());
+    assert!(cut <= 5_000, "an unheard grant's lease is the waiter TTL: {cut} ms");
+    match raw(&server, name, &waiting_acquire(WAITER, &timings)) {
+        AcquireReply::Granted { token } => assert!(token > holder_token),
+        other => panic!("the resend answers the grant: {other:?}"),
+    }
+    let left = pttl(&server, keys(name).owner());
+    assert!(
+        left > 55_000,
+        "the resent acquire set the waiter's lease: {left} ms, asked 60 s"
+    );
+}
+
+/// Joining a queue refreshes the TTL of the queue and of the process's
+/// liveness entry, as a heartbeat does. Before, only a join that made the
+/// queue, or the process's first waiter on the lock, set them: a waiter
+/// that joined near the end of the keys' TTL could lose them before its
+/// first heartbeat, and a release then skipped it as dead (or the queue
+/// vanished and a later caller got ahead of it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joining_a_queue_refreshes_its_keys() {
+    let server = server();
+    let timings = Timings {
+        queue_ttl_ms: 2_000,
+        ..Timings::default()
+    };
+    const HOLDER: &str = "aa000000000000000000000000000000.00000000000000a1.30000";
+    const FIRST: &str = "cc000000000000000000000000000000.00000000000000c3.30000";
+    const SECOND: &str = "dd000000000000000000000000000000.00000000000000c3.30000";
+    let name = "refresh";
+    assert!(matches!(
+        raw(&server, name, &waiting_acquire(HOLDER, &timings)),
+        AcquireReply::Granted { .. }
+    ));
+    assert!(matches!(
+        raw(&server, name, &waiting_acquire(FIRST, &timings)),
+        AcquireReply::Queued { .. }
+    ));
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    // A second waiter of the same process joins.
+    assert!(matches!(
+        raw(&server, name, &waiting_acquire(SECOND, &timings)),
+        AcquireReply::Queued { .. }
+    ));
+    for key in [keys(name).queue(), keys(name).alive()] {
+        let left = pttl(&server, key);
+        assert!(left > 1_500, "{key} was refreshed by the join: {left} ms of 2,000");
+    }
+}
+
 /// Fault 2: every way a lease ends without release() reaches its holder,
 /// fixed leases included: the key vanishing, and a forced release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,7 +17,8 @@
 --   left at the head of the queue (the client calls heartbeat to go on)
 --
 -- Cost: 4 commands when the lock is free and nobody waits (ZCARD, TIME,
--- SET seq, SET owner NX); 6 to join a queue that exists.
+-- SET seq, SET owner NX); 8 to join a queue that exists (ZCARD, GET,
+-- TIME, ZADD alive, SET seq, ZADD queue, PEXPIRE queue and alive).
 -- Idempotent: run again with the same owner id it returns the same grant
 -- (the owner id owns the lock) or the same ticket (it keeps its place).
 -- No barging: a caller is granted a free lock only if no live waiter is
@@ -43,6 +44,16 @@ local function wrong_type(key, drawn)
     ' holds a value of another type; another program uses this key')
 end
 
+-- The caller already owns the lock (a resend of the call that was
+-- granted, or a grant made by a release while this call was on its way):
+-- the answer is that grant, with the caller's own lease set now, since
+-- the client takes this reply as a grant with its full lease. A grant
+-- whose message reached nobody had only the waiter TTL.
+local function own_grant(token)
+  redis.call('PEXPIRE', KEYS[1], lease_str)
+  return {1, token}
+end
+
 -- Join the queue with `ticket` (number and digits; or a new one drawn at
 -- `now`, number and digits), `ahead` waiters in front.
 local function enqueue(now, now_str, ticket, ticket_str, drawn, ahead, queue_was_empty)
@@ -62,12 +73,12 @@ local function enqueue(now, now_str, ticket, ticket_str, drawn, ahead, queue_was
     ticket = tonumber(redis.call('ZSCORE', KEYS[2], owner_id))
     ahead = redis.call('ZRANK', KEYS[2], owner_id)
   end
-  if queue_was_empty then
-    redis.call('PEXPIRE', KEYS[2], queue_ttl_ms)
-  end
-  if fresh_tag == 1 then
-    redis.call('PEXPIRE', KEYS[3], queue_ttl_ms)
-  end
+  -- Both keys live on from every join, as from every heartbeat: this
+  -- waiter's first heartbeat may be an interval away, and keys near the
+  -- end of their TTL would otherwise take its entry, or its process's
+  -- liveness, with them before it.
+  redis.call('PEXPIRE', KEYS[2], queue_ttl_ms)
+  redis.call('PEXPIRE', KEYS[3], queue_ttl_ms)
   return ticket, ahead
 end
 
@@ -97,7 +108,7 @@ if waiting == 0 then
     -- keep of this call, not even the number it drew.
     restore_seq(previous)
     if holder == owner_id then
-      return {1, token}
+      return own_grant(token)
     end
     return {3, 0, 0}
   end
@@ -116,7 +127,7 @@ if not ours then
   return foreign_owner_error()
 end
 if holder == owner_id then
-  return {1, token}
+  return own_grant(token)
 end
 local dropped, more = 0, false
 if not held then
