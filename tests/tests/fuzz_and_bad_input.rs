@@ -562,6 +562,24 @@ async fn garbage_values_are_refused_or_repaired() {
         assert_eq!(state.queue_len, 0, "{owner_id:?} was dropped");
     }
 
+    // An entry of a live process whose lease has a leading zero: once
+    // taken as well-formed, it failed the grant (`SET ... PX 060000` is
+    // refused), so the caller got an error and the lock stayed stuck; it
+    // is not fairlock's format and is dropped like the ones above.
+    let zero_led = format!("{}.00000000000000ef.060000", "0".repeat(32));
+    server.cmd(&["FLUSHALL"]).expect("flush");
+    server
+        .cmd(&["ZADD", k.queue(), "1", &zero_led])
+        .expect("ZADD");
+    server
+        .cmd(&["ZADD", k.alive(), "+inf", "00000000000000ef"])
+        .expect("ZADD");
+    let guard = bounded("lock", client.lock_with(name, wait))
+        .await
+        .unwrap_or_else(|e| panic!("queue entry {zero_led:?}: {e}"));
+    guard.release().await.expect("release");
+    assert_eq!(client.inspect(name).await.expect("inspect").queue_len, 0);
+
     // A process whose alive deadline passed (0, or long ago), and one with
     // an endless deadline that listens nowhere: its waiter is passed over.
     for deadline in ["0", "-inf", "+inf"] {

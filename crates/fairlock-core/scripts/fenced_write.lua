@@ -10,8 +10,8 @@
 --                 has seen and who carried it
 -- KEYS[2] target  the key written
 -- ARGV[1] token   the writer's fencing token
--- ARGV[3] holder  the writer's owner id
--- ARGV[4] op      "set" | "hset" | "incrby" | "get" | "hget"
+-- ARGV[2] holder  the writer's owner id
+-- ARGV[3] op      "set" | "hset" | "incrby" | "get" | "hget"
 -- ARGV[4..]       set: value;  hset: field, value;  incrby: delta;  hget: field
 --
 -- Replies:

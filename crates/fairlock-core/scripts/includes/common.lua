@@ -21,7 +21,11 @@
 --
 -- Scripts read every key they will write before their first write (a read
 -- of a key of a foreign type fails with WRONGTYPE), so a failing script
--- leaves Redis as it found it, without TYPE probes on the hot path.
+-- leaves Redis as it found it, without TYPE probes on the hot path. The
+-- exception is heartbeat.lua, which covers several locks in one call: a
+-- foreign key under a later lock fails the call after the earlier locks'
+-- writes; the client then beats each lock on its own, which redoes those
+-- writes harmlessly (each is idempotent).
 
 -- The five keys of the lock the helpers below work on: KEYS itself, except
 -- in heartbeat.lua, which covers several locks in one call and points K at
@@ -63,7 +67,9 @@ end
 -- as a number and as the owner id's own digits, which commands take as they
 -- are (a number argument costs Redis a printf).
 local function parse_owner_id(owner_id)
-  local tag, lease = string.match(owner_id, '^%x+%.(%x+)%.(%d+)$')
+  -- No leading zero: the digits go to PX as they are, and Redis refuses
+  -- `PX 060000` (fairlock never writes one).
+  local tag, lease = string.match(owner_id, '^%x+%.(%x+)%.([1-9]%d*)$')
   return tag, tonumber(lease), lease
 end
 
