@@ -333,7 +333,11 @@ impl Call {
             Call::Release { owner_id } | Call::Cancel { owner_id } => vec![owner_id.as_str()],
             Call::ForceRelease { expected } => vec![expected.as_str()],
             Call::Renew { items } => items.iter().map(|(m, _, _)| m.as_str()).collect(),
-            Call::Acquire { .. } | Call::Heartbeat { .. } => Vec::new(),
+            // A resent acquire of an owner id that holds the lock sets that
+            // grant's own lease (its first answer may have been lost with a
+            // grant whose message reached nobody, and so a short lease).
+            Call::Acquire { owner_id, .. } => vec![owner_id.as_str()],
+            Call::Heartbeat { .. } => Vec::new(),
         }
     }
 }
@@ -530,9 +534,7 @@ impl Model {
                     self.grant_with(owner_id, seq);
                     Reply::Array(vec![int(1), int(seq)])
                 }
-                Some(owner) if owner.owner_id == owner_id => {
-                    Reply::Array(vec![int(1), int(owner.token)])
-                }
+                Some(owner) if owner.owner_id == owner_id => self.own_grant(owner_id),
                 Some(_) if mode == AcquireMode::Try => Reply::Array(vec![int(3), int(0), int(0)]),
                 Some(_) => {
                     let seq = self.draw();
@@ -541,10 +543,13 @@ impl Model {
                 }
             };
         }
-        if let Some(owner) = &self.state.owner {
-            if owner.owner_id == owner_id {
-                return Reply::Array(vec![int(1), int(owner.token)]);
-            }
+        if self
+            .state
+            .owner
+            .as_ref()
+            .is_some_and(|owner| owner.owner_id == owner_id)
+        {
+            return self.own_grant(owner_id);
         }
         let (mut dropped, mut more) = (0, false);
         if self.state.owner.is_none() {
@@ -571,6 +576,15 @@ impl Model {
             int(dropped),
             flag(more),
         ])
+    }
+
+    /// The caller already owns the lock: the answer is its grant, with its
+    /// own lease set again.
+    fn own_grant(&mut self, owner_id: &str) -> Reply {
+        let token = self.state.owner.as_ref().map_or(0, |owner| owner.token);
+        self.owner_lease_ms = lease_of(owner_id);
+        self.lease_set = true;
+        Reply::Array(vec![int(1), int(token)])
     }
 
     fn grant_with(&mut self, owner_id: &str, token: u64) {
@@ -1373,8 +1387,8 @@ impl<'a> Case<'a> {
         Ok(())
     }
 
-    /// A resend of a release, cancel, renewal or forced release never
-    /// changes a holder that is not the owner id it acts for.
+    /// A resend of a release, cancel, renewal, forced release or acquire
+    /// never changes a holder that is not the owner id it acts for.
     fn check_later_holder_untouched(
         call: &Call,
         before: &State,
