@@ -247,7 +247,10 @@ async fn a_resent_acquire_of_an_unheard_grant_sets_the_waiters_own_lease() {
         "{released:?}"
     );
     let cut = pttl(&server, keys(name).owner());
-    assert!(cut <= 5_000, "an unheard grant's lease is the waiter TTL: {cut} ms");
+    assert!(
+        cut <= 5_000,
+        "an unheard grant's lease is the waiter TTL: {cut} ms"
+    );
     match raw(&server, name, &waiting_acquire(WAITER, &timings)) {
         AcquireReply::Granted { token } => assert!(token > holder_token),
         other => panic!("the resend answers the grant: {other:?}"),
@@ -292,7 +295,10 @@ async fn joining_a_queue_refreshes_its_keys() {
     ));
     for key in [keys(name).queue(), keys(name).alive()] {
         let left = pttl(&server, key);
-        assert!(left > 1_500, "{key} was refreshed by the join: {left} ms of 2,000");
+        assert!(
+            left > 1_500,
+            "{key} was refreshed by the join: {left} ms of 2,000"
+        );
     }
 }
 

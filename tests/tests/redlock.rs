@@ -495,3 +495,36 @@ async fn a_minority_down_at_start_is_picked_up_and_cancelled_waits_leave_nothing
     }
     assert!(other.try_lock("late").await.expect("answers").is_some());
 }
+
+/// A watchdog renewal round that a majority does not confirm is tried
+/// again while the lease is still valid: with one primary of three dead, a
+/// second one that stalls (CLIENT PAUSE) through a renewal round does not
+/// cost the lease, since nobody else can hold a majority before the
+/// validity ends. Before, the first unconfirmed round fired the lost
+/// signal and stopped the watchdog while the keys were still on a majority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unconfirmed_renewal_round_is_tried_again_within_the_validity() {
+    let mut servers = primaries(3);
+    let mut config = config(&servers);
+    config.call_timeout = Duration::from_millis(300);
+    let client = connect(config).await;
+    let guard = tokio::time::timeout(HANG, client.lock("stall"))
+        .await
+        .expect("no hang")
+        .expect("lock");
+    servers.kill(&[2]);
+    // Renewals run every second (lease 3 s); a 1.3 s pause spans one.
+    servers.servers()[1]
+        .cmd_ok(&["CLIENT", "PAUSE", "1300"])
+        .expect("pause a second primary");
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    assert!(
+        !guard.is_lost(),
+        "the lease outlived a stalled renewal round (validity {:?})",
+        guard.validity()
+    );
+    tokio::time::timeout(HANG, guard.release())
+        .await
+        .expect("no hang")
+        .expect("release");
+}
