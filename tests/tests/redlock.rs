@@ -528,3 +528,59 @@ async fn an_unconfirmed_renewal_round_is_tried_again_within_the_validity() {
         .expect("no hang")
         .expect("release");
 }
+
+/// Waiters on many locks are not held up behind one another by a primary
+/// that stalls (CLIENT PAUSE: connected, answering nothing): each lock's
+/// first waiter subscribes to its release notices on every primary, which
+/// costs that primary's call timeouts, and those subscriptions used to go
+/// one at a time through one client-wide gate, outside the wait timeout.
+/// Eighty waiters with a 1 s wait timeout each then took up to 80 x 2 call
+/// timeouts to come back; now they subscribe side by side within their
+/// wait timeouts, and every one ends within the hang guard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_primary_does_not_hold_up_the_waiters_of_other_locks() {
+    const LOCKS: usize = 80;
+    let servers = primaries(3);
+    let mut config = config(&servers);
+    config.call_timeout = Duration::from_millis(300);
+    let holder = connect(config.clone()).await;
+    let waiting = Arc::new(connect(config).await);
+    let mut guards = Vec::new();
+    for i in 0..LOCKS {
+        guards.push(
+            tokio::time::timeout(HANG, holder.lock(&format!("stalled-{i}")))
+                .await
+                .expect("no hang")
+                .expect("lock"),
+        );
+    }
+    servers.servers()[2]
+        .cmd_ok(&["CLIENT", "PAUSE", "30000"])
+        .expect("stall a primary");
+    let mut tasks = Vec::new();
+    for i in 0..LOCKS {
+        let waiting = Arc::clone(&waiting);
+        tasks.push(tokio::spawn(async move {
+            let options = RedLockOptions::new().wait_timeout(Duration::from_secs(1));
+            waiting
+                .lock_with(&format!("stalled-{i}"), options)
+                .await
+                .map(drop)
+        }));
+    }
+    let all = async {
+        for task in tasks {
+            let outcome = task.await.expect("task");
+            assert!(
+                matches!(outcome, Err(Error::WaitTimeout { .. })),
+                "{outcome:?}"
+            );
+        }
+    };
+    tokio::time::timeout(HANG, all)
+        .await
+        .expect("every waiter ended within its wait timeout, not one after another");
+    // The paused primary stays paused (CLIENT UNPAUSE would wait behind
+    // the pause too); the kit kills it when the test ends.
+    drop(guards);
+}

@@ -96,7 +96,22 @@ pub(crate) async fn acquire(
             }
         };
         let Some(waiting) = subscription.as_mut() else {
-            subscription = Some(shared.wakeups.subscribe(keys.channel()).await);
+            // Within the wait timeout too: a slow primary can make the
+            // first subscription of a channel take two call timeouts.
+            let subscribed = shared.wakeups.subscribe(keys.channel());
+            let subscribed = match deadline {
+                Some(deadline) => tokio::time::timeout_at(deadline.into(), subscribed).await,
+                None => Ok(subscribed.await),
+            };
+            match subscribed {
+                Ok(waiting) => subscription = Some(waiting),
+                Err(_) => {
+                    return Err(Error::WaitTimeout {
+                        name: name.to_owned(),
+                        waited: began.elapsed(),
+                    })
+                }
+            }
             continue;
         };
         let wait_over = async {

@@ -15,7 +15,7 @@
 //! the holder's lease would run out. A subscriber reconnect wakes every
 //! waiter, since a release may have been missed meanwhile.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::watch;
@@ -35,10 +35,12 @@ struct Inner {
     primaries: Arc<Primaries>,
     /// Per channel: the wake-up counter and how many local tasks wait.
     channels: Mutex<HashMap<String, Channel>>,
-    /// Channels subscribed on the servers. Held across the (un)subscribe
-    /// calls, so a subscribe and an unsubscribe of a channel never
-    /// interleave.
-    subscribed: tokio::sync::Mutex<HashSet<String>>,
+    /// Per channel in use: whether it is subscribed on the servers, behind
+    /// a gate held across that channel's (un)subscribe calls, so a
+    /// subscribe and an unsubscribe of one channel never interleave, while
+    /// other channels go on (a slow primary would otherwise hold up every
+    /// lock's first waiter behind one another).
+    subscribed: Mutex<HashMap<String, Gate>>,
     routers: Mutex<Vec<BackgroundTask>>,
 }
 
@@ -47,13 +49,16 @@ struct Channel {
     waiters: usize,
 }
 
+/// A channel's gate: `true` once it is subscribed on the servers.
+type Gate = Arc<tokio::sync::Mutex<bool>>;
+
 impl Wakeups {
     pub(crate) fn new(primaries: Arc<Primaries>) -> Self {
         Self {
             inner: Arc::new(Inner {
                 primaries,
                 channels: Mutex::new(HashMap::new()),
-                subscribed: tokio::sync::Mutex::new(HashSet::new()),
+                subscribed: Mutex::new(HashMap::new()),
                 routers: Mutex::new(Vec::new()),
             }),
         }
@@ -119,8 +124,13 @@ impl Wakeups {
             channel: channel.to_owned(),
             inner: Arc::clone(&self.inner),
         };
-        let mut subscribed = self.inner.subscribed.lock().await;
-        if !subscribed.contains(channel) {
+        let gate = Arc::clone(
+            lock(&self.inner.subscribed)
+                .entry(channel.to_owned())
+                .or_default(),
+        );
+        let mut on_servers = gate.lock().await;
+        if !*on_servers {
             let name: Arc<str> = Arc::from(channel);
             let answers = self
                 .inner
@@ -144,7 +154,7 @@ impl Wakeups {
                     tracing::debug!(%failure, "RedLock: release notices from this primary will not arrive; waiters fall back to the lease timer");
                 }
             }
-            subscribed.insert(channel.to_owned());
+            *on_servers = true;
         }
         subscription
     }
@@ -202,7 +212,10 @@ impl Drop for Subscription {
         let inner = Arc::clone(&self.inner);
         let channel = std::mem::take(&mut self.channel);
         runtime.spawn(async move {
-            let mut subscribed = inner.subscribed.lock().await;
+            let Some(gate) = lock(&inner.subscribed).get(&channel).map(Arc::clone) else {
+                return;
+            };
+            let mut on_servers = gate.lock().await;
             {
                 let mut channels = lock(&inner.channels);
                 match channels.get(&channel) {
@@ -212,12 +225,17 @@ impl Drop for Subscription {
                     _ => return,
                 }
             }
-            if subscribed.remove(&channel) {
+            if std::mem::take(&mut *on_servers) {
                 for primary in inner.primaries.all() {
                     if let Some(connection) = primary.connection() {
                         let _ = connection.unsubscribe(&channel).await;
                     }
                 }
+            }
+            // Ours and the map's: nobody is about to subscribe it again.
+            let mut subscribed = lock(&inner.subscribed);
+            if Arc::strong_count(&gate) == 2 {
+                subscribed.remove(&channel);
             }
         });
     }
@@ -233,9 +251,16 @@ fn resubscribe(inner: &Weak<Inner>, connection: &Arc<RedisConnection>) {
     };
     let connection = Arc::clone(connection);
     tokio::spawn(async move {
-        let subscribed = inner.subscribed.lock().await;
-        for channel in subscribed.iter() {
-            if let Err(error) = connection.subscribe(channel).await {
+        let gates: Vec<(String, Gate)> = lock(&inner.subscribed)
+            .iter()
+            .map(|(channel, gate)| (channel.clone(), Arc::clone(gate)))
+            .collect();
+        for (channel, gate) in gates {
+            let on_servers = gate.lock().await;
+            if !*on_servers {
+                continue;
+            }
+            if let Err(error) = connection.subscribe(&channel).await {
                 tracing::warn!(%error, channel, "RedLock: cannot subscribe a primary to release notices; its waiters fall back to the lease timer");
             }
         }
