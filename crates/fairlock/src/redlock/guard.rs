@@ -158,7 +158,7 @@ impl Drop for RedLockGuard {
             return;
         }
         // Dropping the watchdog asks it to stop.
-        self.watchdog = None;
+        let watchdog = self.watchdog.take();
         self.status.send_modify(|s| s.lost = true);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -167,6 +167,12 @@ impl Drop for RedLockGuard {
         let keys = Arc::clone(&self.keys);
         let owner_id = Arc::clone(&self.owner_id);
         runtime.spawn(async move {
+            // As release() does: the watchdog first, so a renewal round in
+            // flight cannot reach a primary after the release there and
+            // take the freed key back for a whole lease.
+            if let Some(mut watchdog) = watchdog {
+                watchdog.shutdown().await;
+            }
             release_everywhere(&shared, &keys, &owner_id, true).await;
         });
     }
