@@ -415,3 +415,31 @@ async fn extend_sets_the_lease_the_watchdog_keeps() {
     short.release().await.expect("release");
     long.release().await.expect("release");
 }
+
+/// `extend_by_owner_id` on a holder of this very process moves that
+/// holder's own lease clock too: before, Redis had the longer lease but the
+/// guard's lost signal still fired at the old local deadline (a `with_lock`
+/// body would have been stopped while its lock was held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_by_owner_id_moves_a_local_holders_deadline() {
+    let server = server();
+    let client = client(&server).await;
+    let guard = client
+        .lock_with(
+            "by-id",
+            LockOptions::new().lease(Duration::from_millis(400)),
+        )
+        .await
+        .expect("lock");
+    client
+        .extend_by_owner_id("by-id", guard.owner_id(), Duration::from_secs(30))
+        .await
+        .expect("extend by owner id");
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert!(
+        guard.is_held().await.expect("is_held"),
+        "Redis has the lease"
+    );
+    assert!(!guard.is_lost(), "the guard counts the extended lease");
+    guard.release().await.expect("release");
+}

@@ -203,7 +203,8 @@ impl LockClient {
     }
 
     /// Sets the lease of lock `name` held by `owner_id` to `lease` from
-    /// now. Refused with [`Error::NotOwner`], changing nothing, unless that
+    /// now (a holder in this process then counts its lease from now too).
+    /// Refused with [`Error::NotOwner`], changing nothing, unless that
     /// holder has the lock.
     pub async fn extend_by_owner_id(
         &self,
@@ -221,8 +222,16 @@ impl LockClient {
                 lease_ms: millis(lease),
             }],
         };
+        let sent_at = std::time::Instant::now();
         match self.state().renew(&batch).await?.first() {
-            Some(RenewStatus::Held) => Ok(()),
+            Some(RenewStatus::Held) => {
+                // A holder in this process counts its lease from here too
+                // (its lost signal fires by that local deadline).
+                if let Some(held) = self.state().held.get(owner_id) {
+                    held.lease_set(sent_at, lease);
+                }
+                Ok(())
+            }
             Some(RenewStatus::WrongType) => Err(Error::WrongType(format!(
                 "WRONGTYPE fairlock key {} holds a value of another type",
                 keys.owner()
