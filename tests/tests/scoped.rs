@@ -110,3 +110,42 @@ async fn wait_until_held(client: &fairlock::LockClient, name: &str) {
     }
     panic!("{name} was never held");
 }
+
+/// A body that finished while its lease held gets its value back even if
+/// the release then fails for a reason that says nothing about the lease
+/// (here a timeout: Redis is paused for writes past the command timeout).
+/// Before, the call failed with that error and the value was dropped, so a
+/// caller retried work that had been done under a valid lease. The lock is
+/// freed all the same (here by the release once Redis resumes; otherwise
+/// when its lease runs out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_body_keeps_its_value_when_the_release_times_out() {
+    let server = server();
+    let config = fairlock::ClientConfig::builder(server.url())
+        .command_timeout(Duration::from_millis(500))
+        .heartbeat_interval(Duration::from_millis(100))
+        .waiter_timeout(Duration::from_secs(1))
+        .watchdog_lease(Duration::from_secs(3))
+        .build()
+        .expect("config");
+    let client = fairlock::LockClient::with_config(config)
+        .await
+        .expect("connect");
+    let value = client
+        .with_lock("slow-release", LockOptions::new(), |_| async {
+            server
+                .cmd_ok(&["CLIENT", "PAUSE", "1500", "WRITE"])
+                .expect("pause writes");
+            42
+        })
+        .await;
+    assert!(matches!(value, Ok(42)), "{value:?}");
+    let other = fairlock_tests::client(&server).await;
+    let next = within(
+        "the lock after the slow release",
+        other.lock("slow-release"),
+    )
+    .await
+    .expect("lock");
+    next.release().await.expect("release");
+}

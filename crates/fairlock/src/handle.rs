@@ -194,12 +194,20 @@ where
 
 /// What a scoped body's caller gets once its lock was released: the body's
 /// value, or [`Error::LeaseLost`] if the lease was `lost` before the
-/// release or the release found the lock no longer ours.
+/// release or the release found the lock no longer ours. A release that
+/// failed otherwise (a timeout, a connection lost) says nothing about the
+/// lease the body ran under: the value is kept, so the caller does not
+/// redo finished work, and the lock is freed when its lease runs out (the
+/// watchdog stopped at the release).
 fn released_outcome<T>(value: T, lost: bool, released: Result<()>, name: String) -> Result<T> {
     match released {
         Ok(()) if !lost => Ok(value),
         Ok(()) | Err(Error::NotOwner { .. }) => Err(Error::LeaseLost { name }),
-        Err(error) => Err(error),
+        Err(_) if lost => Err(Error::LeaseLost { name }),
+        Err(error) => {
+            tracing::warn!(lock = %name, %error, "fairlock could not release after a scoped body finished; the lock is freed when its lease runs out");
+            Ok(value)
+        }
     }
 }
 
@@ -220,8 +228,11 @@ impl LockClient {
     /// Runs `body` while holding lock `name`, and releases it on every way
     /// out. If the lease is lost meanwhile (expired, force-released, the key
     /// vanished), the body's future is dropped at once, stopping the work,
-    /// and the call fails with [`Error::LeaseLost`]. The body gets the
-    /// grant's [`Held`] identity, with its fencing token.
+    /// and the call fails with [`Error::LeaseLost`]. A body that finished
+    /// under its lease keeps its value even if the release then fails for
+    /// another reason (a timeout): the lock is then freed when its lease
+    /// runs out. The body gets the grant's [`Held`] identity, with its
+    /// fencing token.
     ///
     /// ```no_run
     /// # async fn demo(client: fairlock::LockClient) -> fairlock::Result<()> {
