@@ -87,8 +87,8 @@ impl Semaphore {
         })
     }
 
-    /// The same handle with other default options (lease, wait timeout;
-    /// deadline-aware admission does not apply to semaphores).
+    /// The same handle with other default options (lease, wait timeout,
+    /// deadline-aware admission).
     pub fn with_options(mut self, options: LockOptions) -> Self {
         self.options = options;
         self

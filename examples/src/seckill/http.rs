@@ -447,8 +447,9 @@ impl Service {
                 let Some(checkout) = self.inner.checkouts.get(id) else {
                     return unknown_item(variant, id);
                 };
-                // Deadline-aware admission does not apply to semaphores:
-                // a buyer waits for a permit up to the whole budget.
+                // Without deadline-aware admission (which permits support
+                // too): a buyer waits for a permit up to the whole budget,
+                // as in the runs the README reports for this variant.
                 let options = LockOptions::new()
                     .lease(self.inner.config.lease)
                     .wait_timeout(self.inner.config.wait_timeout);
