@@ -387,24 +387,30 @@ async fn a_handed_on_fixed_lease_is_not_reported_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extend_sets_the_lease_the_watchdog_keeps() {
     let server = server();
-    let client = client(&server).await; // watchdog lease 3 s, 100 ms rounds
     let rival = fairlock_tests::client(&server).await;
 
-    let short = client.lock("extend-short").await.expect("lock");
-    short
-        .extend(Duration::from_millis(600))
-        .await
-        .expect("extend");
-    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    // Watchdog lease 30 s (renewed after 10 s), 100 ms rounds; a 3 s
+    // extend is renewed after 1 s, with 2 s to spare for a loaded machine.
+    let config = fairlock::ClientConfig::builder(server.url())
+        .heartbeat_interval(Duration::from_millis(100))
+        .waiter_timeout(Duration::from_secs(1))
+        .watchdog_lease(Duration::from_secs(30))
+        .build()
+        .expect("config");
+    let slow_watchdog = LockClient::with_config(config).await.expect("connect");
+    let short = slow_watchdog.lock("extend-short").await.expect("lock");
+    short.extend(Duration::from_secs(3)).await.expect("extend");
+    tokio::time::sleep(Duration::from_millis(5_000)).await;
     assert!(!short.is_lost(), "the short extend was renewed");
     assert!(
         rival.try_lock("extend-short").await.expect("try").is_none(),
         "nobody else got the lock"
     );
 
+    // Watchdog lease 3 s: a renewal is due after 1 s.
+    let client = client(&server).await;
     let long = client.lock("extend-long").await.expect("lock");
     long.extend(Duration::from_secs(60)).await.expect("extend");
-    // Past a third of the 3 s watchdog lease: the watchdog has renewed by now.
     tokio::time::sleep(Duration::from_millis(2_000)).await;
     let ttl = server
         .cmd_ok(&["PTTL", keys("extend-long").owner()])
@@ -427,7 +433,7 @@ async fn extend_by_owner_id_moves_a_local_holders_deadline() {
     let guard = client
         .lock_with(
             "by-id",
-            LockOptions::new().lease(Duration::from_millis(400)),
+            LockOptions::new().lease(Duration::from_millis(1_000)),
         )
         .await
         .expect("lock");
@@ -435,7 +441,7 @@ async fn extend_by_owner_id_moves_a_local_holders_deadline() {
         .extend_by_owner_id("by-id", guard.owner_id(), Duration::from_secs(30))
         .await
         .expect("extend by owner id");
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
     assert!(
         guard.is_held().await.expect("is_held"),
         "Redis has the lease"

@@ -507,17 +507,20 @@ async fn an_unconfirmed_renewal_round_is_tried_again_within_the_validity() {
     let mut servers = primaries(3);
     let mut config = config(&servers);
     config.call_timeout = Duration::from_millis(300);
+    config.watchdog_lease = Duration::from_secs(6);
     let client = connect(config).await;
     let guard = tokio::time::timeout(HANG, client.lock("stall"))
         .await
         .expect("no hang")
         .expect("lock");
     servers.kill(&[2]);
-    // Renewals run every second (lease 3 s); a 1.3 s pause spans one.
+    // The first renewal round runs 2 s after the grant (lease 6 s): a 3 s
+    // pause outlasts it and its 300 ms call timeouts, and ends well within
+    // the grant's validity (about 5.9 s).
     servers.servers()[1]
-        .cmd_ok(&["CLIENT", "PAUSE", "1300"])
+        .cmd_ok(&["CLIENT", "PAUSE", "3000"])
         .expect("pause a second primary");
-    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    tokio::time::sleep(Duration::from_millis(7_000)).await;
     assert!(
         !guard.is_lost(),
         "the lease outlived a stalled renewal round (validity {:?})",

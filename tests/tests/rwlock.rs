@@ -242,14 +242,23 @@ async fn a_writer_that_gives_up_lets_the_readers_behind_it_in() {
 /// given. The heartbeat probes only the process's oldest waiter; before,
 /// it found one holding reader per interval, and the later readers' short
 /// leases ran out first: they lost their grants and queued again, with
-/// new tokens (20 readers, 100 ms heartbeats, 1 s waiter TTL).
+/// new tokens (40 readers, 100 ms heartbeats, 2 s waiter TTL: all 40
+/// checking at once have 2 s, one per heartbeat would need 4 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_whose_grants_went_unheard_all_keep_them() {
-    const READERS: usize = 20;
+    const READERS: usize = 40;
     let server = server();
     let name = "unheard";
     let writer_client = client(&server).await;
-    let readers_client = fairlock_tests::client(&server).await;
+    let config = fairlock::ClientConfig::builder(server.url())
+        .heartbeat_interval(Duration::from_millis(100))
+        .waiter_timeout(Duration::from_secs(2))
+        .watchdog_lease(Duration::from_secs(3))
+        .build()
+        .expect("config");
+    let readers_client = fairlock::LockClient::with_config(config)
+        .await
+        .expect("connect");
     let writer = writer_client
         .rw_lock(name)
         .expect("rw lock")
