@@ -330,7 +330,9 @@ impl LockClient {
     /// too ([`FencedOp::Get`]); for several writes that must land together,
     /// use [`LockClient::fenced_eval`] with one script.
     /// [`FencedOp::IncrBy`] is not idempotent if the connection drops and
-    /// the command is resent. Values are bytes and pass unchanged both
+    /// the command is resent (fred resends a command written but not
+    /// answered when its connection dropped; fairlock itself never resends
+    /// a fenced call). Values are bytes and pass unchanged both
     /// ways: a value read back that is not UTF-8 comes as [`Reply::Bytes`].
     ///
     /// ```no_run
@@ -366,7 +368,10 @@ impl LockClient {
 
     /// Runs a user script (see [`FencedScript`]) only if `token` passes the
     /// same check as [`LockClient::fenced_write`]; otherwise fails with
-    /// [`Error::StaleToken`], changing nothing.
+    /// [`Error::StaleToken`], changing nothing. fairlock never sends it
+    /// again after an error, but fred resends a command written and not
+    /// answered when its connection dropped: a script that is not safe to
+    /// run twice (an `INCR`) should tell a rerun from a first run itself.
     /// The arguments are bytes (`&str`, `String`, `&[u8]`, `Vec<u8>`),
     /// passed to Redis unchanged; an empty list is written `&[] as &[&str]`.
     pub async fn fenced_eval<A: AsRef<[u8]>>(
@@ -399,7 +404,7 @@ impl LockClient {
         let reply = self
             .state()
             .redis
-            .eval(Lane::Holders, script, keys, args)
+            .eval_user(Lane::Holders, script, keys, args)
             .await?;
         match decode_fenced("fenced write", reply)? {
             FencedReply::Applied(reply) => Ok(reply),

@@ -146,17 +146,45 @@ impl RedisConnection {
     /// bytes, passed to Redis unchanged.
     ///
     /// A call that fred cancelled because its connection task stopped
-    /// under it (see [`keep_connected`](super::keeper::keep_connected)), not because of [`Self::quit`],
-    /// or that fred could not route (a slot in migration answering `ASK`,
-    /// a cluster changing its slots), is sent again every 50 ms within the
-    /// command timeout: every fairlock script is safe to run twice, and a
-    /// routing failure means it did not run.
+    /// under it (see [`keep_connected`](super::keeper::keep_connected)),
+    /// not because of [`Self::quit`], or that fred could not route (a slot
+    /// in migration answering `ASK`, a cluster changing its slots), is sent
+    /// again every 50 ms within the command timeout. Only for fairlock's
+    /// own scripts, every one safe to run twice: those answers can also
+    /// follow a call that ran (fred puts a call written but unanswered when
+    /// its connection closes back in line, and its last write attempt then
+    /// fails), so a user's script goes through [`Self::eval_user`].
     pub(crate) async fn eval(
         &self,
         lane: Lane,
         script: ScriptSource<'_>,
         keys: &[&str],
         args: Vec<Vec<u8>>,
+    ) -> Result<Reply> {
+        self.eval_resending(lane, script, keys, args, true).await
+    }
+
+    /// A user's script (a fenced write or fenced script), which may not be
+    /// safe to run twice: sent as [`Self::eval`] sends, but never sent
+    /// again by fairlock after an error (fred itself resends a call after a
+    /// reconnect, up to its write attempts, as the fenced calls' docs say).
+    pub(crate) async fn eval_user(
+        &self,
+        lane: Lane,
+        script: ScriptSource<'_>,
+        keys: &[&str],
+        args: Vec<Vec<u8>>,
+    ) -> Result<Reply> {
+        self.eval_resending(lane, script, keys, args, false).await
+    }
+
+    async fn eval_resending(
+        &self,
+        lane: Lane,
+        script: ScriptSource<'_>,
+        keys: &[&str],
+        args: Vec<Vec<u8>>,
+        resend: bool,
     ) -> Result<Reply> {
         let span = telemetry::script_span(script.name);
         let keys: Vec<Key> = keys.iter().map(|k| Key::from(*k)).collect();
@@ -193,7 +221,8 @@ impl RedisConnection {
                 .await;
             match result {
                 Err(ref error)
-                    if resendable(error)
+                    if resend
+                        && resendable(error)
                         && !self.closing.load(Ordering::SeqCst)
                         && started.elapsed() + RESTART_PAUSE < self.command_timeout =>
                 {
