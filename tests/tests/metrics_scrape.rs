@@ -89,6 +89,29 @@ async fn scraped_metrics_count_the_workload_exactly() {
     let late = short.release().await;
     assert!(matches!(late, Err(Error::NotOwner { .. })), "{late:?}");
 
+    // 3b. The same where no watchdog check came first (a client with 5 s
+    //     rounds): the release itself finds the lease gone. It counts as
+    //     a lost lease too; it once did not.
+    let slow = fairlock::LockClient::with_config(
+        fairlock::ClientConfig::builder(server.url())
+            .heartbeat_interval(Duration::from_secs(5))
+            .waiter_timeout(Duration::from_secs(15))
+            .build()
+            .expect("config"),
+    )
+    .await
+    .expect("connect");
+    let unchecked = slow
+        .lock_with(
+            "unchecked",
+            LockOptions::new().lease(Duration::from_millis(100)),
+        )
+        .await
+        .expect("short lease");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let late = unchecked.release().await;
+    assert!(matches!(late, Err(Error::NotOwner { .. })), "{late:?}");
+
     // 4. A watchdog-kept lease taken away by an admin: the next renewal
     //    (every 1 s with the test timings) finds it lost.
     let watched = a.lock("watched").await.expect("watched");
@@ -123,7 +146,7 @@ async fn scraped_metrics_count_the_workload_exactly() {
         task.await.expect("waiter task").expect("waiter grant");
     }
 
-    let acquired = SOLO + 1 + 1 + 1 + 1 + WAITERS;
+    let acquired = SOLO + 1 + 1 + 1 + 1 + 1 + WAITERS;
     let scrape = Scrape::parse(&http_get(addr, "/metrics").await);
 
     // Acquire outcomes, and the wait histogram counts the same calls.
@@ -171,7 +194,7 @@ async fn scraped_metrics_count_the_workload_exactly() {
     // Lease losses: the fixed lease and the force-released one, each
     // counted once. Who noticed first varies: the watchdog's check (which
     // covers fixed leases too), the local clock, or the revoke notice.
-    assert_eq!(scrape.value(LEASE_LOST_TOTAL, &[]), Some(2.0));
+    assert_eq!(scrape.value(LEASE_LOST_TOTAL, &[]), Some(3.0));
     assert!(
         scrape
             .value(LEASE_RENEWALS_TOTAL, &[("result", "lost")])

@@ -118,6 +118,16 @@ impl HeldLock {
         }
     }
 
+    /// The release found the lease gone already (it ran out, or the lock
+    /// was taken): the lost signal fires and the loss is counted, unless a
+    /// check before the release did both.
+    pub(crate) fn lost_at_release(&self) {
+        if !self.lost.send_replace(true) {
+            self.telemetry.lease_lost();
+            tracing::warn!(lock = %self.name, token = self.token, "fairlock lease lost: the release found the lock no longer held");
+        }
+    }
+
     /// Whether the lease is known lost, by a signal or by the local clock.
     pub(crate) fn is_lost(&self) -> bool {
         if *self.lost.borrow() {

@@ -386,6 +386,10 @@ impl ClientState {
             .await;
         self.held.forget(&held.owner_id);
         held.telemetry.held_for(held.granted_at);
+        if let Err(Error::NotOwner { .. }) = &result {
+            // Counted once, whether this or an earlier check found it.
+            held.lost_at_release();
+        }
         tracing::debug!(lock = %held.name, token = held.token, ok = result.is_ok(), "fairlock lock released");
         result
     }
