@@ -71,6 +71,8 @@ pub use prometheus::{install_prometheus, prometheus_builder, MetricsError, Prome
 ///   re-check);
 /// * `busy`: a `try_lock` found the lock held or waiters queued;
 /// * `timeout`: the `wait_timeout` ran out in the queue;
+/// * `refused`: deadline-aware admission found the line too long for the
+///   wait timeout;
 /// * `cancelled`: the acquire future was dropped before a grant (e.g. by
 ///   `tokio::time::timeout` or `select!`);
 /// * `error`: a Redis call failed (unreachable, command timeout, wrong key
@@ -80,8 +82,9 @@ pub use prometheus::{install_prometheus, prometheus_builder, MetricsError, Prome
 /// not counted.
 ///
 /// Alarm: a sustained rate of `outcome="error"` (Redis is unreachable or a
-/// lock key has the wrong type); the share of `timeout` among all outcomes
-/// rising above what your callers tolerate (the lock is a bottleneck).
+/// lock key has the wrong type); the share of `timeout` (and, with
+/// admission, `refused`) among all outcomes rising above what your callers
+/// tolerate (the lock is a bottleneck).
 pub const ACQUIRE_TOTAL: &str = "fairlock_acquire_total";
 
 /// `fairlock_wait_seconds{outcome}`: histogram of the time from the start
@@ -139,7 +142,9 @@ pub const HANDOFF_TOTAL: &str = "fairlock_handoff_total";
 /// * `lost`: the lock was gone or owned by another (expired, or taken by
 ///   `force_release`); the guard's lease-lost signal fires;
 /// * `error`: the Redis call failed; it is retried at the next tick, and
-///   the lease counts as lost once no renewal succeeded for a whole lease.
+///   the lease counts as lost once no renewal succeeded for a whole lease;
+/// * `unreplicated`: with replica acknowledgement on, too few replicas
+///   acknowledged the renewal; the lease counts as lost.
 ///
 /// Alarm: any `lost`; `error` at more than a trickle (Redis slow or
 /// unreachable: holders are about to lose their leases).
@@ -196,7 +201,7 @@ pub fn describe_metrics() {
     describe_counter!(
         ACQUIRE_TOTAL,
         Unit::Count,
-        "Finished lock acquire calls by outcome (acquired, busy, timeout, cancelled, error)."
+        "Finished lock acquire calls by outcome (acquired, busy, timeout, refused, cancelled, error)."
     );
     describe_histogram!(
         WAIT_SECONDS,
