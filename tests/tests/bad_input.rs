@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use fairlock::{ClientConfig, Error, LockClient, LockOptions, MAX_NAME_BYTES};
+use fairlock::{ClientConfig, Error, LockClient, LockOptions, MAX_INSPECT_WAITERS, MAX_NAME_BYTES};
 use fairlock_tests::*;
 
 /// Hang guard: a call that does not finish in this time fails the test.
@@ -51,6 +51,20 @@ async fn invalid_names_and_leases_are_refused_without_touching_redis() {
         message.contains("lease"),
         "the message names the option: {message}"
     );
+
+    // An inspection asking for more waiters than one call may read: a
+    // clear error, not a script failure reported as a bug.
+    for waiters in [MAX_INSPECT_WAITERS + 1, u64::MAX] {
+        let listed = client.inspect_queue("existing", waiters).await;
+        assert!(
+            matches!(&listed, Err(Error::InvalidOptions(m)) if m.contains("at most")),
+            "{waiters}: {listed:?}"
+        );
+    }
+    assert!(client
+        .inspect_queue("existing", MAX_INSPECT_WAITERS)
+        .await
+        .is_ok());
 
     let mut after = dump(&server);
     after.retain(|(key, _)| !key.contains(&long[..MAX_NAME_BYTES]));

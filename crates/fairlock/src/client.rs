@@ -45,6 +45,9 @@ impl Drop for ClientHandle {
     }
 }
 
+/// The most waiters [`LockClient::inspect_queue`] lists in one call.
+pub const MAX_INSPECT_WAITERS: u64 = 10_000;
+
 /// What a client is doing right now, for tests and health checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientStats {
@@ -285,9 +288,16 @@ impl LockClient {
     }
 
     /// A read-only snapshot of lock `name`: holder, token, lease, queue
-    /// length and the first `waiters` waiters with their liveness.
+    /// length and the first `waiters` waiters with their liveness (at most
+    /// [`MAX_INSPECT_WAITERS`]: one script call reads them all, and holds
+    /// Redis up for everyone meanwhile).
     pub async fn inspect_queue(&self, name: impl AsRef<[u8]>, waiters: u64) -> Result<LockState> {
         let keys = self.state().keys(name)?;
+        if waiters > MAX_INSPECT_WAITERS {
+            return Err(Error::InvalidOptions(format!(
+                "inspect lists at most {MAX_INSPECT_WAITERS} waiters, not {waiters}"
+            )));
+        }
         self.state().run(&keys, &Inspect { waiters }).await
     }
 

@@ -63,7 +63,7 @@ mod telemetry;
 mod waiters;
 mod watchdog;
 
-pub use client::{ClientStats, LockClient};
+pub use client::{ClientStats, LockClient, MAX_INSPECT_WAITERS};
 pub use config::{
     ClientConfig, ClientConfigBuilder, EvictionCheck, Lease, LockOptions, ReplicaAcks, MAX_DURATION,
 };
