@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::duration::parse_duration;
+use crate::duration::{parse_duration, parse_period};
 
 /// Inspect, list, force-release and watch fairlock locks, or run a command
 /// under one.
@@ -104,8 +104,8 @@ pub enum Command {
     Watch {
         /// The lock name.
         name: String,
-        /// Time between snapshots.
-        #[arg(long, default_value = "1s", value_parser = parse_duration)]
+        /// Time between snapshots (1ms or more).
+        #[arg(long, default_value = "1s", value_parser = parse_period)]
         interval: Duration,
         /// Waiters shown per snapshot.
         #[arg(long, default_value_t = 20)]

@@ -31,6 +31,16 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_millis(millis))
 }
 
+/// As [`parse_duration`], refusing zero (a period between two things).
+pub fn parse_period(text: &str) -> Result<Duration, String> {
+    match parse_duration(text)? {
+        period if period.is_zero() => {
+            Err(format!("{text:?} is zero: give a period of 1ms or more"))
+        }
+        period => Ok(period),
+    }
+}
+
 /// A duration for people: `850ms`, `12.3s`, `4m05s`.
 pub fn human_millis(ms: u64) -> String {
     if ms < 1_000 {

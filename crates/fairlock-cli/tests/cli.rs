@@ -507,6 +507,11 @@ async fn watch_redraws_each_interval() {
     )
     .await;
     assert_eq!(stdout(&output).matches(guard.owner_id()).count(), 2);
+
+    // A zero interval is a usage error (exit 2), not a panic (101).
+    let output = run(&server, &["watch", "watched", "--interval", "0ms"]).await;
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("zero"));
 }
 
 #[tokio::test(flavor = "multi_thread")]
