@@ -330,9 +330,12 @@ async fn try_lock_with_waits_up_to_its_wait_timeout_in_the_queue() {
 
 /// `shutdown()` ends every task waiting in the client's queues with
 /// `Error::Closed`: a waiting `lock()` (no wait timeout) and a waiting
-/// semaphore `acquire()`. Once the heartbeat and the grant connection are
-/// stopped nothing else could ever wake them, so before this a service
-/// that shut its client down on SIGTERM kept those tasks forever.
+/// semaphore `acquire()`, and their queue entries are gone when it
+/// returns, as is that of an acquire dropped just before (a Ctrl-C).
+/// Once the heartbeat and the grant connection are stopped nothing else
+/// could ever wake them, so before this a service that shut its client
+/// down on SIGTERM kept those tasks forever; and the entries stayed queued
+/// until the process's liveness ran out, holding up the next waiters.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_ends_the_waiting_tasks_with_closed() {
     let server = server();
@@ -343,20 +346,31 @@ async fn shutdown_ends_the_waiting_tasks_with_closed() {
     let permit = semaphore.acquire().await.expect("permit");
 
     let waiting_lock = spawn_lock(&doomed, "api:shutdown");
+    let dropped = spawn_lock(&doomed, "api:shutdown");
     let waiting_permit = {
         let semaphore = doomed.semaphore("api:shutdown-sem", 1).expect("semaphore");
         tokio::spawn(async move { semaphore.acquire().await.map(drop) })
     };
     wait_for_queue_len(&doomed, "api:shutdown", 1).await;
     for _ in 0..200 {
-        if doomed.stats().waiters == 2 {
+        if doomed.stats().waiters == 3 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(doomed.stats().waiters, 2, "both tasks wait");
+    assert_eq!(doomed.stats().waiters, 3, "the three tasks wait");
+    wait_for_queue_len(&doomed, "api:shutdown", 2).await;
 
+    dropped.abort();
     doomed.shutdown().await;
+    let queued = holder.inspect("api:shutdown").await.expect("inspect");
+    assert_eq!(queued.queue_len, 0, "the lock's queue entries are gone");
+    let permit_queue = permit_keys("api:shutdown-sem", fairlock_core::PermitFamily::Semaphore);
+    assert_eq!(
+        zcard(&server, permit_queue.queue()),
+        0,
+        "the semaphore's queue entry is gone"
+    );
     let lock_result = within("the waiting lock() after shutdown", waiting_lock)
         .await
         .expect("task");

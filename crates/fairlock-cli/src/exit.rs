@@ -23,6 +23,8 @@ pub const WAIT_TIMEOUT: u8 = 73;
 pub const LEASE_LOST: u8 = 75;
 /// `lock`: interrupted (SIGINT) while waiting; the command was not run.
 pub const INTERRUPTED: u8 = 130;
+/// `lock`: terminated (SIGTERM) while waiting; the command was not run.
+pub const TERMINATED: u8 = 143;
 /// `lock`: the command could not be executed (as a shell reports it).
 pub const CANNOT_EXECUTE: u8 = 126;
 /// `lock`: the command was not found (as a shell reports it).

@@ -18,7 +18,9 @@ use fairlock::{LockClient, LockGuard, LockOptions};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::exit::{Failure, CANNOT_EXECUTE, FAILURE, INTERRUPTED, LEASE_LOST, NOT_FOUND};
+use crate::exit::{
+    Failure, CANNOT_EXECUTE, FAILURE, INTERRUPTED, LEASE_LOST, NOT_FOUND, TERMINATED,
+};
 
 /// What `fairlock lock` was asked to do.
 pub struct LockRun<'a> {
@@ -47,10 +49,15 @@ pub async fn run_locked(client: &LockClient, run: LockRun<'_>) -> Result<u8, Fai
     if let Some(wait) = run.wait {
         options = options.wait_timeout(wait);
     }
+    let signal_error =
+        |e: std::io::Error| Failure::new(FAILURE, format!("cannot install signal handlers: {e}"));
+    let mut term = signal(SignalKind::terminate()).map_err(signal_error)?;
     let guard = tokio::select! {
         guard = client.lock_with(run.name, options) => guard?,
-        // Dropping the acquire future leaves no queue entry behind.
+        // Dropping the acquire future leaves the queue: its cancel runs
+        // before the client's shutdown closes the connections.
         _ = tokio::signal::ctrl_c() => return Err(Failure::new(INTERRUPTED, "interrupted while waiting for the lock")),
+        _ = term.recv() => return Err(Failure::new(TERMINATED, "terminated while waiting for the lock")),
     };
     let (program, args) = run
         .command

@@ -360,6 +360,46 @@ async fn lock_passes_exit_code_through_and_exports_the_token() {
     let _ = std::fs::remove_file(file);
 }
 
+/// Ctrl-C (SIGINT) or SIGTERM while `fairlock lock` waits: exit 130 or
+/// 143, the command not run, and its queue entry gone when it exits.
+/// Before, the cancel was left to a background task that the exit cut
+/// short (and SIGTERM was not handled), so the entry stayed queued until
+/// the process's liveness ran out and the next waiter waited ~5 s longer.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_interrupted_waiting_lock_leaves_the_queue() {
+    let server = RedisServer::start().unwrap();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    let guard = client.lock("interrupted").await.unwrap();
+    for (signal, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
+        let file = scratch_file("interrupted");
+        let script = format!("touch {}", file.display());
+        let mut child = fairlock(&server)
+            .args(["lock", "interrupted", "--", "sh", "-c", &script])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("fairlock starts");
+        until(&client, "interrupted", |s| s.queue_len == 1).await;
+        let pid = child.id().expect("running") as libc::pid_t;
+        // SAFETY: signals a child process this test started and still owns.
+        unsafe {
+            libc::kill(pid, signal);
+        }
+        let status = tokio::time::timeout(RUN_LIMIT, child.wait())
+            .await
+            .expect("fairlock exits")
+            .expect("status");
+        assert_eq!(status.code(), Some(code), "signal {signal}");
+        assert!(!file.exists(), "the command ran without the lock");
+        let state = client.inspect("interrupted").await.unwrap();
+        assert_eq!(
+            state.queue_len, 0,
+            "signal {signal}: the waiter left the queue"
+        );
+    }
+    guard.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn lock_wait_timeout_exits_73_without_running_the_command() {
     let server = RedisServer::start().unwrap();

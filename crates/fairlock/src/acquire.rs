@@ -466,7 +466,7 @@ impl Unconfirmed<'_> {
     fn give_back(&mut self) -> Option<tokio::task::JoinHandle<()>> {
         let held = self.held.take()?;
         let state = Arc::clone(self.state);
-        Some(self.state.runtime().spawn(async move {
+        Some(self.state.spawn_cleanup(async move {
             if let Err(error) = state.give_back(&held).await {
                 tracing::warn!(%error, "fairlock could not give back an unacknowledged grant; its lease runs out");
             }
@@ -618,8 +618,7 @@ impl<'a> PendingAcquire<'a> {
         let keys = Arc::clone(self.keys);
         let owner_id = self.owner_id.to_owned();
         self.state
-            .runtime()
-            .spawn(async move { state.cancel(&keys, &owner_id).await })
+            .spawn_cleanup(async move { state.cancel(&keys, &owner_id).await })
     }
 }
 

@@ -448,10 +448,12 @@ impl LockClient {
     /// Stops the background tasks and closes the connections, even while
     /// guards are alive. Locks still held are not released: their leases
     /// run out. Tasks waiting for a lock or a permit end with
-    /// [`Error::Closed`] (their queue entries are passed over once this
-    /// process's heartbeat deadline has passed), and so do later calls.
+    /// [`Error::Closed`], and so do later calls; their queue entries, and
+    /// those of acquires dropped just before (a Ctrl-C), are removed before
+    /// the connections close (within the command timeout).
     pub async fn shutdown(&self) {
         self.state().close();
+        self.state().settle_waiters().await;
         let mut tasks =
             std::mem::take(&mut *self.handle.tasks.lock().unwrap_or_else(|p| p.into_inner()));
         for task in &mut tasks {

@@ -75,7 +75,10 @@ impl ClientState {
             timings: &self.timings,
             channel_prefix: &self.channel_prefix(keys),
         };
-        Ok(self.run(keys, &call).await?.purged)
+        // Also while the client closes (see `ClientState::cancel`).
+        Ok(Box::pin(self.redis.run(Lane::Waiters, keys, &call))
+            .await?
+            .purged)
     }
 
     /// One heartbeat of this process's waiters on one permit set. If the

@@ -12,7 +12,7 @@
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -99,6 +99,10 @@ pub(crate) struct ClientState {
     pub(crate) shard_requests: OnceLock<mpsc::UnboundedSender<ShardRequest>>,
     runtime: Handle,
     closed: AtomicBool,
+    /// Cancels that dropped or failed acquires left running in tasks of
+    /// their own ([`ClientState::spawn_cleanup`]): `shutdown` lets them
+    /// finish before it closes the connections.
+    cleanups: AtomicUsize,
 }
 
 impl ClientState {
@@ -121,6 +125,7 @@ impl ClientState {
             shard_requests: OnceLock::new(),
             runtime: Handle::current(),
             closed: AtomicBool::new(false),
+            cleanups: AtomicUsize::new(0),
         }
     }
 
@@ -142,6 +147,34 @@ impl ClientState {
         // After the flag: a waiter that registers later meets it at its
         // first call; every one registered before is woken to meet it.
         self.waiters.recheck_all();
+    }
+
+    /// Runs `cleanup` (the cancel a dropped or failed acquire leaves) in a
+    /// task of its own, counted until it ends.
+    pub(crate) fn spawn_cleanup(
+        self: &Arc<Self>,
+        cleanup: impl Future<Output = ()> + Send + 'static,
+    ) -> tokio::task::JoinHandle<()> {
+        self.cleanups.fetch_add(1, Ordering::SeqCst);
+        let state = Arc::clone(self);
+        self.runtime.spawn(async move {
+            cleanup.await;
+            state.cleanups.fetch_sub(1, Ordering::SeqCst);
+        })
+    }
+
+    /// After [`ClientState::close`]: waits until every waiter has ended
+    /// (each woken by the close) and their cancels have run, so a closing
+    /// client leaves no queue entry behind; at most the command timeout.
+    pub(crate) async fn settle_waiters(&self) {
+        let deadline = tokio::time::Instant::now() + self.config.command_timeout;
+        while self.waiters.len() > 0 || self.cleanups.load(Ordering::SeqCst) > 0 {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!("fairlock closed with waiters or cancels still running; their queue entries are dropped once this process stops refreshing them");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     pub(crate) fn check_open(&self) -> Result<()> {
@@ -467,7 +500,11 @@ impl ClientState {
                 timings: &self.timings,
                 channel_prefix: &self.channel_prefix(keys),
             };
-            self.run(keys, &call).await.map(|reply| reply.purged)
+            // Also while the client closes: leaving the queue is what a
+            // closing client's waiters do last.
+            Box::pin(self.redis.run(Lane::Waiters, keys, &call))
+                .await
+                .map(|reply| reply.purged)
         };
         match result {
             Ok(purged) => self.after_purge(keys, purged),
