@@ -249,14 +249,19 @@ async fn readers_whose_grants_went_unheard_all_keep_them() {
     const READERS: usize = 40;
     let server = server();
     let name = "unheard";
-    let writer_client = client(&server).await;
-    let config = fairlock::ClientConfig::builder(server.url())
-        .heartbeat_interval(Duration::from_millis(100))
-        .waiter_timeout(Duration::from_secs(2))
-        .watchdog_lease(Duration::from_secs(3))
-        .build()
-        .expect("config");
-    let readers_client = fairlock::LockClient::with_config(config)
+    // The unheard grants' lease is the releasing process's waiter TTL.
+    let config = || {
+        fairlock::ClientConfig::builder(server.url())
+            .heartbeat_interval(Duration::from_millis(100))
+            .waiter_timeout(Duration::from_secs(2))
+            .watchdog_lease(Duration::from_secs(3))
+            .build()
+            .expect("config")
+    };
+    let writer_client = fairlock::LockClient::with_config(config())
+        .await
+        .expect("connect");
+    let readers_client = fairlock::LockClient::with_config(config())
         .await
         .expect("connect");
     let writer = writer_client

@@ -20,7 +20,7 @@ use fairlock_core::{
 use crate::error::{Error, Result};
 use crate::redis::Lane;
 use crate::state::ClientState;
-use crate::waiters::LockWaiters;
+use crate::waiters::{LockWaiters, WaiterEvent};
 
 impl ClientState {
     /// A new permit owner id: a random 128-bit nonce, this process's tag,
@@ -86,13 +86,15 @@ impl ClientState {
     /// dropped), every waiter here re-runs acquire, which answers a grant
     /// (with the waiter's own lease) or keeps or retakes its place.
     ///
-    /// The reply only says whether the oldest holds: one that holds while
-    /// its task still waits here lost its grant's message, and the grants
-    /// of one release go out together in FIFO order (all the readers at
-    /// the head), so the waiters behind it may have lost theirs in the
-    /// same burst. All of them check at once: found one per interval, the
-    /// later ones' short unheard leases ran out first and their grants
-    /// were wasted.
+    /// The reply only says whether the oldest holds. One that holds while
+    /// its task still waits here untold, with no release of this process
+    /// on its way (whose reply would tell it), lost its grant's message;
+    /// and the grants of one release go out together in FIFO order (all
+    /// the readers at the head), so the waiters behind it may have lost
+    /// theirs in the same burst. All of them check at once: found one per
+    /// interval, the later ones' short unheard leases ran out first and
+    /// their grants were wasted. Otherwise only the probe checks, as a
+    /// grant on its way is the usual case of a queue draining here.
     pub(crate) async fn beat_permits(self: &Arc<Self>, lock: LockWaiters) {
         let channel_prefix = self.channel_prefix(&lock.keys);
         let call = PermitHeartbeat {
@@ -106,8 +108,12 @@ impl ClientState {
                 self.after_purge(&lock.keys, reply.purged);
                 if reply.probe_holds {
                     // Its task took the grant while the call was on its
-                    // way (nothing to do), or still waits: see above.
-                    if self.waiters.is_waiting(&lock.probe) {
+                    // way, or was told it (nothing to do); otherwise see
+                    // above.
+                    if !self.waiters.waits_untold(&lock.probe) {
+                    } else if self.releases_in_flight() > 0 {
+                        self.waiters.deliver(&lock.probe, WaiterEvent::Recheck);
+                    } else {
                         self.waiters.recheck_lock(lock.keys.owner());
                     }
                 } else if !reply.probe_queued && self.waiters.is_waiting(&lock.probe) {

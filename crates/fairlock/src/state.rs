@@ -103,6 +103,9 @@ pub(crate) struct ClientState {
     /// their own ([`ClientState::spawn_cleanup`]): `shutdown` lets them
     /// finish before it closes the connections.
     cleanups: AtomicUsize,
+    /// Releases of this process waiting for their reply (which wakes a
+    /// next owner of this process).
+    releases: AtomicUsize,
 }
 
 impl ClientState {
@@ -126,6 +129,7 @@ impl ClientState {
             runtime: Handle::current(),
             closed: AtomicBool::new(false),
             cleanups: AtomicUsize::new(0),
+            releases: AtomicUsize::new(0),
         }
     }
 
@@ -435,6 +439,21 @@ impl ClientState {
         keys: &Arc<LockKeys>,
         owner_id: &str,
     ) -> Result<()> {
+        let _in_flight = InFlight::new(&self.releases);
+        Box::pin(self.release_owner_id_counted(name, keys, owner_id)).await
+    }
+
+    /// Releases of this process whose reply has not come back yet.
+    pub(crate) fn releases_in_flight(&self) -> usize {
+        self.releases.load(Ordering::SeqCst)
+    }
+
+    async fn release_owner_id_counted(
+        self: &Arc<Self>,
+        name: &str,
+        keys: &Arc<LockKeys>,
+        owner_id: &str,
+    ) -> Result<()> {
         if keys.permit_family().is_some() {
             return self.release_permit(name, keys, owner_id).await;
         }
@@ -581,6 +600,25 @@ fn retry_may_cure(error: &Error) -> bool {
         error,
         Error::WrongType(_) | Error::NoPermission(_) | Error::ReadOnly(_)
     )
+}
+
+/// One call counted in `counter` while it lives (also when its future is
+/// dropped).
+struct InFlight<'a> {
+    counter: &'a AtomicUsize,
+}
+
+impl<'a> InFlight<'a> {
+    fn new(counter: &'a AtomicUsize) -> Self {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Self { counter }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 #[cfg(test)]

@@ -66,6 +66,14 @@ impl WaiterSlot {
         self.ready.notify_one();
     }
 
+    /// Whether a grant waits here for the task to take it.
+    fn has_grant(&self) -> bool {
+        matches!(
+            *self.event.lock().unwrap_or_else(|p| p.into_inner()),
+            Some(WaiterEvent::Granted { .. })
+        )
+    }
+
     /// Waits for the next event.
     pub(crate) async fn next(&self) -> WaiterEvent {
         loop {
@@ -204,6 +212,14 @@ impl WaiterRegistry {
                 confirm: handoff.unheard,
             },
         )
+    }
+
+    /// Whether `owner_id` waits here with no grant told to it yet.
+    pub(crate) fn waits_untold(&self, owner_id: &str) -> bool {
+        self.state()
+            .waiters
+            .get(owner_id)
+            .is_some_and(|waiter| !waiter.slot.has_grant())
     }
 
     /// Tells every waiter of lock `owner_key` to check its place.
