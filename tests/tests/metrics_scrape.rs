@@ -32,6 +32,11 @@ async fn scraped_metrics_count_the_workload_exactly() {
     let server = server();
     let a = client(&server).await;
     let b = client(&server).await;
+    // The counters alerts watch for a first event exist at 0 from the
+    // start: Prometheus's increase() misses events already in a series'
+    // first sample, so a process's first lost leases would never alert.
+    assert_eq!(metric_value(&metrics, LEASE_LOST_TOTAL), Some(0.0));
+    assert_eq!(metric_value(&metrics, LEASE_RENEWALS_TOTAL), Some(0.0));
 
     // 1. Uncontended: SOLO grants, no queueing.
     for i in 0..SOLO {

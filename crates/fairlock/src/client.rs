@@ -93,6 +93,7 @@ impl LockClient {
             }
         };
         let tag = format!("{:016x}", uuid::Uuid::new_v4().as_u64_pair().0);
+        crate::telemetry::start_alerting_counters(&config.metrics_lock_label);
         let state = Arc::new(ClientState::new(config, redis, tag));
         let router = match subscribe_grants(&state).await {
             Ok(router) => router,

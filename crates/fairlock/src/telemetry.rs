@@ -215,6 +215,19 @@ pub(crate) fn waiters_evicted(evicted: u64) {
     }
 }
 
+/// Makes the counters that alerts watch for a first event exist at 0 from
+/// the start: Prometheus's `increase()` sees nothing of a series whose
+/// first sample already holds its first events, so a process's first
+/// lost leases would never alert. The lost-lease counter is made for the
+/// unlabelled series only (with a `lock` label, the labels are not known
+/// before the locks are used).
+pub(crate) fn start_alerting_counters(labels: &MetricsLockLabel) {
+    if matches!(labels, MetricsLockLabel::Off) {
+        metrics::counter!(names::LEASE_LOST_TOTAL).increment(0);
+    }
+    metrics::counter!(names::LEASE_RENEWALS_TOTAL, "result" => "lost").increment(0);
+}
+
 /// A watchdog renewal: `renewed`, `lost` or `error`.
 pub(crate) fn lease_renewal(result: &'static str) {
     metrics::counter!(names::LEASE_RENEWALS_TOTAL, "result" => result).increment(1);
