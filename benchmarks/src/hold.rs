@@ -163,11 +163,12 @@ mod tests {
         }
         lengths.sort();
         assert!(lengths[0] >= hold, "shortest hold {:?}", lengths[0]);
-        // A loaded test machine may delay some wake-ups; the median may not
-        // drift by a tokio tick.
+        // A loaded test machine may delay some wake-ups (a busy CI runner
+        // by some hundreds of µs); the median still must not drift by a
+        // whole tokio tick, as a tokio sleep's does.
         let median = lengths[lengths.len() / 2];
         assert!(
-            median < hold + Duration::from_micros(400),
+            median < hold + Duration::from_micros(900),
             "median hold {median:?}"
         );
         // One fd served every sequential hold.

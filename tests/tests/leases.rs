@@ -151,7 +151,7 @@ async fn fixed_leases_expire_unless_extended() {
     let extended = client
         .lock_with(
             "fixed",
-            LockOptions::new().lease(Duration::from_millis(300)),
+            LockOptions::new().lease(Duration::from_millis(1_500)),
         )
         .await
         .expect("lock");
@@ -159,7 +159,8 @@ async fn fixed_leases_expire_unless_extended() {
         .extend(Duration::from_secs(30))
         .await
         .expect("extend");
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Past the first lease.
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
     assert!(!extended.is_lost());
     assert!(extended.is_held().await.expect("is_held"));
     let state = client.inspect("fixed").await.expect("inspect");

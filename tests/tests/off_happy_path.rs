@@ -757,8 +757,10 @@ async fn a_heartbeat_whose_probe_was_just_granted_keeps_the_process_alive() {
     let tag = "00000000000000c3";
     let owner_id = "c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3.00000000000000c3.60000";
     let timings = Timings::default();
-    // The waiter's process listens, so the handoff is heard.
-    let _process = listener(&server, &format!("test:c3:{tag}")).await;
+    // The waiter's process listens where the client's release publishes,
+    // so the handoff is heard and the grant keeps its 60 s lease (unheard,
+    // it would have 1 s, which a stalled test could outlive).
+    let _process = listener(&server, &format!("fairlock:notify:{tag}")).await;
     let holder = client.lock(name).await.expect("holder");
     let queued = raw(
         &server,

@@ -595,7 +595,8 @@ async fn url_with_acl_user_works_and_unreachable_redis_exits_69() {
 async fn fixed_lease_running_out_kills_a_child_that_ignores_sigterm() {
     let server = RedisServer::start().unwrap();
     let pid_file = scratch_file("stubborn");
-    // SIGTERM stays ignored across exec: only the SIGKILL after --grace ends it.
+    // SIGTERM stays ignored across exec: only the SIGKILL after --grace ends
+    // it. The 2 s lease leaves the shell time to set its trap first.
     let script = format!(
         "trap '' TERM; echo $$ > {}; exec sleep 30",
         pid_file.display()
@@ -603,7 +604,7 @@ async fn fixed_lease_running_out_kills_a_child_that_ignores_sigterm() {
     let output = run(
         &server,
         &[
-            "lock", "stubborn", "--lease", "300ms", "--grace", "200ms", "--", "sh", "-c", &script,
+            "lock", "stubborn", "--lease", "2s", "--grace", "200ms", "--", "sh", "-c", &script,
         ],
     )
     .await;
