@@ -48,9 +48,12 @@ async fn run() -> Result<(), BoxError> {
     let port: u16 = env_or("PORT", 8080)?;
     let target = RedisTarget::from_env_or_start()?;
     let url = target.url();
-    let service = Service::start(&url, config.clone()).await?;
+    // The port first: a second instance started by mistake must fail
+    // before Service::start reseeds the stock and clears the orders of the
+    // sale that instance is serving.
     let listener =
         listen(port).map_err(|e| format!("cannot listen on 127.0.0.1:{port}: {e} (set PORT)"))?;
+    let service = Service::start(&url, config.clone()).await?;
     let addr = listener.local_addr()?;
     let mut terminate = signal(SignalKind::terminate())?;
     println!("redis: {url}");
