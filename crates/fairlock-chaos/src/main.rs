@@ -35,6 +35,34 @@ use std::time::Duration;
 
 use crate::config::RunConfig;
 
+const USAGE: &str = "usage:
+  fairlock-chaos [--long] [--seed N] [--fault-secs N] [--workers N] [--only KIND] [--out DIR]
+  fairlock-chaos soak [--long] [--minutes N] [--locks N] [--waiters N] [--out DIR]";
+
+/// What the arguments ask for, before any is read: the usage (for `-h` or
+/// `--help`), or an error naming an argument that is not one of `flags`
+/// (taking a value) or `switches`. A misspelled flag must not start a
+/// two-minute run that ignores it.
+enum Asked {
+    Run,
+    Help,
+}
+
+fn check_args(args: &[String], flags: &[&str], switches: &[&str]) -> Result<Asked, String> {
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "-h" | "--help" => return Ok(Asked::Help),
+            a if switches.contains(&a) => {}
+            a if flags.contains(&a) => {
+                rest.next().ok_or_else(|| format!("{a} needs a value"))?;
+            }
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    Ok(Asked::Run)
+}
+
 fn flag_value(args: &[String], name: &str) -> Result<Option<String>, String> {
     match args.iter().position(|a| a == name) {
         None => Ok(None),
@@ -94,6 +122,18 @@ fn main() -> ExitCode {
     if args.first().map(String::as_str) == Some("soak") {
         return soak_main(&args[1..]);
     }
+    let flags = ["--seed", "--fault-secs", "--workers", "--only", "--out"];
+    match check_args(&args, &flags, &["--long"]) {
+        Ok(Asked::Run) => {}
+        Ok(Asked::Help) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("fairlock-chaos: {e}");
+            return ExitCode::from(2);
+        }
+    }
     let (config, out) = match run_config(&args) {
         Ok(parsed) => parsed,
         Err(e) => {
@@ -123,6 +163,18 @@ fn main() -> ExitCode {
 
 /// `fairlock-chaos soak`: see [`soak`]. Exit status as for the chaos run.
 fn soak_main(args: &[String]) -> ExitCode {
+    let flags = ["--minutes", "--out", "--locks", "--waiters"];
+    match check_args(args, &flags, &["--long"]) {
+        Ok(Asked::Run) => {}
+        Ok(Asked::Help) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("fairlock-chaos soak: {e}");
+            return ExitCode::from(2);
+        }
+    }
     let mut config = if args.iter().any(|a| a == "--long") {
         soak::SoakConfig::long()
     } else {

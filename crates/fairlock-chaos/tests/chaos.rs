@@ -87,3 +87,28 @@ fn short_soak_drops_no_live_waiter_and_leaves_nothing() {
     assert!(run.status.success(), "{stdout}\n{stderr}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// `--help` prints the usage, and an unknown or misspelled argument is a
+/// usage error: neither starts a run. Before, both started the two-minute
+/// run (servers, workers, faults) with the argument ignored.
+#[test]
+fn help_and_unknown_arguments_start_no_run() {
+    for (args, code) in [
+        (vec!["--help"], 0),
+        (vec!["--seed=5"], 2),
+        (vec!["--sede", "5"], 2),
+        (vec!["soak", "--minute", "1"], 2),
+    ] {
+        let run = Command::new(env!("CARGO_BIN_EXE_fairlock-chaos"))
+            .args(&args)
+            .output()
+            .expect("run fairlock-chaos");
+        assert_eq!(run.status.code(), Some(code), "{args:?}: {run:?}");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&run.stdout),
+            String::from_utf8_lossy(&run.stderr)
+        );
+        assert!(text.contains("usage:"), "{args:?}: {text}");
+    }
+}
