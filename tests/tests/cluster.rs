@@ -482,3 +482,70 @@ async fn after_a_slot_migration_grants_come_from_the_new_node() {
     granted.release().await.expect("release");
     assert!(waiter_client.grants_subscribed_at().contains(&to));
 }
+
+/// After a `CLUSTER FAILOVER`, a waiter whose slot map still names the
+/// demoted primary subscribes the slot there (a replica now, which still
+/// hears the slot's messages) and queues on the new primary, where the
+/// grant is published to nobody: counted unheard, its lease was cut to the
+/// releasing process's waiter TTL (1 s here) while the waiter, which heard
+/// it, took it for its full 60 s. The waiter now notices after its acquire
+/// call that its grants are heard elsewhere than they are published:
+/// it subscribes where the slot is at once, and sets its own lease if
+/// granted before that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_manual_failover_a_grant_keeps_the_waiters_own_lease() {
+    let cluster = RedisCluster::start().expect("cluster");
+    let holder_client = cluster_client(&cluster).await;
+    // A heartbeat a minute away: no round tidies up in between.
+    let waiter_client = pubsub_only_client(&cluster.url()).await;
+    let name = lock_names_on_every_primary(&cluster).remove(0);
+    let slot = lock_slot(&name);
+    // The waiter's slot map and subscription name the first primary.
+    waiter_client
+        .lock(&name)
+        .await
+        .expect("lock")
+        .release()
+        .await
+        .expect("release");
+    let primary = cluster.slot_owner(slot).expect("owner");
+    let promoted = cluster.failover(&primary).expect("failover");
+
+    let holder = holder_client.lock(&name).await.expect("holder");
+    let waiter = {
+        let waiter_client = waiter_client.clone();
+        let name = name.clone();
+        tokio::spawn(async move {
+            waiter_client
+                .lock_with(&name, LockOptions::new().lease(Duration::from_secs(60)))
+                .await
+        })
+    };
+    let deadline = std::time::Instant::now() + LONG;
+    while holder_client
+        .inspect(&name)
+        .await
+        .expect("inspect")
+        .queue_len
+        < 1
+    {
+        assert!(std::time::Instant::now() < deadline, "the waiter queues");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    holder.release().await.expect("release");
+    let granted = tokio::time::timeout(LONG, waiter)
+        .await
+        .expect("granted")
+        .expect("task")
+        .expect("lock");
+    let owner_key = fairlock_tests::keys(&name).owner().to_owned();
+    let left = cluster
+        .node(&promoted)
+        .expect("node")
+        .cmd_ok(&["PTTL", &owner_key])
+        .expect("PTTL")
+        .as_int()
+        .expect("int");
+    assert!(left > 45_000, "the grant's lease is {left} ms, asked 60 s");
+    granted.release().await.expect("release");
+}

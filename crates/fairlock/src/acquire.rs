@@ -164,6 +164,10 @@ async fn acquire_validated(
     let mut ticket = None;
     // Callers ahead when this waiter joined, and when: a grant rate sample.
     let mut joined: Option<(u64, Instant)> = None;
+    // Whether this waiter's grants may be heard where they are not
+    // published (see `ClientState::grants_heard_elsewhere`): its grant
+    // then gets its own lease set, as a grant found by a heartbeat does.
+    let mut heard_elsewhere = false;
     // With admission on: wakes when a new grant-rate estimate says this
     // waiter cannot make its deadline after all.
     let mut recheck: Option<Recheck<'_>> = None;
@@ -241,6 +245,11 @@ async fn acquire_validated(
             Answer::Queued { ticket, position } => (ticket, position),
             Answer::Granted(held) => return Box::pin(replicated_or_given_back(state, held)).await,
         };
+        if state.grants_heard_elsewhere(&keys) {
+            heard_elsewhere = true;
+            // A heartbeat round subscribes the slot where it is now.
+            state.heartbeat_now.notify_one();
+        }
         if ticket.replace(queued_with).is_none() {
             joined = Some((position, sent_at));
             let join = Join {
@@ -293,7 +302,7 @@ async fn acquire_validated(
             // With replica acknowledgement on, the waiter writes once (its
             // own lease) so that WAIT on its connection covers the handoff
             // that came before it in the replication stream.
-            let confirm = confirm || state.config.replica_acks.is_some();
+            let confirm = confirm || heard_elsewhere || state.config.replica_acks.is_some();
             let still_held = if confirm {
                 Box::pin(confirm_lease(state, &keys, &owner_id, lease_len, request)).await
             } else {

@@ -138,6 +138,7 @@ impl Nodes {
                     return;
                 };
                 self.slots.insert(slot, address.clone());
+                self.state.note_slot_node(slot, &address);
                 if self.links.contains_key(&address) {
                     self.subscribe(&address, &channel, done).await;
                     return;

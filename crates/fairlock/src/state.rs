@@ -10,7 +10,7 @@
 //! background tasks), so the dependencies run one way.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -81,6 +81,9 @@ pub(crate) struct ClientState {
     pub(crate) channel: String,
     /// Cluster slots whose sharded grant channel this process subscribed.
     sharded_slots: Mutex<HashSet<u16>>,
+    /// On a cluster: the node each subscribed slot's grants are heard on
+    /// (kept by the grant task, `sharded_grants.rs`).
+    slot_nodes: Mutex<HashMap<u16, String>>,
     pub(crate) waiters: WaiterRegistry,
     pub(crate) held: HeldLocks,
     /// Time per grant per lock, for deadline-aware admission.
@@ -115,6 +118,7 @@ impl ClientState {
             channel: format!("{channel_prefix}{tag}"),
             plain_channel_prefix: channel_prefix,
             sharded_slots: Mutex::default(),
+            slot_nodes: Mutex::default(),
             tag,
             timings: config.timings(),
             config,
@@ -262,8 +266,54 @@ impl ClientState {
     /// waited in at that moment.
     pub(crate) fn forget_slots(&self, slots: impl IntoIterator<Item = u16>) {
         let mut known = self.sharded_slots.lock().unwrap_or_else(|p| p.into_inner());
+        let mut nodes = self.slot_nodes.lock().unwrap_or_else(|p| p.into_inner());
         for slot in slots {
             known.remove(&slot);
+            nodes.remove(&slot);
+        }
+    }
+
+    /// The grant task subscribes `slot` on the node at `address`.
+    pub(crate) fn note_slot_node(&self, slot: u16, address: &str) {
+        self.slot_nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(slot, address.to_owned());
+    }
+
+    /// Whether the grants for `keys` are heard on a connection to another
+    /// server than the one they are published on now: a slot subscribed
+    /// with a stale slot map after a `CLUSTER FAILOVER` (on the demoted
+    /// primary, which as a replica still hears the slot's messages), or,
+    /// behind Sentinel, a grant connection that has not followed a
+    /// fail-over yet. The publishing script then counts no listener and
+    /// cuts the grant's lease to the waiter TTL although the waiter hears
+    /// it, so such a waiter sets its own lease when granted. Asked after
+    /// the acquire call, whose `MOVED` has refreshed fred's slot map.
+    pub(crate) fn grants_heard_elsewhere(&self, keys: &LockKeys) -> bool {
+        let Some(endpoint) = self.redis.grant_endpoint() else {
+            return false;
+        };
+        if self.redis.is_clustered() {
+            let slot = keys.slot();
+            let heard_on = self
+                .slot_nodes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&slot)
+                .cloned();
+            return match (heard_on, self.redis.node_of_slot(slot)) {
+                (Some(heard_on), Some(published_on)) => heard_on != published_on,
+                _ => false,
+            };
+        }
+        match endpoint.address() {
+            Some(primary) => !self
+                .grants_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&primary),
+            None => false,
         }
     }
 
