@@ -560,3 +560,52 @@ async fn ab_at_500_concurrent_sells_exactly_the_stock_every_way() {
     serving.abort();
     service.close().await;
 }
+
+/// A buyer who hangs up while waiting for the lock is still sold the unit
+/// once the lock comes, and the sale is counted: the sale goes on to its
+/// end on the sale runtime, its count included. Before, the count was
+/// taken on the HTTP task, which the hang-up dropped: Redis had the order
+/// and /stats did not (and the load script's "orders = 200 answers" check
+/// failed whenever a client gave up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buyer_who_hangs_up_is_counted_when_the_sale_completes() {
+    let server = server();
+    let (service, addr, serving) = serve_item(&server, 5, Duration::from_secs(10)).await;
+    let other_process = client(&server).await;
+    let holder = other_process.lock("item:1").await.expect("hold the item");
+    {
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        let request = format!(
+            "POST /seckill/1 HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .expect("send request");
+        wait_for_queue_len(&other_process, "item:1", 1).await;
+        // The buyer hangs up while queued.
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    holder.release().await.expect("release");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let stock = http(addr, "GET", "/stock/1").await;
+        if stock.body["lock"]["orders"] == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sale completes: {:?}",
+            stock.body
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stats = http(addr, "GET", "/stats").await;
+    assert_eq!(
+        stats.body["lock"]["200"], 1,
+        "the sale is counted: {:?}",
+        stats.body
+    );
+    serving.abort();
+    service.close().await;
+}

@@ -397,32 +397,38 @@ impl Service {
         };
         let service = self.clone();
         let item = id.clone();
+        // The count is part of the sale, so a sale whose buyer hung up (the
+        // HTTP task dropped) is counted when it completes all the same.
         let sale = async move {
             let answer = service.sell(variant, &item, &buyer).await;
             drop(place);
+            service
+                .counts(variant)
+                .add(answer.status, started.elapsed());
             answer
         };
         // Sales that hold a lock or a permit across their round trips run
         // on the sale runtime; the atomic script holds nothing and runs
-        // here.
+        // on this one, in a task of its own as well.
         let sales = self
             .inner
             .sales
             .as_ref()
             .filter(|_| variant != Variant::Atomic);
-        let answer = match sales {
-            Some(sales) => sales.run(sale).await.unwrap_or_else(|error| {
-                Answer::failed(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "error",
-                    &id,
-                    format!("the sale did not finish: {error}"),
-                )
-            }),
-            None => sale.await,
+        let finished = match sales {
+            Some(sales) => sales.run(sale).await,
+            None => tokio::spawn(sale).await.map_err(BoxError::from),
         };
-        self.counts(variant).add(answer.status, started.elapsed());
-        answer
+        finished.unwrap_or_else(|error| {
+            let answer = Answer::failed(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "error",
+                &id,
+                format!("the sale did not finish: {error}"),
+            );
+            self.counts(variant).add(answer.status, started.elapsed());
+            answer
+        })
     }
 
     async fn sell(&self, variant: Variant, id: &str, buyer: &str) -> Answer {
