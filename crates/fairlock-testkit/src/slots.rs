@@ -1,5 +1,8 @@
 //! Redis Cluster hash slots, computed here the way the server does, so a
-//! test can tell which node owns a key without asking.
+//! test can tell which node owns a key without asking. Kept apart from
+//! fairlock-core's own computation on purpose: the kit does not depend on
+//! the library it tests. Each is checked against the server's `CLUSTER
+//! KEYSLOT` by its own tests.
 
 /// Number of hash slots in a Redis Cluster.
 pub const SLOTS: u16 = 16384;
