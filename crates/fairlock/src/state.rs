@@ -490,7 +490,7 @@ impl ClientState {
         owner_id: &str,
     ) -> Result<()> {
         let _in_flight = InFlight::new(&self.releases);
-        Box::pin(self.release_owner_id_counted(name, keys, owner_id)).await
+        self.release_owner_id_counted(name, keys, owner_id).await
     }
 
     /// Releases of this process whose reply has not come back yet.
