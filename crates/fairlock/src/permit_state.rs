@@ -107,14 +107,14 @@ impl ClientState {
             Ok(reply) => {
                 self.after_purge(&lock.keys, reply.purged);
                 if reply.probe_holds {
-                    // Its task took the grant while the call was on its
-                    // way, or was told it (nothing to do); otherwise see
-                    // above.
-                    if !self.waiters.waits_untold(&lock.probe) {
-                    } else if self.releases_in_flight() > 0 {
-                        self.waiters.deliver(&lock.probe, WaiterEvent::Recheck);
-                    } else {
-                        self.waiters.recheck_lock(lock.keys.owner());
+                    // Nothing to do if its task took the grant while the
+                    // call was on its way, or was told it already.
+                    if self.waiters.waits_untold(&lock.probe) {
+                        if self.releases_in_flight() > 0 {
+                            self.waiters.deliver(&lock.probe, WaiterEvent::Recheck);
+                        } else {
+                            self.waiters.recheck_lock(lock.keys.owner());
+                        }
                     }
                 } else if !reply.probe_queued && self.waiters.is_waiting(&lock.probe) {
                     self.waiters.recheck_lock(lock.keys.owner());
