@@ -4,7 +4,7 @@
 //! keyspace), so this module talks to Redis through fred directly, with
 //! SCAN only: never KEYS, which blocks the server. The scan is bounded
 //! (COUNT per call and a cap on calls, each with a timeout) and says when
-//! it stopped early. On Redis Cluster it sees one node only.
+//! it stopped early. On a Redis Cluster it scans every primary.
 //!
 //! Keys are `<prefix>{<escaped name>}:<kind>`; a lock with a holder has an
 //! `:owner` key and one with waiters a `:queue` key, so those two kinds are
@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use fairlock::LockClient;
-use fred::prelude::{Builder, ClientLike, Config, Value};
+use fred::prelude::{Builder, ClientLike, ClusterInterface, Config, Server, Value};
 use fred::types::{ClusterHash, CustomCommand};
 use serde::Serialize;
 
@@ -128,34 +128,54 @@ async fn scan_lock_names(
 
     let pattern = format!("{}{{*}}:*", glob_escape(&global.prefix));
     let scan = CustomCommand::new_static("SCAN", ClusterHash::Random, false);
+    // Every primary of a cluster has its own keyspace and cursor; a single
+    // server is one "node" reached as usual.
+    let nodes: Vec<Option<Server>> = match redis.cached_cluster_state() {
+        Some(routing) if redis.is_clustered() => routing
+            .unique_primary_nodes()
+            .into_iter()
+            .map(Some)
+            .collect(),
+        _ => vec![None],
+    };
     let mut names = BTreeSet::new();
-    let mut cursor = "0".to_owned();
-    let mut complete = false;
-    for _ in 0..max_scans {
-        let args = vec![
-            cursor.clone(),
-            "MATCH".into(),
-            pattern.clone(),
-            "COUNT".into(),
-            SCAN_COUNT.to_string(),
-        ];
-        let reply: Value = bounded(timeout, redis.custom(scan.clone(), args))
-            .await
-            .map_err(unreachable)?
-            .map_err(|e| Failure::new(FAILURE, format!("SCAN failed: {e}")))?;
-        let (next, keys) = parse_scan(reply)?;
-        for key in keys {
-            if let Some(name) = lock_name_of(&global.prefix, &key) {
-                names.insert(name);
+    let mut scans_left = max_scans;
+    let mut complete = true;
+    'nodes: for node in nodes {
+        let mut cursor = "0".to_owned();
+        loop {
+            if scans_left == 0 || names.len() >= limit {
+                complete = false;
+                break 'nodes;
             }
-        }
-        cursor = next;
-        if cursor == "0" {
-            complete = true;
-            break;
-        }
-        if names.len() >= limit {
-            break;
+            scans_left -= 1;
+            let args = vec![
+                cursor.clone(),
+                "MATCH".into(),
+                pattern.clone(),
+                "COUNT".into(),
+                SCAN_COUNT.to_string(),
+            ];
+            let reply: Result<Result<Value, _>, String> = match &node {
+                Some(server) => {
+                    let on_node = redis.with_cluster_node(server.clone());
+                    bounded(timeout, on_node.custom(scan.clone(), args)).await
+                }
+                None => bounded(timeout, redis.custom(scan.clone(), args)).await,
+            };
+            let reply: Value = reply
+                .map_err(unreachable)?
+                .map_err(|e| Failure::new(FAILURE, format!("SCAN failed: {e}")))?;
+            let (next, keys) = parse_scan(reply)?;
+            for key in keys {
+                if let Some(name) = lock_name_of(&global.prefix, &key) {
+                    names.insert(name);
+                }
+            }
+            cursor = next;
+            if cursor == "0" {
+                break;
+            }
         }
     }
     let _ = bounded(timeout, redis.quit()).await;

@@ -215,6 +215,53 @@ async fn list_finds_held_and_queued_locks_by_unescaped_name() {
     drop((odd, plain, elsewhere));
 }
 
+/// On a Redis Cluster `list` scans every primary: a lock held in each
+/// primary's slots is listed, and the list says it is complete. Before, it
+/// scanned whichever node fred picked and said complete all the same.
+#[tokio::test(flavor = "multi_thread")]
+async fn list_covers_every_primary_of_a_cluster() {
+    let cluster = fairlock_testkit::RedisCluster::start().unwrap();
+    let client = LockClient::connect(&cluster.url()).await.unwrap();
+    let mut names = BTreeSet::new();
+    for primary in cluster.primaries().unwrap() {
+        let name = (0..)
+            .map(|i| format!("listed:{i}"))
+            .find(|name| {
+                let slot = fairlock_testkit::key_slot(format!("{{{name}}}").as_bytes());
+                cluster.slot_owner(slot).unwrap() == primary
+            })
+            .unwrap();
+        names.insert(name);
+    }
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(client.lock(name.as_str()).await.unwrap());
+    }
+    let output = tokio::time::timeout(
+        RUN_LIMIT,
+        Command::new(env!("CARGO_BIN_EXE_fairlock"))
+            .env("REDIS_URL", cluster.url())
+            .args(["list", "--json"])
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("fairlock did not finish")
+    .expect("fairlock did not start");
+    assert!(output.status.success(), "{output:?}");
+    let report = json(&output);
+    assert_eq!(report["complete"], true);
+    let listed: BTreeSet<String> = report["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(listed, names, "one lock on each primary");
+    drop(guards);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn release_force_frees_only_the_named_holder_and_is_idempotent() {
     let server = RedisServer::start().unwrap();
