@@ -65,9 +65,9 @@ struct Pending {
 struct Nodes {
     state: Arc<ClientState>,
     links: HashMap<String, Link>,
-    /// The node each slot was last asked of (the one a requester's
-    /// [`ShardRequest::Silent`] means).
-    slots: HashMap<u16, String>,
+    // The node each slot was last asked of (the one a requester's
+    // `ShardRequest::Silent` means) is kept in the client state
+    // (`ClientState::slot_node`), which acquire reads too.
     /// Connections being opened, and the subscriptions that wait for each.
     opening: HashMap<String, Vec<Pending>>,
     /// The opening connections themselves: each ends on its own (connect
@@ -92,7 +92,6 @@ pub(crate) fn spawn_sharded_grants(
             let mut nodes = Nodes {
                 state,
                 links: HashMap::new(),
-                slots: HashMap::new(),
                 opening: HashMap::new(),
                 opens: JoinSet::new(),
                 next_id: 0,
@@ -137,7 +136,6 @@ impl Nodes {
                     let _ = done.send(Err(ShardRefusal::NoConnection(none)));
                     return;
                 };
-                self.slots.insert(slot, address.clone());
                 self.state.note_slot_node(slot, &address);
                 if self.links.contains_key(&address) {
                     self.subscribe(&address, &channel, done).await;
@@ -167,7 +165,7 @@ impl Nodes {
                 });
             }
             ShardRequest::Silent { slot } => {
-                if let Some(address) = self.slots.get(&slot).cloned() {
+                if let Some(address) = self.state.slot_node(slot) {
                     tracing::warn!(
                         %address,
                         "fairlock's pub/sub connection to a cluster node did not answer; opening it again"
@@ -272,9 +270,7 @@ impl Nodes {
             return;
         }
         self.links.remove(address);
-        let on_node = self.slots.iter().filter(|(_, node)| *node == address);
-        self.state.forget_slots(on_node.map(|(slot, _)| *slot));
-        self.slots.retain(|_, node| node != address);
+        self.state.forget_slots(self.state.slots_on_node(address));
         self.lost.insert(address.to_owned());
         self.publish_addresses();
         self.state.heartbeat_now.notify_one();

@@ -281,6 +281,26 @@ impl ClientState {
             .insert(slot, address.to_owned());
     }
 
+    /// The node `slot`'s grants are subscribed on, if any.
+    pub(crate) fn slot_node(&self, slot: u16) -> Option<String> {
+        self.slot_nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&slot)
+            .cloned()
+    }
+
+    /// The slots whose grants are subscribed on the node at `address`.
+    pub(crate) fn slots_on_node(&self, address: &str) -> Vec<u16> {
+        self.slot_nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, node)| *node == address)
+            .map(|(slot, _)| *slot)
+            .collect()
+    }
+
     /// Whether the grants for `keys` are heard on a connection to another
     /// server than the one they are published on now: a slot subscribed
     /// with a stale slot map after a `CLUSTER FAILOVER` (on the demoted
@@ -296,13 +316,7 @@ impl ClientState {
         };
         if self.redis.is_clustered() {
             let slot = keys.slot();
-            let heard_on = self
-                .slot_nodes
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&slot)
-                .cloned();
-            return match (heard_on, self.redis.node_of_slot(slot)) {
+            return match (self.slot_node(slot), self.redis.node_of_slot(slot)) {
                 (Some(heard_on), Some(published_on)) => heard_on != published_on,
                 _ => false,
             };
