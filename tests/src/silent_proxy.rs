@@ -92,6 +92,23 @@ impl Drop for SilentProxy {
     }
 }
 
+/// Whether `chunk` holds a `SUBSCRIBE` (or `SSUBSCRIBE`, `PSUBSCRIBE`)
+/// command: the command's name as a RESP bulk string. A script's text that
+/// merely mentions subscribers (every fairlock script does, in a comment)
+/// is not one.
+fn sends_subscribe(chunk: &[u8]) -> bool {
+    const NAMES: [&[u8]; 3] = [
+        b"$9\r\nSUBSCRIBE\r\n",
+        b"$10\r\nSSUBSCRIBE\r\n",
+        b"$10\r\nPSUBSCRIBE\r\n",
+    ];
+    NAMES.iter().any(|name| {
+        chunk
+            .windows(name.len())
+            .any(|window| window.eq_ignore_ascii_case(name))
+    })
+}
+
 /// Copies one direction of a flow; from the client, notes a SUBSCRIBE
 /// (counted in `subscribed`). A silenced flow's bytes are read and dropped.
 async fn pump(
@@ -108,11 +125,7 @@ async fn pump(
         };
         if let Some(count) = &subscribed {
             let chunk = &buf[..n];
-            if !flow.subscribed.load(Ordering::SeqCst)
-                && chunk
-                    .windows(9)
-                    .any(|w| w.eq_ignore_ascii_case(b"SUBSCRIBE"))
-            {
+            if !flow.subscribed.load(Ordering::SeqCst) && sends_subscribe(chunk) {
                 flow.subscribed.store(true, Ordering::SeqCst);
                 count.fetch_add(1, Ordering::SeqCst);
             }
@@ -123,5 +136,19 @@ async fn pump(
         if to.write_all(&buf[..n]).await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sends_subscribe;
+
+    #[test]
+    fn a_subscribe_command_is_told_from_a_script_that_mentions_subscribers() {
+        assert!(sends_subscribe(b"*2\r\n$9\r\nsubscribe\r\n$3\r\nabc\r\n"));
+        assert!(sends_subscribe(b"*2\r\n$10\r\nSSUBSCRIBE\r\n$3\r\nabc\r\n"));
+        assert!(!sends_subscribe(
+            b"*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n$24\r\n-- one subscriber wakes\r\n"
+        ));
     }
 }

@@ -242,6 +242,9 @@ async fn a_silent_pubsub_connection_is_noticed_and_opened_again() {
         let holder = other.lock("silent").await.expect("holder");
         let waiter = spawn_lock(&waiting, "silent");
         wait_for_queue_len(&other, "silent", 1).await;
+        // Waits a few heartbeat intervals: the waiter's heartbeats (and
+        // their script loads) go through the proxy too.
+        tokio::time::sleep(Duration::from_millis(400)).await;
         holder.release().await.expect("release");
         let guard = granted(waiter, "the waiter behind the silenced connection").await;
         assert_eq!(guard.name(), "silent", "round {round}");
