@@ -549,3 +549,65 @@ async fn after_a_manual_failover_a_grant_keeps_the_waiters_own_lease() {
     assert!(left > 45_000, "the grant's lease is {left} ms, asked 60 s");
     granted.release().await.expect("release");
 }
+
+/// A node that stops answering holds up the heartbeat of its own slots
+/// only. Here one primary pauses its clients' writes (`CLIENT PAUSE`) for
+/// longer than the waiter timeout while a process waits on a lock there
+/// and on a lock of another primary: the heartbeat keeps the waiter on the
+/// healthy primary alive, so it keeps its place ahead of a later waiter of
+/// another process. Before, a heartbeat round waited for all of its calls,
+/// the paused node's call held every slot's next round back, and the
+/// healthy waiter was skipped as dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_stops_answering_holds_up_only_its_own_slots_heartbeat() {
+    let cluster = RedisCluster::start().expect("cluster");
+    let names = lock_names_on_every_primary(&cluster);
+    let (healthy, paused) = (names[0].clone(), names[1].clone());
+    let paused_node = cluster.slot_owner(lock_slot(&paused)).expect("slot owner");
+    let holder = cluster_client(&cluster).await;
+    let first = cluster_client(&cluster).await;
+    let later = cluster_client(&cluster).await;
+    let held_healthy = holder.lock(&healthy).await.expect("holder");
+    let held_paused = holder.lock(&paused).await.expect("holder");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let wait = |client: &LockClient, name: &str, who: &'static str| {
+        let (client, name, order) = (client.clone(), name.to_owned(), Arc::clone(&order));
+        tokio::spawn(async move {
+            let guard = client.lock(&name).await.expect("waiter");
+            order.lock().expect("order").push(who);
+            guard.release().await.expect("release");
+        })
+    };
+    let first_on_paused = wait(&first, &paused, "first, on the paused node");
+    wait_for_queue_len(&holder, &paused, 1).await;
+    let first_on_healthy = wait(&first, &healthy, "first");
+    wait_for_queue_len(&holder, &healthy, 1).await;
+    let later_on_healthy = wait(&later, &healthy, "later");
+    wait_for_queue_len(&holder, &healthy, 2).await;
+
+    // Three waiter timeouts (1 s each) of paused writes: heartbeat scripts
+    // on that node wait until the pause ends.
+    cluster
+        .node(&paused_node)
+        .expect("node")
+        .cmd_ok(&["CLIENT", "PAUSE", "5000", "WRITE"])
+        .expect("CLIENT PAUSE");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    held_healthy.release().await.expect("release");
+    for task in [first_on_healthy, later_on_healthy] {
+        tokio::time::timeout(LONG, task)
+            .await
+            .expect("granted")
+            .expect("task");
+    }
+    assert_eq!(
+        *order.lock().expect("order"),
+        ["first", "later"],
+        "the first waiter was kept alive and keeps its place"
+    );
+    drop(held_paused);
+    tokio::time::timeout(LONG, first_on_paused)
+        .await
+        .expect("granted after the pause")
+        .expect("task");
+}

@@ -11,7 +11,9 @@
 //! handed back, and when the oldest waiter is missing from the queue
 //! (evicted after a stall, or the queue was lost) every waiter of that lock
 //! re-runs acquire, which keeps the place of those still queued. Cancels
-//! that failed are retried here too.
+//! that failed are retried here too. On a cluster each slot is a lane of
+//! its own (`lanes.rs`): a node that stops answering delays the heartbeat
+//! of its own slots only.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,6 +24,7 @@ use tokio::time::MissedTickBehavior;
 
 use crate::error::Error;
 use crate::grants::route_grant;
+use crate::lanes::Lanes;
 use crate::state::ClientState;
 use crate::task::{BackgroundTask, ShutdownSignal};
 use crate::waiters::LockWaiters;
@@ -40,42 +43,65 @@ pub(crate) fn spawn_heartbeat(state: Arc<ClientState>) -> BackgroundTask {
         move |mut shutdown: ShutdownSignal| async move {
             let mut ticker = tokio::time::interval(state.config.heartbeat_interval);
             ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            let mut lanes = Lanes::new();
             loop {
                 tokio::select! {
-                    _ = shutdown.requested() => return,
+                    biased;
+                    _ = shutdown.requested() => break,
+                    Some(lane) = lanes.ended() => {
+                        start_round(&state, &mut lanes, Some(lane));
+                        continue;
+                    }
                     _ = ticker.tick() => {}
                     _ = state.heartbeat_now.notified() => {}
                 }
-                beat(&state).await;
+                start_round(&state, &mut lanes, None);
             }
+            lanes.finish().await;
         },
     )
 }
 
-/// One round: retried cancels, then one script call per batch of locks
-/// with waiters here, the calls run concurrently.
-async fn beat(state: &Arc<ClientState>) {
-    let mut calls = JoinSet::new();
-    for (keys, owner_ids) in state.waiters.take_cancels() {
-        let state = Arc::clone(state);
-        calls.spawn(async move {
-            for owner_id in owner_ids {
-                state.cancel(&keys, &owner_id).await;
-            }
-        });
+/// Starts one round (see `lanes.rs`): retried cancels, then, per slot on a
+/// cluster (all in one lane on a single server), one script call per
+/// batch of locks with waiters here and one per permit set; a lane whose
+/// previous round still runs is passed by. With `only`, just that lane.
+fn start_round(state: &Arc<ClientState>, lanes: &mut Lanes<u16>, only: Option<u16>) {
+    if only.is_none() {
+        for (keys, owner_ids) in state.waiters.take_cancels() {
+            let state = Arc::clone(state);
+            lanes.spawn_free(async move {
+                for owner_id in owner_ids {
+                    state.cancel(&keys, &owner_id).await;
+                }
+            });
+        }
     }
-    let locks = state.waiters.waiting_locks();
     let clustered = state.redis.is_clustered();
+    let mut by_lane: BTreeMap<u16, Vec<LockWaiters>> = BTreeMap::new();
+    for lock in state.waiters.waiting_locks() {
+        // One script call may touch one slot only on a cluster.
+        let lane = if clustered { lock.keys.slot() } else { 0 };
+        if only.is_none_or(|only| only == lane) {
+            by_lane.entry(lane).or_default().push(lock);
+        }
+    }
+    for (lane, locks) in by_lane {
+        let state = Arc::clone(state);
+        lanes.start(
+            lane,
+            async move { beat_lane(&state, locks, clustered).await },
+        );
+    }
+}
+
+/// One lane's part of a round, its calls run concurrently.
+async fn beat_lane(state: &Arc<ClientState>, locks: Vec<LockWaiters>, clustered: bool) {
+    let mut calls = JoinSet::new();
     if clustered {
         // A slot migration or fail-over drops sharded subscriptions without
         // a word: renew ours, once per slot we wait in (not per lock).
-        let mut slots = BTreeMap::new();
-        for lock in &locks {
-            slots
-                .entry(lock.keys.slot())
-                .or_insert_with(|| Arc::clone(&lock.keys));
-        }
-        for keys in slots.into_values() {
+        if let Some(keys) = locks.first().map(|lock| Arc::clone(&lock.keys)) {
             let state = Arc::clone(state);
             calls.spawn(async move {
                 if let Err(error) = state.subscribe_slot(&keys, true).await {
@@ -84,25 +110,20 @@ async fn beat(state: &Arc<ClientState>) {
             });
         }
     }
-    // Locks by slot on a cluster (one script call may touch one slot only);
-    // on a single server, all in one group. Permit sets have a script of
-    // their own and go one by one.
-    let mut groups: BTreeMap<u16, Vec<LockWaiters>> = BTreeMap::new();
+    // Permit sets have a script of their own and go one by one.
+    let mut plain = Vec::with_capacity(locks.len());
     for lock in locks {
         if lock.keys.permit_family().is_some() {
             let state = Arc::clone(state);
             calls.spawn(async move { state.beat_permits(lock).await });
-            continue;
+        } else {
+            plain.push(lock);
         }
-        let group = if clustered { lock.keys.slot() } else { 0 };
-        groups.entry(group).or_default().push(lock);
     }
-    for mut group in groups.into_values() {
-        while !group.is_empty() {
-            let batch: Vec<LockWaiters> = group.drain(..group.len().min(BATCH)).collect();
-            let state = Arc::clone(state);
-            calls.spawn(async move { beat_locks(&state, batch).await });
-        }
+    while !plain.is_empty() {
+        let batch: Vec<LockWaiters> = plain.drain(..plain.len().min(BATCH)).collect();
+        let state = Arc::clone(state);
+        calls.spawn(async move { beat_locks(&state, batch).await });
     }
     while calls.join_next().await.is_some() {}
 }

@@ -48,6 +48,7 @@ mod handle;
 mod heartbeat;
 mod held;
 mod key_cache;
+mod lanes;
 mod owner;
 mod permit;
 mod permit_state;

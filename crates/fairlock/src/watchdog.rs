@@ -10,7 +10,9 @@
 //! one interval. A failing call (Redis down) does not stop the watchdog:
 //! it keeps trying, and once a lease has run out by the local clock
 //! without a successful renewal, the lost signal fires too. A guard leaves
-//! the watchdog exactly when it is released or dropped.
+//! the watchdog exactly when it is released or dropped. On a cluster each
+//! slot is a lane of its own (`lanes.rs`): a node that stops answering
+//! delays the renewals of its own slots only.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,12 +25,17 @@ use tokio::time::MissedTickBehavior;
 use crate::config::{millis, Lease};
 use crate::error::Error;
 use crate::held::HeldLock;
+use crate::lanes::Lanes;
 use crate::state::ClientState;
 use crate::task::{BackgroundTask, ShutdownSignal};
 use crate::telemetry::lease_renewal;
 
 /// The most locks one renew call covers; more make several calls.
 const BATCH: usize = 1_000;
+
+/// A watchdog lane: the slot (0 on a single server) and whether its locks
+/// are permits (they renew through a script of their own).
+type Lane = (u16, bool);
 
 /// Starts the watchdog task.
 pub(crate) fn spawn_watchdog(state: Arc<ClientState>) -> BackgroundTask {
@@ -42,42 +49,56 @@ pub(crate) fn spawn_watchdog(state: Arc<ClientState>) -> BackgroundTask {
             let mut ticker = tokio::time::interval(interval);
             ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
             ticker.tick().await;
+            let mut lanes = Lanes::new();
             loop {
                 tokio::select! {
-                    _ = shutdown.requested() => return,
+                    biased;
+                    _ = shutdown.requested() => break,
+                    Some(lane) = lanes.ended() => {
+                        watch_round(&state, &mut lanes, Some(lane));
+                        continue;
+                    }
                     _ = ticker.tick() => {}
                 }
-                watch_round(&state).await;
+                watch_round(&state, &mut lanes, None);
             }
+            lanes.finish().await;
         },
     )
 }
 
-async fn watch_round(state: &Arc<ClientState>) {
+/// Starts a round (with `only`, for that lane only): one renew call per
+/// slot and kind of lock, per [`BATCH`] locks, on each lane that is not
+/// still busy with an earlier round (`lanes.rs`), so a node that stops
+/// answering holds up the leases of its own slots only.
+fn watch_round(state: &Arc<ClientState>, lanes: &mut Lanes<Lane>, only: Option<Lane>) {
     // One script call may touch keys of one slot only on a cluster; a
     // single server takes them all in one call.
     let clustered = state.redis.is_clustered();
-    // Permits (semaphores, read-write locks) renew through their own
-    // script: a batch holds one kind only.
-    let mut by_slot: BTreeMap<(u16, bool), Vec<Arc<HeldLock>>> = BTreeMap::new();
+    let mut by_lane: BTreeMap<Lane, Vec<Arc<HeldLock>>> = BTreeMap::new();
     for lock in state.held.all() {
         if lock.is_released() {
             // Its release is on its way and forgets it when done.
             continue;
         }
         let slot = if clustered { lock.keys.slot() } else { 0 };
-        let permit = lock.keys.permit_family().is_some();
-        by_slot.entry((slot, permit)).or_default().push(lock);
-    }
-    let mut calls = JoinSet::new();
-    for locks in by_slot.into_values() {
-        for chunk in locks.chunks(BATCH) {
-            let state = Arc::clone(state);
-            let chunk = chunk.to_vec();
-            calls.spawn(async move { renew_batch(&state, chunk).await });
+        let lane = (slot, lock.keys.permit_family().is_some());
+        if only.is_none_or(|only| only == lane) {
+            by_lane.entry(lane).or_default().push(lock);
         }
     }
-    while calls.join_next().await.is_some() {}
+    for (lane, locks) in by_lane {
+        let state = Arc::clone(state);
+        lanes.start(lane, async move {
+            let mut calls = JoinSet::new();
+            for chunk in locks.chunks(BATCH) {
+                let state = Arc::clone(&state);
+                let chunk = chunk.to_vec();
+                calls.spawn(async move { renew_batch(&state, chunk).await });
+            }
+            while calls.join_next().await.is_some() {}
+        });
+    }
 }
 
 /// The lease to set now for `lock`, or 0 to only check it. A watchdog
