@@ -55,6 +55,11 @@ pub enum Command {
         limit: u64,
     },
     /// Locks that have a holder or waiters (SCAN, bounded).
+    ///
+    /// A name that is not UTF-8 is shown as a Rust byte string, `b"..."`
+    /// with its bytes escaped as Rust's `escape_ascii` does (`b"job\xff"`);
+    /// with `--json`, `name_hex` holds its exact bytes as hex (null for a
+    /// UTF-8 name, whose `name` is exact).
     List {
         /// List at most this many locks.
         #[arg(long, default_value_t = 100)]

@@ -13,7 +13,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use fairlock::LockClient;
+use fairlock::{LockClient, LockName};
 use fred::prelude::{Builder, ClientLike, ClusterInterface, Config, Server, Value};
 use fred::types::{ClusterHash, CustomCommand};
 use serde::Serialize;
@@ -22,6 +22,7 @@ use crate::args::GlobalArgs;
 use crate::connect::redis_url;
 use crate::duration::human_millis;
 use crate::exit::{Failure, FAILURE, UNAVAILABLE};
+use crate::name::{hex_if_binary, shown};
 use crate::output::emit;
 
 /// Keys asked for per SCAN call.
@@ -38,7 +39,11 @@ struct ListReport {
 
 #[derive(Serialize)]
 struct ListedLock {
+    /// The name if UTF-8, else escaped as `b"..."` (see [`crate::name`]).
     name: String,
+    /// The exact bytes of a name that is not UTF-8, as hex; `None` when
+    /// `name` is exact.
+    name_hex: Option<String>,
     holder: Option<String>,
     token: Option<u64>,
     lease_left_ms: Option<u64>,
@@ -55,14 +60,16 @@ pub async fn list(
     let (names, complete) = scan_lock_names(global, limit, max_scans).await?;
     let mut locks = Vec::with_capacity(names.len());
     for name in names {
-        let state = client.inspect(&name).await?;
+        // By the exact bytes: a lossy rendering would name another lock.
+        let state = client.inspect(name.as_bytes()).await?;
         // Between the scan and now the lock may have gone idle.
         if state.owner.is_none() && state.queue_len == 0 {
             continue;
         }
         let held = state.owner.is_some();
         locks.push(ListedLock {
-            name,
+            name: shown(name.as_bytes()),
+            name_hex: hex_if_binary(name.as_bytes()),
             token: held.then_some(state.token),
             lease_left_ms: held
                 .then(|| u64::try_from(state.owner_pttl_ms).ok())
@@ -106,7 +113,7 @@ async fn scan_lock_names(
     global: &GlobalArgs,
     limit: usize,
     max_scans: u32,
-) -> Result<(BTreeSet<String>, bool), Failure> {
+) -> Result<(BTreeSet<LockName>, bool), Failure> {
     let url = redis_url(global);
     let config = Config::from_url(&url)
         .map_err(|e| Failure::new(FAILURE, format!("Redis URL is not valid: {}", e.details())))?;
@@ -217,15 +224,14 @@ fn parse_scan(reply: Value) -> Result<(String, Vec<String>), Failure> {
 
 /// The lock name of an owner or queue key under `prefix`, unescaped
 /// (`%7D` → `}`, `%25` → `%`, `%XX` → a byte that is not UTF-8; see
-/// [`fairlock::LockName::from_tag`]), as text for people (lossy for a name
-/// that is not UTF-8); `None` for any other key.
-fn lock_name_of(prefix: &str, key: &str) -> Option<String> {
+/// [`LockName::from_tag`]), exact to the byte; `None` for any other key.
+fn lock_name_of(prefix: &str, key: &str) -> Option<LockName> {
     let rest = key.strip_prefix(prefix)?.strip_prefix('{')?;
     let (tag, kind) = rest.split_once('}')?;
     if kind != ":owner" && kind != ":queue" {
         return None;
     }
-    Some(fairlock::LockName::from_tag(tag)?.as_str().to_owned())
+    LockName::from_tag(tag)
 }
 
 /// `text` with Redis glob metacharacters escaped, so a prefix matches itself.
@@ -246,23 +252,25 @@ mod tests {
 
     #[test]
     fn names_are_read_back_from_owner_and_queue_keys_only() {
+        let name = |key: &str| lock_name_of("fairlock:", key).map(|n| n.as_bytes().to_vec());
         assert_eq!(
-            lock_name_of("fairlock:", "fairlock:{orders:42}:owner").as_deref(),
-            Some("orders:42")
+            name("fairlock:{orders:42}:owner").as_deref(),
+            Some(&b"orders:42"[..])
         );
         assert_eq!(
-            lock_name_of("fairlock:", "fairlock:{a%7Db%25c}:queue").as_deref(),
-            Some("a}b%c")
+            name("fairlock:{a%7Db%25c}:queue").as_deref(),
+            Some(&b"a}b%c"[..])
         );
-        assert_eq!(lock_name_of("fairlock:", "fairlock:{x}:seq"), None);
-        assert_eq!(lock_name_of("fairlock:", "other:{x}:owner"), None);
+        assert_eq!(name("fairlock:{x}:seq"), None);
+        assert_eq!(name("other:{x}:owner"), None);
         assert_eq!(
-            lock_name_of("fairlock:", "fairlock:{100%25%7D}:owner").as_deref(),
-            Some("100%}")
+            name("fairlock:{100%25%7D}:owner").as_deref(),
+            Some(&b"100%}"[..])
         );
+        // Exact bytes, not the lossy "a\u{fffd}" (another lock's name).
         assert_eq!(
-            lock_name_of("fairlock:", "fairlock:{a%FF}:owner").as_deref(),
-            Some("a\u{fffd}")
+            name("fairlock:{a%FF}:owner").as_deref(),
+            Some(&b"a\xff"[..])
         );
     }
 

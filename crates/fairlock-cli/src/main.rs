@@ -2,7 +2,8 @@
 //!
 //! One module per subcommand (`inspect`, `list`, `release`, `run` for
 //! `lock`, `watch`); `snapshot` renders a lock's state for the two that
-//! show it; `exit` holds the exit codes scripts rely on. The lock protocol
+//! show it; `name` shows a lock name that is not UTF-8; `exit` holds the
+//! exit codes scripts rely on. The lock protocol
 //! itself is only reached through the `fairlock` client's public API,
 //! except `list`, which needs SCAN.
 
@@ -12,6 +13,7 @@ mod duration;
 mod exit;
 mod inspect;
 mod list;
+mod name;
 mod output;
 mod release;
 mod run;

@@ -215,6 +215,73 @@ async fn list_finds_held_and_queued_locks_by_unescaped_name() {
     drop((odd, plain, elsewhere));
 }
 
+/// The `list --json` entries, by their `name`.
+fn listed_by_name(output: &Output) -> HashMap<String, Value> {
+    json(output)["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["name"].as_str().unwrap().to_owned(), l.clone()))
+        .collect()
+}
+
+/// A lock whose name is not UTF-8 is listed under an escaped form
+/// (`b"job\xff"`), with its exact bytes as hex in the JSON, and is not
+/// confused with the UTF-8 name its lossy rendering spells (`job\u{fffd}`).
+/// Before, `list` inspected the lossy rendering, found it free and left the
+/// held lock out.
+#[tokio::test(flavor = "multi_thread")]
+async fn list_shows_a_non_utf8_name_escaped_with_its_exact_bytes() {
+    let server = RedisServer::start().unwrap();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    let binary = client.lock(b"job\xff".as_slice()).await.unwrap();
+    let text = client.lock("job\u{fffd}").await.unwrap();
+
+    let output = run(&server, &["list", "--json"]).await;
+    assert!(output.status.success(), "{output:?}");
+    let locks = listed_by_name(&output);
+    let names: BTreeSet<&str> = locks.keys().map(String::as_str).collect();
+    assert_eq!(names, BTreeSet::from(["b\"job\\xff\"", "job\u{fffd}"]));
+    let listed = &locks["b\"job\\xff\""];
+    assert_eq!(listed["name_hex"], "6a6f62ff");
+    assert_eq!(listed["holder"], binary.owner_id());
+    assert_eq!(listed["token"], binary.token().value());
+    assert_eq!(locks["job\u{fffd}"]["name_hex"], Value::Null);
+    assert_eq!(locks["job\u{fffd}"]["holder"], text.owner_id());
+
+    let output = run(&server, &["list"]).await;
+    assert!(output.status.success(), "{output:?}");
+    let shown = stdout(&output);
+    let row = shown
+        .lines()
+        .find(|line| line.starts_with("b\"job\\xff\""))
+        .unwrap_or_else(|| panic!("no row for the binary name: {shown}"));
+    assert!(row.ends_with(binary.owner_id()), "{shown}");
+    drop((binary, text));
+}
+
+/// A held lock named with 200 bytes of 0xff: its lossy rendering is 600
+/// bytes, over the name limit, and `list` used to fail on it as a whole
+/// (exit 1). Now it is listed, escaped, next to the other locks.
+#[tokio::test(flavor = "multi_thread")]
+async fn list_survives_a_long_non_utf8_name() {
+    let server = RedisServer::start().unwrap();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    let long = client.lock(vec![0xff_u8; 200]).await.unwrap();
+    let plain = client.lock("plain").await.unwrap();
+
+    let output = run(&server, &["list", "--json"]).await;
+    assert!(output.status.success(), "{output:?}");
+    let locks = listed_by_name(&output);
+    let escaped = format!("b\"{}\"", "\\xff".repeat(200));
+    let names: BTreeSet<&str> = locks.keys().map(String::as_str).collect();
+    assert_eq!(names, BTreeSet::from([escaped.as_str(), "plain"]));
+    assert_eq!(locks[&escaped]["name_hex"], "ff".repeat(200));
+    assert_eq!(locks[&escaped]["holder"], long.owner_id());
+    assert_eq!(locks["plain"]["holder"], plain.owner_id());
+    drop((long, plain));
+}
+
 /// On a Redis Cluster `list` scans every primary: a lock held in each
 /// primary's slots is listed, and the list says it is complete. Before, it
 /// scanned whichever node fred picked and said complete all the same.
