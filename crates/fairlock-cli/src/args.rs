@@ -1,6 +1,7 @@
 //! The command line grammar (clap derive). Only parsing lives here; each
 //! subcommand's behaviour is in its own module.
 
+use std::ffi::OsString;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -9,6 +10,11 @@ use crate::duration::{parse_duration, parse_period};
 
 /// Inspect, list, force-release and watch fairlock locks, or run a command
 /// under one.
+///
+/// A lock NAME is the raw bytes of its argument, UTF-8 or not (in bash,
+/// `$'job\xff'` for a byte 0xff). A name that is not UTF-8 is shown as a
+/// Rust byte string, `b"..."` escaped as Rust's `escape_ascii` does, and
+/// `--json` adds its exact bytes as hex (`name_hex`).
 ///
 /// Exit codes: 0 ok; 1 error; 2 usage; 3 `release --holder` found another
 /// holder; 69 Redis unreachable; `lock` passes the command's own code
@@ -48,8 +54,8 @@ pub struct GlobalArgs {
 pub enum Command {
     /// Holder, token, lease left and the queue of one lock.
     Inspect {
-        /// The lock name.
-        name: String,
+        /// The lock name: the argument's bytes, UTF-8 or not.
+        name: OsString,
         /// How many waiters to list, oldest first.
         #[arg(long, default_value_t = 50)]
         limit: u64,
@@ -80,8 +86,8 @@ pub enum Command {
         /// `nonce`); otherwise change nothing and exit with code 3.
         #[arg(long)]
         holder: Option<String>,
-        /// The lock name.
-        name: String,
+        /// The lock name: the argument's bytes, UTF-8 or not.
+        name: OsString,
     },
     /// Run a command while holding the lock; its exit code is passed through.
     ///
@@ -99,16 +105,16 @@ pub enum Command {
         /// After SIGTERM on lease loss, wait this long before SIGKILL.
         #[arg(long, default_value = "5s", value_parser = parse_duration)]
         grace: Duration,
-        /// The lock name.
-        name: String,
+        /// The lock name: the argument's bytes, UTF-8 or not.
+        name: OsString,
         /// The command and its arguments, after `--`.
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
     /// Redraw holder and queue every interval until Ctrl-C.
     Watch {
-        /// The lock name.
-        name: String,
+        /// The lock name: the argument's bytes, UTF-8 or not.
+        name: OsString,
         /// Time between snapshots (1ms or more).
         #[arg(long, default_value = "1s", value_parser = parse_period)]
         interval: Duration,

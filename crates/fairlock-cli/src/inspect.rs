@@ -9,7 +9,7 @@ use crate::snapshot::LockView;
 /// Prints the holder, token, lease and first `limit` waiters of `name`.
 pub async fn inspect(
     client: &LockClient,
-    name: &str,
+    name: &[u8],
     limit: u64,
     json: bool,
 ) -> Result<(), Failure> {

@@ -20,6 +20,7 @@ mod run;
 mod snapshot;
 mod watch;
 
+use std::os::unix::ffi::OsStrExt as _;
 use std::process::ExitCode;
 
 use clap::Parser as _;
@@ -45,9 +46,11 @@ async fn execute(cli: Cli) -> Result<u8, Failure> {
     let global = &cli.global;
     let client = lock_client(global).await?;
     let outcome = match &cli.command {
-        Command::Inspect { name, limit } => inspect::inspect(&client, name, *limit, global.json)
-            .await
-            .map(|()| OK),
+        Command::Inspect { name, limit } => {
+            inspect::inspect(&client, name.as_bytes(), *limit, global.json)
+                .await
+                .map(|()| OK)
+        }
         Command::List { limit, max_scans } => list::list(global, &client, *limit, *max_scans)
             .await
             .map(|()| OK),
@@ -55,7 +58,7 @@ async fn execute(cli: Cli) -> Result<u8, Failure> {
             force: _,
             holder,
             name,
-        } => release::release(&client, name, holder.as_deref(), global.json)
+        } => release::release(&client, name.as_bytes(), holder.as_deref(), global.json)
             .await
             .map(|()| OK),
         Command::Lock {
@@ -68,7 +71,7 @@ async fn execute(cli: Cli) -> Result<u8, Failure> {
             run::run_locked(
                 &client,
                 run::LockRun {
-                    name,
+                    name: name.as_bytes(),
                     lease: *lease,
                     wait: *wait,
                     grace: *grace,
@@ -82,9 +85,16 @@ async fn execute(cli: Cli) -> Result<u8, Failure> {
             interval,
             limit,
             count,
-        } => watch::watch(&client, name, *interval, *limit, *count, global.json)
-            .await
-            .map(|()| OK),
+        } => watch::watch(
+            &client,
+            name.as_bytes(),
+            *interval,
+            *limit,
+            *count,
+            global.json,
+        )
+        .await
+        .map(|()| OK),
     };
     client.shutdown().await;
     outcome

@@ -4,7 +4,8 @@
 //! other is shown as a Rust byte string, `b"..."` with its bytes escaped as
 //! [`<[u8]>::escape_ascii`] does (`\xff`, `\\`, `\"`, `\n`, ...), so two
 //! names never look alike and the escapes inside the quotes can be pasted
-//! into a shell's `$'...'` to give the bytes back. `--json` adds the exact
+//! into a shell's `$'...'` to give the bytes back (the subcommands that
+//! take a name take the raw bytes of their argument). `--json` adds the exact
 //! bytes as hex (`name_hex`) for a name that is not UTF-8.
 
 /// `name` for people: itself if UTF-8, else `b"<escaped bytes>"`.
@@ -12,6 +13,15 @@ pub fn shown(name: &[u8]) -> String {
     match std::str::from_utf8(name) {
         Ok(text) => text.to_owned(),
         Err(_) => format!("b\"{}\"", name.escape_ascii()),
+    }
+}
+
+/// `name` in messages: `"text"` (quoted as Rust's `{:?}` does) if UTF-8,
+/// else `b"<escaped bytes>"`.
+pub fn quoted(name: &[u8]) -> String {
+    match std::str::from_utf8(name) {
+        Ok(text) => format!("{text:?}"),
+        Err(_) => shown(name),
     }
 }
 
@@ -33,6 +43,8 @@ mod tests {
         assert_eq!(shown(b"orders:42"), "orders:42");
         assert_eq!(shown("job\u{fffd}".as_bytes()), "job\u{fffd}");
         assert_eq!(hex_if_binary(b"orders:42"), None);
+        assert_eq!(quoted(b"orders:42"), "\"orders:42\"");
+        assert_eq!(quoted(b"job\xff"), "b\"job\\xff\"");
         assert_eq!(shown(b"job\xff"), "b\"job\\xff\"");
         assert_eq!(hex_if_binary(b"job\xff").as_deref(), Some("6a6f62ff"));
         assert_eq!(

@@ -12,11 +12,16 @@ use fairlock::LockClient;
 use serde::Serialize;
 
 use crate::exit::{Failure, HOLDER_CHANGED};
+use crate::name::{hex_if_binary, quoted, shown};
 use crate::output::emit;
 
 #[derive(Serialize)]
 struct ReleaseReport<'a> {
-    name: &'a str,
+    /// The lock name if UTF-8, else escaped as `b"..."` (see
+    /// [`crate::name`]).
+    name: String,
+    /// The exact bytes of a name that is not UTF-8, as hex.
+    name_hex: Option<String>,
     /// Whether a holder was evicted by this call.
     released: bool,
     /// The holder the caller asked for, if any.
@@ -28,7 +33,7 @@ struct ReleaseReport<'a> {
 /// Force-releases `name`, from `holder` only if given.
 pub async fn release(
     client: &LockClient,
-    name: &str,
+    name: &[u8],
     holder: Option<&str>,
     json: bool,
 ) -> Result<(), Failure> {
@@ -40,8 +45,11 @@ pub async fn release(
         None => client.force_release(name).await?,
     };
     let holder_now = client.inspect(name).await?.owner;
+    // In messages: `"orders:42"` as before, or `b"job\xff"`.
+    let quoted = quoted(name);
     let report = ReleaseReport {
-        name,
+        name: shown(name),
+        name_hex: hex_if_binary(name),
         released,
         expected_holder: holder,
         holder_now,
@@ -52,13 +60,13 @@ pub async fn release(
             None => "it is free now".to_owned(),
         };
         match (released, holder) {
-            (true, _) => format!("released {name:?}; {now}\n"),
-            (false, None) => format!("{name:?} was free: nothing to release\n"),
+            (true, _) => format!("released {quoted}; {now}\n"),
+            (false, None) => format!("{quoted} was free: nothing to release\n"),
             (false, Some(_)) if report.holder_now.is_none() => {
-                format!("{name:?} was free: nothing to release (already released)\n")
+                format!("{quoted} was free: nothing to release (already released)\n")
             }
             (false, Some(holder)) => {
-                format!("not released: {name:?} is not held by {holder}; {now}\n")
+                format!("not released: {quoted} is not held by {holder}; {now}\n")
             }
         }
     })?;
@@ -66,7 +74,7 @@ pub async fn release(
         (false, Some(holder), Some(now)) => Err(Failure::new(
             HOLDER_CHANGED,
             format!(
-                "refused: {name:?} is held by {now}, not by {holder}; nothing was changed (inspect it again and retry with the current holder)"
+                "refused: {quoted} is held by {now}, not by {holder}; nothing was changed (inspect it again and retry with the current holder)"
             ),
         )),
         _ => Ok(()),
@@ -77,7 +85,7 @@ pub async fn release(
 /// `inspect` shows under `nonce`) is expanded to the exact grant it
 /// names now, `<owner id> <token>`; an owner id, or an owner id and token, is
 /// passed as given. Either way only that grant can be freed.
-async fn expand_nonce(client: &LockClient, name: &str, holder: &str) -> Result<String, Failure> {
+async fn expand_nonce(client: &LockClient, name: &[u8], holder: &str) -> Result<String, Failure> {
     if holder.contains(['.', ' ']) {
         return Ok(holder.to_owned());
     }

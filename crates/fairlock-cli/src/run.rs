@@ -9,7 +9,9 @@
 //! pass the token to the resource it writes to: only the token protects
 //! against a child that outlives its lease anyway (a paused machine).
 
+use std::ffi::OsStr;
 use std::io::ErrorKind;
+use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::process::ExitStatusExt as _;
 use std::process::ExitStatus;
 use std::time::Duration;
@@ -21,11 +23,12 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::exit::{
     Failure, CANNOT_EXECUTE, FAILURE, INTERRUPTED, LEASE_LOST, NOT_FOUND, TERMINATED,
 };
+use crate::name::quoted;
 
 /// What `fairlock lock` was asked to do.
 pub struct LockRun<'a> {
-    /// The lock name.
-    pub name: &'a str,
+    /// The lock name, UTF-8 or not.
+    pub name: &'a [u8],
     /// A fixed lease, or `None` for the watchdog.
     pub lease: Option<Duration>,
     /// How long to wait for the lock, or `None` for no limit.
@@ -67,7 +70,7 @@ pub async fn run_locked(client: &LockClient, run: LockRun<'_>) -> Result<u8, Fai
         .args(args)
         .env("FAIRLOCK_TOKEN", guard.token().value().to_string())
         .env("FAIRLOCK_HOLDER", guard.owner_id())
-        .env("FAIRLOCK_LOCK", run.name)
+        .env("FAIRLOCK_LOCK", OsStr::from_bytes(run.name))
         .spawn();
     let child = match spawned {
         Ok(child) => child,
@@ -90,8 +93,8 @@ pub async fn run_locked(client: &LockClient, run: LockRun<'_>) -> Result<u8, Fai
         return Err(Failure::new(
             LEASE_LOST,
             format!(
-                "lost the lease on {:?} while the command ran (force-released, or it could not be renewed); the command was stopped and may have overlapped another holder",
-                run.name
+                "lost the lease on {} while the command ran (force-released, or it could not be renewed); the command was stopped and may have overlapped another holder",
+                quoted(run.name)
             ),
         ));
     }
@@ -100,13 +103,16 @@ pub async fn run_locked(client: &LockClient, run: LockRun<'_>) -> Result<u8, Fai
         Err(fairlock::Error::NotOwner { .. }) => Err(Failure::new(
             LEASE_LOST,
             format!(
-                "the command finished but the lease on {:?} was gone at release; its work may have overlapped another holder",
-                run.name
+                "the command finished but the lease on {} was gone at release; its work may have overlapped another holder",
+                quoted(run.name)
             ),
         )),
         Err(error) => {
             // The lease runs out by itself; the command's own result stands.
-            eprintln!("fairlock: warning: release of {:?} failed: {error}", run.name);
+            eprintln!(
+                "fairlock: warning: release of {} failed: {error}",
+                quoted(run.name)
+            );
             Ok(exit_code(status))
         }
     }

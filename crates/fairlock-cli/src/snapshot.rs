@@ -11,12 +11,17 @@ use fairlock::LockState;
 use serde::Serialize;
 
 use crate::duration::human_millis;
+use crate::name::{hex_if_binary, shown};
 
 /// A lock snapshot, ready to print.
 #[derive(Debug, Serialize)]
 pub struct LockView {
-    /// The lock name.
+    /// The lock name if UTF-8, else escaped as `b"..."` (see
+    /// [`crate::name`]).
     pub name: String,
+    /// The exact bytes of a name that is not UTF-8, as hex; `None` when
+    /// `name` is exact.
+    pub name_hex: Option<String>,
     /// The holder's owner id (`<nonce>.<client tag>.<lease ms>`), the id
     /// `release --force --holder` takes; `None` when free.
     pub holder: Option<String>,
@@ -59,7 +64,7 @@ pub struct WaiterView {
 
 impl LockView {
     /// The view of `state`, the snapshot of lock `name`.
-    pub fn new(name: &str, state: LockState) -> Self {
+    pub fn new(name: &[u8], state: LockState) -> Self {
         let now_ms = state.now_ms;
         let waiters = state
             .waiters
@@ -76,7 +81,8 @@ impl LockView {
             .collect();
         let held = state.owner.is_some();
         Self {
-            name: name.to_owned(),
+            name: shown(name),
+            name_hex: hex_if_binary(name),
             nonce: state.owner.as_deref().map(nonce_of),
             holder: state.owner,
             token: held.then_some(state.token),

@@ -20,7 +20,7 @@ const CLEAR: &str = "\x1b[2J\x1b[H";
 /// Redraws the snapshot of `name` every `interval`.
 pub async fn watch(
     client: &LockClient,
-    name: &str,
+    name: &[u8],
     interval: Duration,
     limit: u64,
     count: Option<u64>,

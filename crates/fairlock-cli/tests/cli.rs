@@ -282,6 +282,90 @@ async fn list_survives_a_long_non_utf8_name() {
     drop((long, plain));
 }
 
+/// `fairlock` with arguments that need not be UTF-8.
+async fn run_bytes(server: &RedisServer, args: &[&[u8]]) -> Output {
+    use std::os::unix::ffi::OsStrExt as _;
+    let args = args.iter().map(|arg| std::ffi::OsStr::from_bytes(arg));
+    tokio::time::timeout(RUN_LIMIT, fairlock(server).args(args).output())
+        .await
+        .expect("fairlock did not finish")
+        .expect("fairlock did not start")
+}
+
+/// `inspect`, `watch`, `release` and `lock` take a name as the raw bytes of
+/// their argument (in a shell, `$'job\xff'`), so a lock named with bytes
+/// that are not UTF-8 can be reached, and show it as `list` does. Before,
+/// clap refused such an argument ("invalid UTF-8 was detected", exit 2).
+#[tokio::test(flavor = "multi_thread")]
+async fn subcommands_take_a_non_utf8_name_as_raw_argument_bytes() {
+    let server = RedisServer::start().unwrap();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    let name: &[u8] = b"job\xff";
+    let binary = client.lock(name).await.unwrap();
+    // The name its lossy rendering spells: never touched below.
+    let text = client.lock("job\u{fffd}").await.unwrap();
+
+    let output = run_bytes(&server, &[b"inspect", name, b"--json"]).await;
+    assert!(output.status.success(), "{output:?}");
+    let view = json(&output);
+    assert_eq!(view["name"], "b\"job\\xff\"");
+    assert_eq!(view["name_hex"], "6a6f62ff");
+    assert_eq!(view["holder"], binary.owner_id());
+    let output = run_bytes(&server, &[b"inspect", name]).await;
+    assert!(
+        stdout(&output).starts_with("lock        b\"job\\xff\"\n"),
+        "{output:?}"
+    );
+
+    let output = run_bytes(&server, &[b"watch", name, b"--count", b"1", b"--json"]).await;
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(json(&output)["holder"], binary.owner_id());
+
+    let output = run_bytes(
+        &server,
+        &[
+            b"release",
+            b"--force",
+            name,
+            b"--holder",
+            binary.owner_id().as_bytes(),
+            b"--json",
+        ],
+    )
+    .await;
+    assert!(output.status.success(), "{output:?}");
+    let report = json(&output);
+    assert_eq!(report["name"], "b\"job\\xff\"");
+    assert_eq!(report["released"], true);
+    assert_eq!(client.inspect(name).await.unwrap().owner, None);
+    assert_eq!(
+        client
+            .inspect("job\u{fffd}")
+            .await
+            .unwrap()
+            .owner
+            .as_deref(),
+        Some(text.owner_id())
+    );
+
+    // The child gets the exact bytes in FAIRLOCK_LOCK.
+    let output = run_bytes(
+        &server,
+        &[
+            b"lock",
+            name,
+            b"--",
+            b"sh",
+            b"-c",
+            b"printf %s \"$FAIRLOCK_LOCK\"",
+        ],
+    )
+    .await;
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(output.stdout, name);
+    drop((binary, text));
+}
+
 /// On a Redis Cluster `list` scans every primary: a lock held in each
 /// primary's slots is listed, and the list says it is complete. Before, it
 /// scanned whichever node fred picked and said complete all the same.
