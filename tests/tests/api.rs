@@ -219,6 +219,24 @@ async fn the_config_builder_checks_every_value_before_any_connection() {
             "zero replica timeout",
             builder().replica_acks(1, Duration::ZERO).build(),
         ),
+        (
+            // WAIT blocks its connection: a release, heartbeat or renewal
+            // queued behind it would time out, and a grant that is not
+            // acknowledged could not even be given back.
+            "a replica timeout of the whole command timeout",
+            builder()
+                .command_timeout(Duration::from_secs(1))
+                .replica_acks(1, Duration::from_secs(3))
+                .build(),
+        ),
+        (
+            "a replica timeout longer than the waiter timeout allows",
+            builder()
+                .waiter_timeout(Duration::from_secs(1))
+                .heartbeat_interval(Duration::from_millis(100))
+                .replica_acks(1, Duration::from_secs(2))
+                .build(),
+        ),
     ];
     for (what, result) in refused {
         match result {

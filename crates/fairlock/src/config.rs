@@ -193,7 +193,9 @@ pub struct ClientConfig {
     /// [`Error::NotReplicated`], a renewal fires the lease-lost signal.
     /// `None` (the default) waits for no replica. WAIT is not consensus: it
     /// narrows the window in which a fail-over loses a grant, it does not
-    /// close it.
+    /// close it. Its timeout must be at most half the command timeout and,
+    /// with the heartbeat interval, shorter than the waiter timeout: `WAIT`
+    /// blocks its connection, and the calls behind it must stay in time.
     pub replica_acks: Option<ReplicaAcks>,
     /// What to do when the server may evict lock keys (its
     /// `maxmemory-policy` is not `noeviction`): warn (the default), fail
@@ -296,6 +298,22 @@ impl ClientConfig {
                 "heartbeat interval {:?} must be shorter than the waiter timeout {:?} (a third of it or less is safe), or live waiters would be evicted",
                 self.heartbeat_interval, self.waiter_timeout
             )));
+        }
+        if let Some(acks) = self.replica_acks {
+            // `WAIT` blocks the connection it runs on for up to its
+            // timeout, and it runs on both command connections.
+            if acks.timeout * 2 > self.command_timeout {
+                return Err(Error::InvalidOptions(format!(
+                    "replica ack timeout {:?} must be at most half the command timeout {:?}: WAIT holds its connection that long, and the calls queued behind it (a release, a renewal, giving back an unacknowledged grant) must still finish in time",
+                    acks.timeout, self.command_timeout
+                )));
+            }
+            if acks.timeout + self.heartbeat_interval >= self.waiter_timeout {
+                return Err(Error::InvalidOptions(format!(
+                    "replica ack timeout {:?} plus the heartbeat interval {:?} must be shorter than the waiter timeout {:?}: a heartbeat queued behind a WAIT would come too late and live waiters would be taken for dead",
+                    acks.timeout, self.heartbeat_interval, self.waiter_timeout
+                )));
+            }
         }
         Ok(())
     }

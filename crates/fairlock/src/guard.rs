@@ -127,7 +127,10 @@ impl LockGuard {
 
     /// The queue ticket this grant waited with, or `None` if the lock was
     /// free and granted at once. Among the waiters of one lock, grants
-    /// follow ticket order.
+    /// follow ticket order. A waiter taken for dead (no heartbeat for the
+    /// waiter timeout: a stall, a fail-over) loses its place; if it then
+    /// finds the lock free, it is granted at once and still shows the
+    /// ticket it first waited with.
     pub fn ticket(&self) -> Option<u64> {
         self.held.ticket
     }
