@@ -27,6 +27,18 @@ pub fn fast_config(server: &RedisServer) -> ClientConfig {
         .expect("the fast test timings are valid")
 }
 
+/// A client with [`fast_config`] but a 5 s waiter timeout, for tests that
+/// count script calls: a stall of a loaded machine longer than the fast 1 s
+/// would drop its waiters as dead, and their re-queueing would be counted.
+pub async fn patient_client(server: &RedisServer) -> LockClient {
+    let mut config = fast_config(server);
+    config.waiter_timeout = Duration::from_secs(5);
+    match LockClient::with_config(config).await {
+        Ok(client) => client,
+        Err(error) => panic!("cannot connect to the test redis-server: {error}"),
+    }
+}
+
 /// Starts a redis-server for one test; it is killed when dropped.
 pub fn server() -> RedisServer {
     match RedisServer::start() {
@@ -407,25 +419,58 @@ pub async fn within<T>(what: &str, future: impl std::future::Future<Output = T>)
         .unwrap_or_else(|_| panic!("{what} did not finish: a grant was lost"))
 }
 
+/// How many connections of `server` hold a subscription (`sub`, `psub` or
+/// `ssub` above 0 in `CLIENT LIST`).
+pub fn subscribed_connections(server: &RedisServer) -> usize {
+    let list = server.cmd_ok(&["CLIENT", "LIST"]).expect("CLIENT LIST");
+    list.as_str()
+        .expect("CLIENT LIST text")
+        .lines()
+        .filter(|line| {
+            line.split(' ').any(|field| {
+                ["sub=", "psub=", "ssub="]
+                    .iter()
+                    .any(|kind| field.strip_prefix(kind).is_some_and(|n| n != "0"))
+            })
+        })
+        .count()
+}
+
+/// Waits (bounded, 20 s) until `server` has `count` subscribed
+/// connections: a grant connection may be reopening after a keep-alive
+/// check a stall of a loaded machine failed.
+pub async fn wait_for_subscribed_connections(server: &RedisServer, count: usize) {
+    within("the subscribed connections", async {
+        while subscribed_connections(server) != count {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
 /// Keeps every pub/sub subscriber of `server` away while it lives: it
 /// kills them and lowers `maxclients` below the connections left, so none
 /// can reconnect. Grant messages published meanwhile reach nobody. Drop it
 /// to let them back.
 pub struct SubscribersCutOff<'a> {
     server: &'a RedisServer,
+    /// `maxclients` before the cut, restored on drop.
+    maxclients: String,
 }
 
 /// Cuts every subscriber of `server` off (see [`SubscribersCutOff`]).
 pub fn cut_off_subscribers(server: &RedisServer) -> SubscribersCutOff<'_> {
     let list = server.cmd_ok(&["CLIENT", "LIST"]).expect("CLIENT LIST");
     let connected = list.as_str().expect("CLIENT LIST text").lines().count();
-    let subscribers = list
-        .as_str()
-        .expect("CLIENT LIST text")
-        .lines()
-        .filter(|line| line.contains(" sub=") && !line.contains(" sub=0 "))
-        .count();
+    let subscribers = subscribed_connections(server);
     assert!(subscribers > 0, "no subscriber to cut off");
+    let maxclients = server
+        .cmd_ok(&["CONFIG", "GET", "maxclients"])
+        .expect("CONFIG GET maxclients")
+        .as_array()
+        .and_then(|pair| pair.get(1))
+        .and_then(|value| value.as_str().map(str::to_owned))
+        .expect("maxclients is set");
     let limit = (connected - subscribers).to_string();
     server
         .cmd_ok(&["CONFIG", "SET", "maxclients", &limit])
@@ -433,11 +478,18 @@ pub fn cut_off_subscribers(server: &RedisServer) -> SubscribersCutOff<'_> {
     server
         .cmd_ok(&["CLIENT", "KILL", "TYPE", "pubsub"])
         .expect("kill the subscribers");
-    SubscribersCutOff { server }
+    SubscribersCutOff { server, maxclients }
 }
 
 impl Drop for SubscribersCutOff<'_> {
     fn drop(&mut self) {
-        let _ = self.server.cmd(&["CONFIG", "SET", "maxclients", "10000"]);
+        let restored = self
+            .server
+            .cmd_ok(&["CONFIG", "SET", "maxclients", &self.maxclients]);
+        if let Err(error) = restored {
+            if !std::thread::panicking() {
+                panic!("maxclients not restored to {}: {error}", self.maxclients);
+            }
+        }
     }
 }
