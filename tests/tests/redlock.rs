@@ -21,7 +21,12 @@ fn primaries(n: usize) -> IndependentPrimaries {
 /// Short timings; the delayed-restart rule off (tests that restart a
 /// primary turn it on).
 fn config(primaries: &IndependentPrimaries) -> RedLockConfig {
-    let mut config = RedLockConfig::new(primaries.urls());
+    config_for(primaries.urls())
+}
+
+/// As [`config`], for any list of URLs.
+fn config_for(urls: Vec<String>) -> RedLockConfig {
+    let mut config = RedLockConfig::new(urls);
     config.connect_timeout = Duration::from_secs(3);
     // Room for a loaded machine: a live primary slower than the call
     // timeout does not vote, and one missing vote of three fails a lock.
@@ -588,4 +593,54 @@ async fn a_stalled_primary_does_not_hold_up_the_waiters_of_other_locks() {
     // The paused primary stays paused (CLIENT UNPAUSE would wait behind
     // the pause too); the kit kills it when the test ends.
     drop(guards);
+}
+
+/// Connections each server has accepted so far.
+fn connections_received(servers: &IndependentPrimaries) -> Vec<String> {
+    servers
+        .servers()
+        .iter()
+        .map(|s| {
+            s.info("stats")
+                .expect("INFO stats")
+                .get("total_connections_received")
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// A primary URL that does not parse used to be accepted: the client
+/// connected with the 2 good primaries and retried the bad one forever,
+/// leaving no fault tolerance. It is refused with `InvalidOptions` naming
+/// the entry (its password redacted) before any primary is contacted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_url_that_does_not_parse_is_refused_before_any_primary_is_contacted() {
+    let servers = primaries(2);
+    let [a, c] = [servers.urls()[0].clone(), servers.urls()[1].clone()];
+    let before = connections_received(&servers);
+    for (bad, named) in [
+        ("not a url at all", "not a url at all"),
+        (
+            "redis://user:secret@127.0.0.1:notaport",
+            "redis://user:***@127.0.0.1:notaport",
+        ),
+    ] {
+        match RedLock::with_config(config_for(vec![bad.to_owned(), a.clone(), c.clone()])).await {
+            Err(Error::InvalidOptions(message)) => {
+                assert!(message.contains(named), "names the entry: {message}");
+                assert!(!message.contains("secret"), "redacted: {message}");
+            }
+            Ok(redlock) => panic!(
+                "[{bad:?}, a, c] connected with {} of 3 primaries",
+                redlock.connected()
+            ),
+            Err(other) => panic!("expected InvalidOptions, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        connections_received(&servers),
+        before,
+        "no primary was contacted"
+    );
 }

@@ -1,10 +1,12 @@
 //! RedLock's configuration and per-call options, checked before any Redis
 //! call so that bad input never reaches a primary.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::time::Duration;
 
 use fairlock_core::KeyPrefix;
+use fred::prelude::Config;
+use fred::types::config::ServerConfig;
 
 use crate::config::MAX_DURATION;
 use crate::error::{Error, Result};
@@ -32,7 +34,10 @@ use crate::redis::redact;
 #[non_exhaustive]
 pub struct RedLockConfig {
     /// One `redis://` URL per independent primary (no replication between
-    /// them, no cluster); at least 3, an odd number is best.
+    /// them, no cluster); at least 3, an odd number is best. Each server
+    /// once: [`RedLockConfig::validate`] refuses one host and port listed
+    /// twice, and connecting refuses two URLs whose servers answer with the
+    /// same `run_id`.
     pub urls: Vec<String>,
     /// Namespace of RedLock's keys and channels on every primary,
     /// `fairlock:redlock:` by default (apart from the fair lock's keys).
@@ -97,7 +102,14 @@ impl RedLockConfig {
         }
     }
 
-    /// Checks every value; the error names the bad one.
+    /// Checks every value; the error names the bad one. Every URL is
+    /// parsed as [`crate::LockClient`] parses its URL (a TLS URL needs the
+    /// `tls` feature), and one host and port may not be listed twice.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] naming the bad value (a URL with its
+    /// password redacted).
     pub fn validate(&self) -> Result<()> {
         if self.urls.len() < 3 {
             return Err(Error::InvalidOptions(format!(
@@ -105,14 +117,18 @@ impl RedLockConfig {
                 self.urls.len()
             )));
         }
-        let mut seen = HashSet::new();
-        for url in &self.urls {
-            if !seen.insert(url.trim().to_ascii_lowercase()) {
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for (index, url) in self.urls.iter().enumerate() {
+            let server = check_url(index, url)?;
+            if let Some(&first) = seen.get(&server) {
                 return Err(Error::InvalidOptions(format!(
-                    "primary {} is listed twice; a server counted twice would make a false majority",
+                    "primaries {first} ({}) and {index} ({}) are the same server ({server}); \
+                     a server counted twice would make a false majority: list each server once",
+                    redact(&self.urls[first]),
                     redact(url)
                 )));
             }
+            seen.insert(server, index);
         }
         let ms = Duration::from_millis(1);
         check("connect timeout", self.connect_timeout, ms)?;
@@ -175,6 +191,39 @@ impl RedLockConfig {
 
 fn default_prefix() -> KeyPrefix {
     KeyPrefix::new("fairlock:redlock:").unwrap_or_default()
+}
+
+/// Parses primary `index`'s URL as the single-server client does when it
+/// connects (fred's URL parser, and a TLS URL only with the `tls`
+/// feature), so a bad entry is refused here instead of being retried
+/// forever as an unreachable primary. Returns what identifies the server
+/// in the URL: `host:port` (without the db number or credentials) for a
+/// single server, the whole URL otherwise.
+fn check_url(index: usize, url: &str) -> Result<String> {
+    let parsed = Config::from_url(url).map_err(|e| {
+        Error::InvalidOptions(format!(
+            "RedLock primary {index} ({}) is not a valid Redis URL: {}; expected redis://[user:password@]host:port[/db]",
+            redact(url),
+            e.details()
+        ))
+    })?;
+    let scheme = url
+        .split("://")
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    if (scheme.starts_with("rediss") || scheme.starts_with("valkeys")) && !cfg!(feature = "tls") {
+        return Err(Error::InvalidOptions(format!(
+            "RedLock primary {index} ({}) asks for TLS, and this build of fairlock has no TLS: enable its `tls` feature",
+            redact(url)
+        )));
+    }
+    Ok(match &parsed.server {
+        ServerConfig::Centralized { server } => {
+            format!("{}:{}", server.host.to_ascii_lowercase(), server.port)
+        }
+        _ => url.trim().to_ascii_lowercase(),
+    })
 }
 
 fn check(what: &str, value: Duration, min: Duration) -> Result<()> {
@@ -240,5 +289,48 @@ impl RedLockOptions {
             }
         }
         Ok(lease)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RedLockConfig;
+    use crate::error::Error;
+
+    fn refused(urls: [&str; 3]) -> String {
+        match RedLockConfig::new(urls).validate() {
+            Err(Error::InvalidOptions(message)) => message,
+            other => panic!("{urls:?}: expected InvalidOptions, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_primary_url_is_parsed_and_named_when_bad() {
+        let message = refused(["not a url at all", "redis://a:1", "redis://b:1"]);
+        assert!(message.contains("not a url at all"), "{message}");
+        let message = refused(["redis://a:1", "redis://u:secret@b:port", "redis://c:1"]);
+        assert!(message.contains("redis://u:***@b:port"), "{message}");
+        assert!(!message.contains("secret"), "{message}");
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn a_tls_url_needs_the_tls_feature() {
+        let message = refused(["redis://a:1", "redis://b:1", "rediss://u:secret@c:1"]);
+        assert!(message.contains("rediss://u:***@c:1"), "{message}");
+        assert!(message.contains("`tls` feature"), "{message}");
+    }
+
+    #[test]
+    fn one_host_and_port_listed_twice_is_refused() {
+        for [first, second] in [
+            ["redis://a:1", "redis://a:1/0"],
+            ["redis://a:1/1", "redis://A:1/2"],
+            ["redis://a", "redis://u:p@a:6379"],
+        ] {
+            let message = refused([first, "redis://b:1", second]);
+            assert!(message.contains(first), "{message}");
+            assert!(message.contains(&super::redact(second)), "{message}");
+        }
     }
 }
