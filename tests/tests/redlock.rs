@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use fairlock::redlock::{RedLock, RedLockConfig, RedLockOptions};
 use fairlock::{Error, PrimaryFailureKind};
-use fairlock_testkit::IndependentPrimaries;
+use fairlock_testkit::{IndependentPrimaries, RedisServer};
 
 /// A hang guard for calls that must return on their own.
 const HANG: Duration = Duration::from_secs(20);
@@ -278,11 +278,16 @@ async fn waiters_are_woken_by_releases_before_any_lease_ends() {
     let first_lease_ends = Instant::now() + Duration::from_secs(30);
     let first_token = first.token();
 
+    // Connected first: connecting asks each server its run_id (one script
+    // call per primary), which is not a waiter's attempt.
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        clients.push(connect(config(&servers)).await);
+    }
     let attempts_before = evalsha_calls(&servers);
     let granted = Arc::new(Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
-    for _ in 0..2 {
-        let client = connect(config(&servers)).await;
+    for client in &clients {
         for _ in 0..WAITERS_PER_CLIENT {
             let (client, granted) = (client.clone(), Arc::clone(&granted));
             waiters.push(tokio::spawn(async move {
@@ -593,6 +598,123 @@ async fn a_stalled_primary_does_not_hold_up_the_waiters_of_other_locks() {
     // The paused primary stays paused (CLIENT UNPAUSE would wait behind
     // the pause too); the kit kills it when the test ends.
     drop(guards);
+}
+
+/// The audit's finding: the check that no primary is listed twice compared
+/// URL text, so one server under two URLs (`a` and `a/0`, `localhost` and
+/// `127.0.0.1`, two db numbers) counted twice and a "majority" could be one
+/// server. Each such list is refused with `InvalidOptions` naming both URLs
+/// (by host and port before connecting, by the server's `run_id` once it
+/// answers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_server_listed_under_two_urls_is_refused() {
+    let a = RedisServer::start().expect("start a");
+    let b = RedisServer::start().expect("start b");
+    let a_url = a.url();
+    let cases = [
+        (a_url.clone(), format!("{a_url}/0")),
+        (format!("redis://localhost:{}", a.port()), a_url.clone()),
+        (format!("{a_url}/1"), format!("{a_url}/2")),
+    ];
+    let mut wrong = Vec::new();
+    for (first, second) in cases {
+        let urls = vec![first.clone(), b.url(), second.clone()];
+        match RedLock::with_config(config_for(urls.clone())).await {
+            Err(Error::InvalidOptions(message))
+                if message.contains(&first) && message.contains(&second) => {}
+            Ok(redlock) => {
+                wrong.push(format!(
+                    "{urls:?} connected with {} primaries: one server counted twice",
+                    redlock.connected()
+                ));
+                redlock.close().await;
+            }
+            other => wrong.push(format!(
+                "{urls:?}: expected InvalidOptions naming both URLs, got {other:?}"
+            )),
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Forwards `127.0.0.1:port` to `127.0.0.1:target` until aborted; counts the
+/// connections it accepted.
+async fn forward(port: u16, target: u16) -> (tokio::task::JoinHandle<()>, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("bind the alias port");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&accepted);
+    let task = tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    (task, accepted)
+}
+
+/// A primary down at connect is checked when it first answers: here the
+/// third URL is a port nobody listens on at connect, which later forwards
+/// to primary 0. It must not vote: with primary 1 killed, `try_lock` is
+/// `NoQuorum` naming the alias as the same server as primary 0, not a grant
+/// by primary 0 alone (the audit's probe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_primary_that_is_another_listed_server_does_not_vote() {
+    let mut servers = primaries(2);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut urls = servers.urls();
+    urls.push(format!("redis://127.0.0.1:{port}"));
+    let redlock = connect(config_for(urls)).await;
+    assert_eq!(redlock.connected(), 2);
+
+    let (forwarder, accepted) = forward(port, servers.servers()[0].port()).await;
+    let deadline = Instant::now() + HANG;
+    while accepted.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the client never tried the alias"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Time for the reconnect task to connect the alias and ask who it is.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    servers.kill(&[1]);
+    let attempt = tokio::time::timeout(HANG, redlock.try_lock("probe"))
+        .await
+        .expect("try_lock does not hang");
+    match attempt {
+        Err(Error::NoQuorum {
+            answered, failures, ..
+        }) => {
+            assert_eq!(answered, 1, "{failures:?}");
+            let alias = failures.iter().find(|f| f.index == 2);
+            assert!(
+                matches!(alias, Some(f) if matches!(&f.kind, PrimaryFailureKind::Failed(m) if m.contains(&servers.urls()[0]))),
+                "the alias is named as primary 0's server: {failures:?}"
+            );
+        }
+        Ok(Some(guard)) => panic!(
+            "granted by one server (primary 0 and its alias): token {}",
+            guard.token().value()
+        ),
+        other => panic!("expected NoQuorum, got {other:?}"),
+    }
+    assert_eq!(
+        redlock.connected(),
+        1,
+        "the alias of primary 0 is not counted"
+    );
+    forwarder.abort();
 }
 
 /// Connections each server has accepted so far.

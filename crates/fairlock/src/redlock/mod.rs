@@ -133,11 +133,19 @@ impl RedLock {
     /// Connects to every primary at once. The client starts when a majority
     /// is connected; the others are retried in the background.
     ///
+    /// Each server that answers is asked for its `run_id`, so that one
+    /// server listed under two URLs (a host name and its address, two db
+    /// numbers) is not counted twice. A primary unreachable now is checked
+    /// when it first answers, against the primaries that answer then; if it
+    /// is one of them, it is never counted (and an error is logged).
+    ///
     /// # Errors
     ///
-    /// [`Error::InvalidOptions`] for a bad configuration (nothing
-    /// contacted); [`Error::NoQuorum`] if fewer than a majority could be
-    /// reached within the connect timeout.
+    /// [`Error::InvalidOptions`] for a bad configuration, a URL that does
+    /// not parse or a TLS URL without the `tls` feature (nothing
+    /// contacted), or two primaries that answer with the same `run_id`;
+    /// [`Error::NoQuorum`] if fewer than a majority could be reached within
+    /// the connect timeout.
     pub async fn with_config(config: RedLockConfig) -> Result<RedLock> {
         config.validate()?;
         let primaries = Arc::new(Primaries::new(&config));
@@ -145,12 +153,27 @@ impl RedLock {
         for primary in primaries.all() {
             let primary = Arc::clone(primary);
             let config = config.clone();
-            connecting.spawn(async move { primary.connect(&config).await });
+            connecting.spawn(async move { (primary.index, primary.open(&config).await) });
         }
         let mut failures = Vec::new();
+        let mut opened = Vec::new();
         while let Some(joined) = connecting.join_next().await {
-            if let Ok(Err(failure)) = joined {
-                failures.push(failure);
+            match joined {
+                Ok((index, Ok(connection))) => opened.push((index, connection)),
+                Ok((_, Err(failure))) => failures.push(failure),
+                Err(_) => {}
+            }
+        }
+        opened.sort_by_key(|(index, _)| *index);
+        if let Some(refusal) = same_server(&primaries, &opened) {
+            for (_, connection) in opened {
+                connection.connection.quit().await;
+            }
+            return Err(refusal);
+        }
+        for (index, connection) in opened {
+            if let Some(primary) = primaries.all().get(index) {
+                primary.install(connection.connection).await;
             }
         }
         let connected = primaries
@@ -281,9 +304,35 @@ impl RedLock {
     }
 }
 
+/// The refusal of two opened primaries whose servers answered with the
+/// same `run_id`: one server under two URLs would count twice.
+fn same_server(primaries: &Primaries, opened: &[(usize, primaries::Opened)]) -> Option<Error> {
+    opened.iter().enumerate().find_map(|(at, (second, later))| {
+        let (first, _) = opened[..at]
+            .iter()
+            .find(|(_, earlier)| earlier.run_id == later.run_id)?;
+        let url = |index: usize| {
+            primaries
+                .all()
+                .get(index)
+                .map(|p| p.redacted_url().to_owned())
+                .unwrap_or_default()
+        };
+        Some(Error::InvalidOptions(format!(
+            "primaries {first} ({}) and {second} ({}) are the same server (run_id {}); \
+             a server counted twice would make a false majority: list each server once",
+            url(*first),
+            url(*second),
+            later.run_id
+        )))
+    })
+}
+
 /// Connects the primaries that were unreachable at start, once a second,
-/// until all are connected; each one connected starts routing release
-/// notices.
+/// until all are connected or refused; each one is first compared, by
+/// `run_id`, with the primaries connected then (one that is the same
+/// server as one of them is refused for good and an error logged), and
+/// each one connected starts routing release notices.
 fn spawn_reconnector(shared: std::sync::Weak<Shared>) -> BackgroundTask {
     BackgroundTask::spawn("redlock reconnect", move |mut stop| async move {
         loop {
@@ -296,13 +345,30 @@ fn spawn_reconnector(shared: std::sync::Weak<Shared>) -> BackgroundTask {
             };
             let mut missing = 0;
             for primary in shared.primaries.all() {
-                if primary.connection().is_some() {
+                if primary.connection().is_some() || primary.is_refused() {
                     continue;
                 }
-                if primary.connect(&shared.config).await.is_ok() {
-                    shared.wakeups.attach(primary);
-                } else {
+                let Ok(opened) = primary.open(&shared.config).await else {
                     missing += 1;
+                    continue;
+                };
+                let same = shared
+                    .primaries
+                    .same_server_as(primary.index, &opened.run_id)
+                    .await
+                    .and_then(|other| shared.primaries.all().get(other));
+                if let Some(other) = same {
+                    tracing::error!(
+                        primary = primary.index,
+                        url = primary.redacted_url(),
+                        same_as = other.index,
+                        same_as_url = other.redacted_url(),
+                        "RedLock: this primary is the same server as another one (same run_id); it is not counted, or that server would vote twice: list each server once"
+                    );
+                    primary.refuse(other, opened).await;
+                } else {
+                    primary.install(opened.connection).await;
+                    shared.wakeups.attach(primary);
                 }
             }
             if missing == 0 {
