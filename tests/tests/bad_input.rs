@@ -232,3 +232,77 @@ async fn url_credentials_authenticate_and_bad_ones_are_refused() {
         ),
     }
 }
+
+/// Calls that name a key or a holder wrongly are refused with
+/// `InvalidOptions` before anything reaches Redis: a fenced write whose
+/// fence key is its target (it would overwrite the fence record and
+/// switch fencing off: a stale token's write was then applied), a fenced
+/// script that lists its fence key among the keys it writes, an empty
+/// key, an owner id fairlock never writes (release, extend and force
+/// release by it), and admission without the wait timeout it needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misnamed_keys_holders_and_options_are_refused_without_touching_redis() {
+    use fairlock::{FencedOp, FencedScript};
+    let server = server();
+    let client = client(&server).await;
+    let guard = client.lock("fenced").await.expect("lock");
+    let token = guard.token();
+    client
+        .fenced_write("{r}:fence", "{r}:count", token, FencedOp::Set(b"1"))
+        .await
+        .expect("a fenced write with its own fence key");
+    client
+        .extend_by_owner_id("fenced", guard.owner_id(), Duration::from_secs(5))
+        .await
+        .expect("extend by the holder's own owner id");
+    // Released, so no heartbeat or renewal runs while calls are counted.
+    guard.release().await.expect("release");
+    let before = dump(&server);
+    server.cmd(&["CONFIG", "RESETSTAT"]).expect("reset");
+
+    let refused = |what: &str, result: fairlock::Result<()>| match result {
+        Err(Error::InvalidOptions(message)) => assert!(!message.is_empty(), "{what}"),
+        other => panic!("{what}: expected InvalidOptions, got {other:?}"),
+    };
+    let same = client
+        .fenced_write("{r}:count", "{r}:count", token, FencedOp::Set(b"2"))
+        .await;
+    refused("the fence key as target", same.map(drop));
+    let empty = client
+        .fenced_write("", "{r}:count", token, FencedOp::Set(b"2"))
+        .await;
+    refused("an empty fence key", empty.map(drop));
+    let script = FencedScript::new("return redis.call('SET', KEYS[2], ARGV[3])");
+    let listed = client
+        .fenced_eval(&script, "{r}:fence", &["{r}:fence"], token, &["3"])
+        .await;
+    refused("the fence key among the written keys", listed.map(drop));
+    for owner_id in ["x", "", "0a.0b.030000", &"f".repeat(1 << 20)] {
+        let shown = &owner_id[..owner_id.len().min(12)];
+        refused(
+            &format!("release by {shown:?}"),
+            client.release_by_owner_id("fenced", owner_id).await,
+        );
+        refused(
+            &format!("extend by {shown:?}"),
+            client
+                .extend_by_owner_id("fenced", owner_id, Duration::from_secs(5))
+                .await,
+        );
+    }
+    refused(
+        "force release from a holder that is no owner id",
+        client.force_release_from("fenced", "x 12").await.map(drop),
+    );
+    refused(
+        "admission without a wait timeout",
+        client
+            .lock_with("other", LockOptions::new().admission(true))
+            .await
+            .map(drop),
+    );
+
+    assert_eq!(calls(&server, "evalsha"), 0, "nothing was sent to Redis");
+    assert_eq!(calls(&server, "eval"), 0, "nothing was sent to Redis");
+    assert_eq!(dump(&server), before, "Redis is unchanged");
+}

@@ -82,7 +82,37 @@ impl OwnerId {
     pub fn nonce_of(owner_id: &str) -> Option<&str> {
         owner_id.split('.').next().filter(|id| !id.is_empty())
     }
+
+    /// Whether `owner_id` has the form fairlock writes and its scripts
+    /// read (hex nonce, hex tag, a lease in ms without a leading zero, at
+    /// most [`MAX_OWNER_ID_BYTES`]): anything else names no holder fairlock
+    /// could have granted.
+    ///
+    /// ```
+    /// use fairlock_core::OwnerId;
+    /// assert!(OwnerId::is_well_formed("0a1b.00ff.30000"));
+    /// assert!(!OwnerId::is_well_formed("x"));
+    /// assert!(!OwnerId::is_well_formed("0a1b.00ff.030000"));
+    /// ```
+    pub fn is_well_formed(owner_id: &str) -> bool {
+        let hex = |part: &str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_hexdigit());
+        let mut parts = owner_id.split('.');
+        match (parts.next(), parts.next(), parts.next(), parts.next()) {
+            (Some(nonce), Some(tag), Some(lease), None) => {
+                owner_id.len() <= MAX_OWNER_ID_BYTES
+                    && hex(nonce)
+                    && hex(tag)
+                    && !lease.starts_with('0')
+                    && lease.parse::<u64>().is_ok_and(|ms| ms > 0)
+            }
+            _ => false,
+        }
+    }
 }
+
+/// The longest owner id [`OwnerId::is_well_formed`] accepts; fairlock's
+/// own are 70 bytes at most.
+pub const MAX_OWNER_ID_BYTES: usize = 128;
 
 impl std::fmt::Display for OwnerId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

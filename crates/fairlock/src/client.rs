@@ -6,8 +6,8 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use fairlock_core::{
-    decode_fenced, FencedOp, FencedReply, FencedScript, FencedWrite, ForceRelease, Inspect,
-    LockName, LockState, RenewBatch, RenewItem, RenewStatus, Reply, ScriptSource,
+    decode_fenced, key_slot, FencedOp, FencedReply, FencedScript, FencedWrite, ForceRelease,
+    Inspect, LockName, LockState, OwnerId, RenewBatch, RenewItem, RenewStatus, Reply, ScriptSource,
 };
 
 use crate::acquire::{acquire, acquire_keys, waited_grant, Mode};
@@ -200,6 +200,7 @@ impl LockClient {
     /// holder has the lock.
     pub async fn release_by_owner_id(&self, name: impl AsRef<[u8]>, owner_id: &str) -> Result<()> {
         let name = LockName::new(name)?;
+        check_owner_id(owner_id)?;
         let keys = self.state().keys_of(&name);
         self.state()
             .release_owner_id(name.as_str(), &keys, owner_id)
@@ -218,6 +219,7 @@ impl LockClient {
     ) -> Result<()> {
         let name = LockName::new(name)?;
         LockOptions::new().lease(lease).validate()?;
+        check_owner_id(owner_id)?;
         let keys = self.state().keys_of(&name);
         let batch = RenewBatch {
             items: vec![RenewItem {
@@ -273,6 +275,17 @@ impl LockClient {
     /// only hands a free lock with waiters on.
     pub async fn force_release_from(&self, name: impl AsRef<[u8]>, holder: &str) -> Result<bool> {
         let keys = self.state().keys(name)?;
+        if !holder.is_empty() {
+            let owner_id = match holder.split_once(' ') {
+                Some((owner_id, token))
+                    if !token.is_empty() && token.bytes().all(|b| b.is_ascii_digit()) =>
+                {
+                    owner_id
+                }
+                _ => holder,
+            };
+            check_owner_id(owner_id)?;
+        }
         let state = self.state();
         let reply = state
             .run(
@@ -337,7 +350,10 @@ impl LockClient {
     /// newest token that used the resource whose fence key is `fence_key`
     /// (or is that same token of the same holder); otherwise fails with
     /// [`Error::StaleToken`], changing nothing. Keep `fence_key` and
-    /// `target_key` under one hash tag. Fence the reads that decide a write
+    /// `target_key` under one hash tag, and the fence key a key of its own:
+    /// an empty key, a fence key that is also the target (the write would
+    /// replace the fence record) and, on a cluster, keys in different slots
+    /// are refused with [`Error::InvalidOptions`]. Fence the reads that decide a write
     /// too ([`FencedOp::Get`]); for several writes that must land together,
     /// use [`LockClient::fenced_eval`] with one script.
     /// [`FencedOp::IncrBy`] is not idempotent if the connection drops and
@@ -385,6 +401,8 @@ impl LockClient {
     /// run twice (an `INCR`) should tell a rerun from a first run itself.
     /// The arguments are bytes (`&str`, `String`, `&[u8]`, `Vec<u8>`),
     /// passed to Redis unchanged; an empty list is written `&[] as &[&str]`.
+    /// `keys` must not list `fence_key` (checked as for
+    /// [`LockClient::fenced_write`]).
     pub async fn fenced_eval<A: AsRef<[u8]>>(
         &self,
         script: &FencedScript,
@@ -412,6 +430,7 @@ impl LockClient {
         args: Vec<Vec<u8>>,
     ) -> Result<Reply> {
         self.state().check_open()?;
+        check_fenced_keys(keys, self.state().redis.is_clustered())?;
         let reply = self
             .state()
             .redis
@@ -516,4 +535,48 @@ async fn check_eviction(redis: &RedisConnection, check: EvictionCheck) -> Result
             Ok(Some(warning))
         }
     }
+}
+
+/// Refuses, before any call to Redis, an owner id fairlock could not have
+/// written (a release or extend by it could only fail there, or act on a
+/// key another program wrote).
+fn check_owner_id(owner_id: &str) -> Result<()> {
+    if OwnerId::is_well_formed(owner_id) {
+        return Ok(());
+    }
+    let shown: String = owner_id.chars().take(80).collect();
+    Err(Error::InvalidOptions(format!(
+        "{shown:?} is not an owner id fairlock writes (<hex nonce>.<hex tag>.<lease ms>, as LockGuard::owner_id and inspect show it)"
+    )))
+}
+
+/// Refuses, before any call to Redis, keys a fenced call cannot use: an
+/// empty key, a fence key the call would also write (the write would
+/// replace the fence record and switch fencing off for the resource), and
+/// on a cluster keys in different slots.
+fn check_fenced_keys(keys: &[&str], clustered: bool) -> Result<()> {
+    let Some((&fence, written)) = keys.split_first() else {
+        return Err(Error::InvalidOptions(
+            "a fenced call needs a fence key".into(),
+        ));
+    };
+    if keys.iter().any(|key| key.is_empty()) {
+        return Err(Error::InvalidOptions(
+            "a fenced call's keys must not be empty".into(),
+        ));
+    }
+    if written.contains(&fence) {
+        return Err(Error::InvalidOptions(format!(
+            "the fence key {fence:?} is also a key the fenced call writes: that would overwrite the fence record and switch fencing off; give the fence a key of its own under the same hash tag"
+        )));
+    }
+    if clustered {
+        let slot = key_slot(fence.as_bytes());
+        if let Some(other) = written.iter().find(|key| key_slot(key.as_bytes()) != slot) {
+            return Err(Error::InvalidOptions(format!(
+                "the fence key {fence:?} and {other:?} are in different cluster slots: put them under one hash tag, e.g. {{stock:42}}:fence and {{stock:42}}:count"
+            )));
+        }
+    }
+    Ok(())
 }

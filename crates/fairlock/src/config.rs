@@ -131,6 +131,11 @@ impl LockOptions {
                 )));
             }
         }
+        if self.admission && self.wait_timeout.is_none() {
+            return Err(Error::InvalidOptions(
+                "admission needs a wait timeout: it refuses the waits that would miss it".into(),
+            ));
+        }
         Ok(())
     }
 }
