@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fairlock::{LockClient, LockOptions};
+use fairlock::{Error, LockClient, LockOptions};
 use fairlock_core::{
     AcquireReply, Cancel, CancelReply, Heartbeat, Release, ReleaseReply, RenewBatch, RenewItem,
     RenewStatus, Timings,
@@ -565,4 +565,46 @@ async fn an_owner_forgets_a_name_whose_acquire_was_dropped() {
     for guard in guards {
         guard.release().await.expect("release");
     }
+}
+
+/// A try or a bounded wait through an owner handle keeps its promise while
+/// another task of the same owner waits for the same name: `try_lock`
+/// answers `None` at once and `lock_with` a wait timeout fails with
+/// `WaitTimeout` after it. Before, both queued behind the sibling's
+/// acquire on the handle's per-name gate, for as long as it waited (here,
+/// for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owners_try_and_bounded_lock_do_not_wait_behind_a_sibling() {
+    let server = server();
+    let holder = client(&server).await;
+    let waiting = client(&server).await;
+    let owner = waiting.owner();
+    let held = holder.lock("sibling").await.expect("lock");
+    let sibling = {
+        let owner = owner.clone();
+        tokio::spawn(async move { owner.lock("sibling").await })
+    };
+    wait_for_queue_len(&holder, "sibling", 1).await;
+    let tried = within("an owner's try_lock", owner.try_lock("sibling"))
+        .await
+        .expect("try_lock");
+    assert!(tried.is_none(), "the lock is held elsewhere");
+    let bounded = within(
+        "an owner's lock with a wait timeout",
+        owner.lock_with(
+            "sibling",
+            LockOptions::new().wait_timeout(Duration::from_millis(200)),
+        ),
+    )
+    .await;
+    assert!(
+        matches!(bounded, Err(Error::WaitTimeout { .. })),
+        "{bounded:?}"
+    );
+    held.release().await.expect("release");
+    let granted = within("the sibling's grant", sibling)
+        .await
+        .expect("task")
+        .expect("granted");
+    granted.release().await.expect("release");
 }

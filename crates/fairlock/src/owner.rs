@@ -9,12 +9,13 @@
 //! round trip.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use fairlock_core::LockName;
 
 use crate::acquire::{acquire, waited_grant, Mode};
 use crate::config::LockOptions;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::held::OwnerShared;
 use crate::state::ClientState;
@@ -93,8 +94,32 @@ impl LockOwner {
         mode: Mode,
     ) -> Result<Option<LockGuard>> {
         let name = LockName::new(name)?;
+        options.validate()?;
+        let started = Instant::now();
         let gate = GateUse::new(&self.shared, &name);
-        let _one_at_a_time = gate.lock().await;
+        // A try does not wait for the gate, and a bounded wait waits for it
+        // within its wait timeout only: a sibling task of this owner may
+        // be waiting for the same name for a long time.
+        let _one_at_a_time = match (mode, options.wait_timeout) {
+            (Mode::Try, _) => match gate.try_lock() {
+                Some(gate) => gate,
+                None => return Ok(None),
+            },
+            (Mode::Wait, Some(limit)) => match tokio::time::timeout(limit, gate.lock()).await {
+                Ok(gate) => gate,
+                Err(_) => {
+                    return Err(Error::WaitTimeout {
+                        name: name.to_string(),
+                        waited: started.elapsed(),
+                    })
+                }
+            },
+            (Mode::Wait, None) => gate.lock().await,
+        };
+        let options = match options.wait_timeout {
+            Some(limit) => options.wait_timeout(limit.saturating_sub(started.elapsed())),
+            None => options,
+        };
         self.take_gated(&name, options, mode).await
     }
 
@@ -143,6 +168,12 @@ impl<'a> GateUse<'a> {
     /// came first.
     async fn lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.gate.lock().await
+    }
+
+    /// The gate if no other acquisition of this name through the handle
+    /// is under way.
+    fn try_lock(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        self.gate.try_lock().ok()
     }
 }
 
