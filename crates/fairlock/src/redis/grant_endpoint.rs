@@ -96,7 +96,7 @@ pub(super) fn grant_tls(_: &Config) -> Option<TlsSettings> {
 /// Valkey's `valkeys` spellings) needs the `tls` feature: without it fred
 /// would speak plain TCP to a TLS port and the connect would fail with
 /// nothing that says why.
-pub(super) fn check_tls_scheme(url: &str, redacted: &str) -> Result<()> {
+pub(crate) fn check_tls_scheme(url: &str, redacted: &str) -> Result<()> {
     let scheme = url
         .split("://")
         .next()

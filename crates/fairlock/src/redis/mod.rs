@@ -53,12 +53,12 @@ use crate::error::{Error, Result};
 use crate::task::BackgroundTask;
 
 use errors::{redis_error, with_certificate_hint};
-use grant_endpoint::{address, check_tls_scheme, grant_tls, GrantPlace};
+use grant_endpoint::{address, grant_tls, GrantPlace};
 use keeper::keep_connected;
 
 pub(crate) use errors::redact;
 pub(crate) use fred_pubsub::{Messages, Reconnects};
-pub(crate) use grant_endpoint::GrantEndpoint;
+pub(crate) use grant_endpoint::{check_tls_scheme, GrantEndpoint};
 
 /// Which command connection a call goes on (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use fred::types::config::ServerConfig;
 
 use crate::config::MAX_DURATION;
 use crate::error::{Error, Result};
-use crate::redis::redact;
+use crate::redis::{check_tls_scheme, redact};
 
 /// How a [`crate::redlock::RedLock`] reaches its primaries, and the timings
 /// of the algorithm. Build it with [`RedLockConfig::new`] and set fields.
@@ -207,17 +207,7 @@ fn check_url(index: usize, url: &str) -> Result<String> {
             e.details()
         ))
     })?;
-    let scheme = url
-        .split("://")
-        .next()
-        .unwrap_or_default()
-        .to_ascii_lowercase();
-    if (scheme.starts_with("rediss") || scheme.starts_with("valkeys")) && !cfg!(feature = "tls") {
-        return Err(Error::InvalidOptions(format!(
-            "RedLock primary {index} ({}) asks for TLS, and this build of fairlock has no TLS: enable its `tls` feature",
-            redact(url)
-        )));
-    }
+    check_tls_scheme(url, &format!("{} (RedLock primary {index})", redact(url)))?;
     Ok(match &parsed.server {
         ServerConfig::Centralized { server } => {
             format!("{}:{}", server.host.to_ascii_lowercase(), server.port)
