@@ -28,13 +28,27 @@ pub struct FencingToken {
 }
 
 impl FencingToken {
+    /// The largest token value: 2^53. The scripts compare tokens as Lua
+    /// numbers (doubles), exact up to here. No grant issues a larger one:
+    /// tokens follow the server clock in microseconds, which reaches 2^53
+    /// in the year 2255.
+    pub const MAX_VALUE: u64 = 1 << 53;
+
     /// A token as received from another process: its value and the
     /// holder's owner id ([`LockGuard::owner_id`]) or just its nonce, the
     /// owner id's first 32 hex digits. `None` if the nonce is not 32 hex
-    /// digits.
+    /// digits, or if the value is above [`FencingToken::MAX_VALUE`].
+    ///
+    /// ```
+    /// use fairlock::FencingToken;
+    /// let nonce = "0123456789abcdef0123456789abcdef";
+    /// assert!(FencingToken::new(1_795_679_235_391_390, nonce).is_some());
+    /// assert!(FencingToken::new(FencingToken::MAX_VALUE + 1, nonce).is_none());
+    /// assert!(FencingToken::new(1, "not a nonce").is_none());
+    /// ```
     pub fn new(value: u64, owner_id: &str) -> Option<Self> {
         let nonce = OwnerId::nonce_of(owner_id).unwrap_or(owner_id);
-        if nonce.len() != 32 {
+        if nonce.len() != 32 || value > Self::MAX_VALUE {
             return None;
         }
         let holder = u128::from_str_radix(nonce, 16).ok()?;

@@ -54,7 +54,9 @@ pub(crate) async fn acquire(
     let owner_id: Arc<str> = Arc::from(uuid::Uuid::new_v4().simple().to_string());
     let token_of = |value: u64| {
         FencingToken::new(value, &owner_id).ok_or_else(|| {
-            Error::InvalidOptions(format!("owner id {owner_id} is not 32 hex digits"))
+            Error::InvalidOptions(format!(
+                "no fencing token for {value} and owner id {owner_id}: the value is above FencingToken::MAX_VALUE (a fence counter set by hand?) or the id is not 32 hex digits"
+            ))
         })
     };
     let began = Instant::now();
