@@ -81,7 +81,12 @@ impl LockClient {
     /// Connects with `config`. Fails with [`Error::Unreachable`] within the
     /// connect timeout if Redis does not answer, and with
     /// [`Error::UnsafeServer`] if the server may evict lock keys and
-    /// [`ClientConfig::eviction_check`] is [`EvictionCheck::Fail`].
+    /// [`ClientConfig::eviction_check`] is [`EvictionCheck::Fail`]. A server
+    /// that answers the connect and then stalls fails the checks that
+    /// follow (the eviction policy, the grant subscription) with
+    /// [`Error::Timeout`] or [`Error::Unreachable`], each within its own
+    /// timeout: in all, about twice the connect timeout plus the command
+    /// timeout at most.
     pub async fn with_config(config: ClientConfig) -> Result<Self> {
         config.validate()?;
         let redis = RedisConnection::connect(&config, PubSub::OwnWherePossible).await?;
@@ -524,6 +529,8 @@ async fn check_eviction(redis: &RedisConnection, check: EvictionCheck) -> Result
             "Redis runs with maxmemory-policy {policy}, which can evict lock keys: a holder's key \
              evicted means two holders; set maxmemory-policy noeviction on the server"
         ),
+        // A server that stopped answering is that, not an unsafe server.
+        Err(error @ (Error::Timeout { .. } | Error::Unreachable { .. })) => return Err(error),
         Ok(None) | Err(_) => "could not read maxmemory-policy (CONFIG GET refused?); make sure \
              the server runs with maxmemory-policy noeviction"
             .to_owned(),
