@@ -261,7 +261,9 @@ impl LockClient {
 
     /// [`LockClient::with_lock`] for synchronous code: blocks the calling
     /// thread, which must not be a thread of the client's async runtime
-    /// (call it from `spawn_blocking` or a plain thread). The body cannot be
+    /// (call it from `spawn_blocking` or a plain thread; on a runtime
+    /// thread tokio panics with "Cannot start a runtime from within a
+    /// runtime", which tokio gives no way to check for first). The body cannot be
     /// interrupted: it should check [`LockGuard::is_lost`]-style state
     /// itself through the [`Held`] token's writes; if the lease was lost by
     /// the time it returns, the call fails with [`Error::LeaseLost`].
