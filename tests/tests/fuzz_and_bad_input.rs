@@ -128,18 +128,8 @@ async fn fuzzed_names_lock_release_and_leave_no_key_without_ttl() {
 /// mode, so one node is started with it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_slots_match_cluster_keyslot() {
-    let bus_port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        listener.local_addr().expect("addr").port().to_string()
-    };
     let node = RedisServer::builder()
-        .args([
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-        ])
-        .args(["--cluster-port", bus_port.as_str()])
+        .cluster_enabled()
         .start()
         .expect("a cluster-enabled redis-server");
     let prefix = KeyPrefix::new("app:").expect("prefix");

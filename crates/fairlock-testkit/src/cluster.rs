@@ -17,12 +17,12 @@
 //! plain ports to the others, such as the kit's admin connections.
 
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::cluster_view::{parse_nodes, slot_map, NodeEntry};
 use crate::install::ensure_cli;
 use crate::nodes::NodeSet;
-use crate::process::{free_port, poll_until, run_with_timeout};
+use crate::process::{poll_until, run_with_timeout};
 use crate::slots::SLOTS;
 use crate::stats::parse_fields;
 use crate::version::ServerKind;
@@ -40,8 +40,15 @@ const CREATE_TIMEOUT: Duration = Duration::from_secs(60);
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Keys moved per `MIGRATE` call.
 const MIGRATE_BATCH: usize = 100;
-/// Start attempts per node (two ports are picked per attempt).
-const NODE_START_ATTEMPTS: usize = 3;
+/// `MIGRATE`'s own timeout (ms) for each step of its transfer: well below
+/// the admin connection's 5 s read timeout, so a slow transfer is reported
+/// by the server as an error reply instead of surfacing as our read timing
+/// out with the command still running.
+const MIGRATE_TIMEOUT_MS: &str = "2000";
+/// A manual fail-over not done within Redis' fixed 5 s is aborted without
+/// a word; `CLUSTER FAILOVER` is sent again if the replica is still a
+/// replica this long after the last request.
+const FAILOVER_RESEND: Duration = Duration::from_secs(8);
 
 /// A local Redis Cluster (or Valkey cluster, with `FAIRLOCK_TEST_SERVER=valkey`):
 /// 3 primaries and 1 replica each, on free 127.0.0.1 ports, each node with
@@ -346,7 +353,7 @@ impl RedisCluster {
                 &port,
                 "",
                 "0",
-                "5000",
+                MIGRATE_TIMEOUT_MS,
                 "REPLACE",
                 "KEYS",
             ];
@@ -423,7 +430,10 @@ impl RedisCluster {
     /// A manual fail-over of the primary at `primary`: `CLUSTER FAILOVER` on
     /// one of its replicas, which waits for the replica to catch up first, so
     /// no acknowledged write is lost. Returns the promoted replica's address
-    /// once all live nodes agree on it.
+    /// once all live nodes agree on it. Redis aborts a manual fail-over not
+    /// done within 5 s without telling anybody (e.g. on a busy machine), so
+    /// the request is repeated while the replica is still a replica 8 s
+    /// after the last one.
     ///
     /// # Errors
     ///
@@ -435,8 +445,27 @@ impl RedisCluster {
             .into_iter()
             .next()
             .ok_or_else(|| TestkitError::Protocol(format!("{primary} has no live replica")))?;
-        self.node(&replica)?.cmd_ok(&["CLUSTER", "FAILOVER"])?;
-        self.wait_promoted(&replica)?;
+        let node = self.node(&replica)?;
+        node.cmd_ok(&["CLUSTER", "FAILOVER"])?;
+        let mut last_request = Instant::now();
+        poll_until(
+            &format!("{replica} to become a primary"),
+            SETTLE_TIMEOUT,
+            || {
+                let info = node.info("replication")?;
+                if info.get("role").map(String::as_str) == Some("master") {
+                    return Ok(Some(()));
+                }
+                if last_request.elapsed() >= FAILOVER_RESEND {
+                    // An error reply (e.g. it was promoted just now) is
+                    // left to the next round.
+                    let _ = node.cmd(&["CLUSTER", "FAILOVER"])?;
+                    last_request = Instant::now();
+                }
+                Ok(None)
+            },
+        )?;
+        self.wait_settled()?;
         Ok(replica)
     }
 
@@ -571,35 +600,24 @@ fn cluster_url(scheme: &str, addrs: Vec<String>) -> String {
     format!("{scheme}://{first}?{}", rest.join("&"))
 }
 
-/// Starts one cluster node with its bus on a second free port (the default
-/// bus port, port + 10000, does not exist for ports above 55535); with
-/// `tls`, also on a TLS port, with the bus and replication over TLS.
+/// Starts one cluster node with its bus on a second port the kit reserves
+/// (the default bus port, port + 10000, is reserved by nobody and does not
+/// exist for ports above 55535); with `tls`, also on a TLS port, with the
+/// bus and replication over TLS. The builder picks new ports for each of
+/// its start attempts.
 fn start_node(kind: ServerKind, tls: Option<&TlsFiles>) -> Result<RedisServer, TestkitError> {
-    let mut last = None;
-    for _ in 0..NODE_START_ATTEMPTS {
-        let (port, bus_port) = (free_port()?, free_port()?);
-        let mut builder = RedisServer::builder();
-        if let Some(files) = tls {
-            builder = builder
-                .tls(files)
-                .args(["--tls-cluster", "yes", "--tls-replication", "yes"]);
-        }
-        let started = builder
-            .kind(kind)
-            .port(port)
-            .args(["--cluster-enabled", "yes"])
-            .args(["--cluster-config-file", "nodes.conf"])
-            .arg("--cluster-port")
-            .arg(bus_port.to_string())
-            .arg("--cluster-node-timeout")
-            .arg(NODE_TIMEOUT_MS.to_string())
-            // A replica's first sync would otherwise wait 5 s for others.
-            .args(["--repl-diskless-sync-delay", "0"])
-            .start();
-        match started {
-            Ok(server) => return Ok(server),
-            Err(e) => last = Some(e),
-        }
+    let mut builder = RedisServer::builder();
+    if let Some(files) = tls {
+        builder = builder
+            .tls(files)
+            .args(["--tls-cluster", "yes", "--tls-replication", "yes"]);
     }
-    Err(last.unwrap_or_else(|| TestkitError::Protocol("no start attempt was made".into())))
+    builder
+        .kind(kind)
+        .cluster_enabled()
+        .arg("--cluster-node-timeout")
+        .arg(NODE_TIMEOUT_MS.to_string())
+        // A replica's first sync would otherwise wait 5 s for others.
+        .args(["--repl-diskless-sync-delay", "0"])
+        .start()
 }

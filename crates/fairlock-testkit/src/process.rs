@@ -3,14 +3,16 @@
 //!
 //! Children are forked from one long-lived thread and get `PR_SET_PDEATHSIG`,
 //! so a server never outlives the test process, even when the test thread
-//! that asked for it has finished or the test binary is killed. A start is
-//! judged by PING from the child we spawned (checked by pid), so a port
-//! grabbed by somebody else between probe and bind is detected and retried.
+//! that asked for it has finished or the test binary is killed. Ports come
+//! from [`crate::ports`], reserved across processes for a server's whole
+//! life; a start is still judged by PING from the child we spawned (checked
+//! by pid), so a port some program outside the kit grabbed between the
+//! reservation and the bind is detected and retried.
 
 use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -28,6 +30,8 @@ const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) const START_ATTEMPTS: usize = 5;
 /// Lines of each log file included in [`TestkitError::StartFailed`].
 const LOG_TAIL_LINES: usize = 40;
+/// How long [`poll_until`] polls at its fast rate before backing off.
+const FAST_POLL_FOR: Duration = Duration::from_secs(1);
 
 /// What to run: the binary, an optional config file (which must come first
 /// on the command line, e.g. for `--sentinel`), and extra arguments.
@@ -134,11 +138,6 @@ pub(crate) fn die_with_parent(cmd: &mut Command) {
             });
         }
     }
-}
-
-pub(crate) fn free_port() -> io::Result<u16> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-    Ok(listener.local_addr()?.port())
 }
 
 pub(crate) fn fresh_temp_dir() -> io::Result<PathBuf> {
@@ -288,15 +287,19 @@ pub(crate) fn launch(spec: &LaunchSpec, port: u16, dir: &Path) -> Result<Child, 
     }
 }
 
-/// Calls `probe` every 20 ms until it returns `Ok(Some(_))` or `timeout`
-/// passes. An `Err` from `probe` counts as "not yet" (a node may be
-/// restarting); the last one is reported on timeout, with `what`.
+/// Calls `probe` until it returns `Ok(Some(_))` or `timeout` passes: every
+/// 20 ms for the first second, then every 100 ms (a settle round of a
+/// topology sends a few dozen admin commands, too many to repeat at full
+/// speed on a busy machine for half a minute). An `Err` from `probe` counts
+/// as "not yet" (a node may be restarting); the last one is reported on
+/// timeout, with `what`.
 pub(crate) fn poll_until<T>(
     what: &str,
     timeout: Duration,
     mut probe: impl FnMut() -> Result<Option<T>, TestkitError>,
 ) -> Result<T, TestkitError> {
-    let deadline = Instant::now() + timeout;
+    let start = Instant::now();
+    let deadline = start + timeout;
     let mut last = String::new();
     loop {
         match probe() {
@@ -315,12 +318,23 @@ pub(crate) fn poll_until<T>(
                 timeout.as_secs_f64()
             )));
         }
-        thread::sleep(Duration::from_millis(20));
+        thread::sleep(poll_interval(start.elapsed()));
+    }
+}
+
+/// The pause between two probes of [`poll_until`], `elapsed` into the wait.
+pub(crate) fn poll_interval(elapsed: Duration) -> Duration {
+    if elapsed < FAST_POLL_FOR {
+        Duration::from_millis(20)
+    } else {
+        Duration::from_millis(100)
     }
 }
 
 /// Runs a short-lived helper program (e.g. `redis-cli --cluster create`)
 /// with its output in `log`, killing it if it runs longer than `timeout`.
+/// Like the servers, it is forked from the spawner thread with
+/// `PR_SET_PDEATHSIG`, so it dies with the test process.
 pub(crate) fn run_with_timeout(
     mut cmd: Command,
     log: &Path,
@@ -330,7 +344,9 @@ pub(crate) fn run_with_timeout(
     cmd.stdin(Stdio::null())
         .stdout(Stdio::from(out.try_clone()?))
         .stderr(Stdio::from(out));
-    let mut child = cmd.spawn()?;
+    die_with_parent(&mut cmd);
+    let description = format!("{cmd:?}");
+    let mut child = spawn_child(cmd)?;
     let deadline = Instant::now() + timeout;
     let status = loop {
         if let Some(status) = child.try_wait()? {
@@ -340,7 +356,7 @@ pub(crate) fn run_with_timeout(
             kill_child(&mut child);
             let text = fs::read_to_string(log).unwrap_or_default();
             return Err(TestkitError::Timeout(format!(
-                "{cmd:?} did not finish within {}s: {}",
+                "{description} did not finish within {}s: {}",
                 timeout.as_secs(),
                 tail_lines(&text, 20)
             )));
@@ -352,7 +368,10 @@ pub(crate) fn run_with_timeout(
     } else {
         let text = fs::read_to_string(log).unwrap_or_default();
         Err(TestkitError::StartFailed {
-            log_tail: format!("{cmd:?} exited with {status}:\n{}", tail_lines(&text, 20)),
+            log_tail: format!(
+                "{description} exited with {status}:\n{}",
+                tail_lines(&text, 20)
+            ),
         })
     }
 }
@@ -369,5 +388,45 @@ mod tests {
         assert!(a.starts_with(std::env::temp_dir()));
         fs::remove_dir(a).unwrap();
         fs::remove_dir(b).unwrap();
+    }
+
+    #[test]
+    fn polling_backs_off_after_the_first_second() {
+        assert_eq!(poll_interval(Duration::ZERO), Duration::from_millis(20));
+        assert_eq!(
+            poll_interval(Duration::from_millis(999)),
+            Duration::from_millis(20)
+        );
+        assert_eq!(
+            poll_interval(Duration::from_secs(2)),
+            Duration::from_millis(100)
+        );
+        let mut calls = 0;
+        let err = poll_until("never", Duration::from_millis(1500), || {
+            calls += 1;
+            Ok(None::<()>)
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("never within 1.5s"), "{err}");
+        // ~50 fast probes in the first second, ~5 slow ones after.
+        assert!(calls < 70, "{calls} probes in 1.5 s");
+    }
+
+    #[test]
+    fn helper_programs_die_with_the_test_process() {
+        // PR_GET_PDEATHSIG (2) of the helper itself, read with python3.
+        let script = "import ctypes; v = ctypes.c_int(); \
+                      ctypes.CDLL(None).prctl(2, ctypes.byref(v)); print('sig', v.value)";
+        if Command::new("python3").arg("-c").arg("1").output().is_err() {
+            return; // No python3 here: nothing to read the signal with.
+        }
+        let dir = fresh_temp_dir().unwrap();
+        let log = dir.join("helper.log");
+        let mut cmd = Command::new("python3");
+        cmd.arg("-c").arg(script);
+        run_with_timeout(cmd, &log, Duration::from_secs(30)).unwrap();
+        let out = fs::read_to_string(&log).unwrap();
+        assert_eq!(out.trim(), format!("sig {}", libc::SIGKILL), "{out}");
+        fs::remove_dir_all(&dir).unwrap();
     }
 }

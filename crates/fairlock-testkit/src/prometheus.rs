@@ -5,7 +5,8 @@
 //! * [`ensure_prometheus`] locates (and, as root with apt-get, installs the
 //!   Debian package `prometheus`, which ships both binaries) `prometheus`
 //!   and `promtool`.
-//! * [`PrometheusServer`] is a child `prometheus` on a free port with a
+//! * [`PrometheusServer`] is a child `prometheus` on a free port (reserved
+//!   for the kit like a `RedisServer`'s) with a
 //!   generated config (scrape and rule evaluation every second), its own
 //!   temp storage, killed on drop and when the test process dies
 //!   (`PR_SET_PDEATHSIG`, forked from the testkit's spawner thread like
@@ -37,7 +38,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::install::ensure_debian_binaries;
-use crate::process::{die_with_parent, free_port, fresh_temp_dir, spawn_child, tail_lines};
+use crate::ports::{self, PortLease};
+use crate::process::{die_with_parent, fresh_temp_dir, spawn_child, tail_lines};
 
 /// How long a fresh server has to answer `/-/ready`.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -193,10 +195,16 @@ impl PrometheusServerBuilder {
         fs::write(&config, self.config_yaml())?;
         let mut last = None;
         for _ in 0..START_ATTEMPTS {
-            let port = free_port()?;
+            let lease = ports::reserve()?;
+            let port = lease.port();
             match launch(&bins.prometheus, &dir, port) {
                 Ok(child) => {
-                    let server = PrometheusServer { child, port, dir };
+                    let server = PrometheusServer {
+                        child,
+                        port,
+                        _lease: lease,
+                        dir,
+                    };
                     server.wait_for_targets(self.targets.len())?;
                     return Ok(server);
                 }
@@ -231,8 +239,10 @@ impl PrometheusServerBuilder {
     }
 }
 
-/// Starts one `prometheus` and waits for `/-/ready`. A child that exits
-/// early (its port was taken) is an error worth another port.
+/// Starts one `prometheus` and waits for `/-/ready`, answered by this
+/// child: after a 200 the child must still be running and, where `/proc`
+/// tells, be the process listening on `port`. A child that exits early
+/// (its port was taken) is an error worth another port.
 fn launch(bin: &Path, dir: &Path, port: u16) -> Result<Child, PrometheusError> {
     let log = dir.join("prometheus.log");
     let mut cmd = Command::new(bin);
@@ -267,7 +277,13 @@ fn launch(bin: &Path, dir: &Path, port: u16) -> Result<Child, PrometheusError> {
             return Err(failure(&format!("prometheus exited with {status}")));
         }
         if matches!(http_get(addr, "/-/ready"), Ok((200, _))) {
-            return Ok(child);
+            // Somebody else's server may answer while ours fails to bind.
+            if child.try_wait()?.is_some() {
+                continue; // Reported at the top of the loop.
+            }
+            if listens_on(child.id(), port) != Some(false) {
+                return Ok(child);
+            }
         }
         if Instant::now() >= deadline {
             let _ = child.kill();
@@ -287,6 +303,8 @@ fn launch(bin: &Path, dir: &Path, port: u16) -> Result<Child, PrometheusError> {
 pub struct PrometheusServer {
     child: Child,
     port: u16,
+    /// Keeps other servers of the kit off `port` until drop.
+    _lease: PortLease,
     dir: PathBuf,
 }
 
@@ -405,6 +423,33 @@ impl Drop for PrometheusServer {
         let _ = self.child.wait();
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Whether process `pid` has the socket listening on `127.0.0.1:port`
+/// open, from `/proc/net/tcp` and `/proc/<pid>/fd`; `None` when `/proc`
+/// does not tell (then the caller trusts the answer it got).
+fn listens_on(pid: u32, port: u16) -> Option<bool> {
+    let table = fs::read_to_string("/proc/net/tcp").ok()?;
+    let local = format!("0100007F:{port:04X}");
+    // Columns: sl local_address rem_address st ... inode; 0A is LISTEN.
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            (cols.get(1) == Some(&local.as_str()) && cols.get(3) == Some(&"0A"))
+                .then(|| cols.get(9).map(|inode| format!("socket:[{inode}]")))
+                .flatten()
+        })
+        .collect();
+    if inodes.is_empty() {
+        return None;
+    }
+    let fds = fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    Some(fds.filter_map(Result::ok).any(|fd| {
+        fs::read_link(fd.path())
+            .is_ok_and(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
+    }))
 }
 
 /// The samples of a `/api/v1/query` answer.
@@ -542,6 +587,19 @@ mod tests {
             http_get(addr, "/-/ready").is_err(),
             "still answering after drop"
         );
+    }
+
+    #[test]
+    fn listener_ownership_is_read_from_proc() {
+        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        assert_eq!(listens_on(std::process::id(), port), Some(true));
+        // PID 1 is not us, and does not listen on our port.
+        if fs::read_dir("/proc/1/fd").is_ok() {
+            assert_eq!(listens_on(1, port), Some(false));
+        }
+        drop(listener);
+        assert_eq!(listens_on(std::process::id(), port), None);
     }
 
     #[test]

@@ -256,14 +256,199 @@ impl Conn {
 
     /// Sends one command and reads its reply.
     pub(crate) fn request(&mut self, args: &[&str]) -> Result<Resp, TestkitError> {
-        self.reader.get_mut().write_all(&encode_command(args))?;
+        self.send(args)?;
+        self.read()
+    }
+
+    /// Writes one command. An error means it was not written completely,
+    /// so the server cannot run it.
+    pub(crate) fn send(&mut self, args: &[&str]) -> Result<(), TestkitError> {
+        Ok(self.reader.get_mut().write_all(&encode_command(args))?)
+    }
+
+    /// Reads one reply.
+    pub(crate) fn read(&mut self) -> Result<Resp, TestkitError> {
         read_reply(&mut self.reader)
     }
+
+    /// `false` if the server has closed the connection (or sent something
+    /// nobody asked for), as far as can be seen without blocking.
+    pub(crate) fn is_open(&mut self) -> bool {
+        if !self.reader.buffer().is_empty() {
+            return false;
+        }
+        let stream = self.reader.get_ref();
+        if stream.set_nonblocking(true).is_err() {
+            return false;
+        }
+        let mut byte = [0u8; 1];
+        let idle =
+            matches!(stream.peek(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+        stream.set_nonblocking(false).is_ok() && idle
+    }
+}
+
+/// Sends `args` over the connection in `slot` (opened to `addr` when there
+/// is none, kept there for the next call) and returns the reply: the logic
+/// of [`RedisServer::cmd`](crate::RedisServer::cmd).
+///
+/// A cached connection the server has closed is replaced before sending.
+/// If a reused connection turns out dead anyway, the command is sent once
+/// more on a new connection only when that cannot run it twice: writing
+/// it failed, or it is [idempotent](is_idempotent).
+pub(crate) fn request_reusing(
+    slot: &mut Option<Conn>,
+    addr: &str,
+    args: &[&str],
+) -> Result<Resp, TestkitError> {
+    if slot.as_mut().is_some_and(|conn| !conn.is_open()) {
+        *slot = None;
+    }
+    let mut retried = false;
+    loop {
+        let reused = slot.is_some();
+        let conn = match slot {
+            Some(conn) => conn,
+            None => slot.insert(Conn::connect(addr, CMD_TIMEOUT)?),
+        };
+        // Only a reused connection can be stale, and it is replaced once.
+        let may_retry = |e: &TestkitError| reused && !retried && is_dropped(e);
+        if let Err(e) = conn.send(args) {
+            *slot = None;
+            if may_retry(&e) {
+                retried = true;
+                continue;
+            }
+            return Err(e);
+        }
+        match conn.read() {
+            Ok(reply) => return Ok(reply),
+            Err(e) => {
+                *slot = None;
+                // The server may have run it before the connection dropped.
+                if may_retry(&e) && is_idempotent(args) {
+                    retried = true;
+                    continue;
+                }
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// `true` for the errors of a connection the server closed or reset.
+fn is_dropped(e: &TestkitError) -> bool {
+    matches!(e, TestkitError::Io(io) if matches!(
+        io.kind(),
+        io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+    ))
+}
+
+/// `true` for the admin commands that may run twice without harm: reads,
+/// and writes that set a value rather than change it (`CONFIG SET`).
+pub(crate) fn is_idempotent(args: &[&str]) -> bool {
+    const READS: &[&str] = &[
+        "PING",
+        "ECHO",
+        "INFO",
+        "GET",
+        "MGET",
+        "STRLEN",
+        "EXISTS",
+        "TTL",
+        "PTTL",
+        "TYPE",
+        "DBSIZE",
+        "KEYS",
+        "SCAN",
+        "HGET",
+        "HMGET",
+        "HGETALL",
+        "HLEN",
+        "HEXISTS",
+        "LLEN",
+        "LRANGE",
+        "LINDEX",
+        "SCARD",
+        "SMEMBERS",
+        "SISMEMBER",
+        "ZCARD",
+        "ZSCORE",
+        "ZRANGE",
+        "ZRANK",
+        "XLEN",
+        "XRANGE",
+        "XINFO",
+        "OBJECT",
+        "MEMORY",
+        "ROLE",
+        "TIME",
+        "LASTSAVE",
+        "DUMP",
+        "COMMAND",
+        "PUBSUB",
+    ];
+    const SUBCOMMANDS: &[(&str, &[&str])] = &[
+        ("CONFIG", &["GET", "SET"]),
+        (
+            "CLUSTER",
+            &[
+                "INFO",
+                "NODES",
+                "MYID",
+                "SLOTS",
+                "SHARDS",
+                "KEYSLOT",
+                "GETKEYSINSLOT",
+                "COUNTKEYSINSLOT",
+                "REPLICAS",
+                "SLAVES",
+                "COUNT-FAILURE-REPORTS",
+            ],
+        ),
+        (
+            "SENTINEL",
+            &[
+                "GET-MASTER-ADDR-BY-NAME",
+                "MASTERS",
+                "MASTER",
+                "REPLICAS",
+                "SLAVES",
+                "SENTINELS",
+                "CKQUORUM",
+                "MYID",
+            ],
+        ),
+        ("CLIENT", &["LIST", "INFO", "ID", "GETNAME"]),
+        ("ACL", &["LIST", "USERS", "GETUSER", "WHOAMI"]),
+        ("SLOWLOG", &["GET", "LEN"]),
+        ("SCRIPT", &["EXISTS"]),
+        ("FUNCTION", &["LIST", "DUMP"]),
+    ];
+    let Some(first) = args.first() else {
+        return false;
+    };
+    if READS.iter().any(|c| c.eq_ignore_ascii_case(first)) {
+        return true;
+    }
+    SUBCOMMANDS.iter().any(|(cmd, subs)| {
+        cmd.eq_ignore_ascii_case(first)
+            && args
+                .get(1)
+                .is_some_and(|sub| subs.iter().any(|s| s.eq_ignore_ascii_case(sub)))
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::TcpListener;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::thread;
 
     fn decode(bytes: &[u8]) -> Result<Resp, TestkitError> {
         read_reply(&mut &bytes[..])
@@ -330,5 +515,87 @@ mod tests {
         assert_eq!(Resp::Error("ERR".into()).as_str(), None);
         assert!(!Resp::Bulk(Some(vec![])).is_nil());
         assert!(Resp::Error("x".into()).is_error());
+    }
+
+    #[test]
+    fn idempotent_commands() {
+        assert!(is_idempotent(&["get", "n"]));
+        assert!(is_idempotent(&["CONFIG", "GET", "save"]));
+        assert!(is_idempotent(&["config", "set", "save", ""]));
+        assert!(is_idempotent(&["CLUSTER", "NODES"]));
+        assert!(!is_idempotent(&["INCR", "n"]));
+        assert!(!is_idempotent(&["CLUSTER", "FAILOVER"]));
+        assert!(!is_idempotent(&["MIGRATE", "127.0.0.1", "1", "", "0", "1"]));
+        assert!(!is_idempotent(&["CONFIG"]));
+        assert!(!is_idempotent(&[]));
+    }
+
+    /// A fake server: every connection gets the first `answered` commands
+    /// answered with `+OK`; the next one is read and counted, and the
+    /// connection is closed without a reply.
+    fn dropping_server(answered: usize) -> (String, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let seen = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&seen);
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let counter = Arc::clone(&counter);
+                thread::spawn(move || {
+                    let mut reader = BufReader::new(stream);
+                    for i in 0.. {
+                        if read_reply(&mut reader).is_err() {
+                            return;
+                        }
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        if i >= answered {
+                            return; // Closes without a reply.
+                        }
+                        let _ = reader.get_mut().write_all(b"+OK\r\n");
+                    }
+                });
+            }
+        });
+        (addr, seen)
+    }
+
+    #[test]
+    fn a_dropped_reply_is_resent_only_when_idempotent() {
+        // Each connection answers one command and drops the second.
+        let (addr, seen) = dropping_server(1);
+        let mut slot = None;
+        request_reusing(&mut slot, &addr, &["SET", "k", "v"]).unwrap();
+        assert!(slot.is_some());
+        // A write on the reused connection: run once, then an error.
+        let err = request_reusing(&mut slot, &addr, &["INCR", "n"]).unwrap_err();
+        assert!(is_dropped(&err), "{err:?}");
+        assert_eq!(seen.load(Ordering::SeqCst), 2);
+        assert!(slot.is_none());
+        request_reusing(&mut slot, &addr, &["SET", "k", "v"]).unwrap();
+        // A read on the reused connection: sent again on a new one.
+        let reply = request_reusing(&mut slot, &addr, &["GET", "k"]).unwrap();
+        assert_eq!(reply, Resp::Simple("OK".into()));
+        assert_eq!(seen.load(Ordering::SeqCst), 5);
+        // A fresh connection that drops is not retried, even for a read.
+        let (addr, seen) = dropping_server(0);
+        let mut slot = None;
+        assert!(request_reusing(&mut slot, &addr, &["GET", "k"]).is_err());
+        assert_eq!(seen.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_closed_cached_connection_is_noticed_before_sending() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut conn = Conn::connect_addr(addr, CMD_TIMEOUT).unwrap();
+        let (server_side, _) = listener.accept().unwrap();
+        assert!(conn.is_open());
+        drop(server_side);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while conn.is_open() {
+            assert!(std::time::Instant::now() < deadline, "close never seen");
+            thread::sleep(Duration::from_millis(5));
+        }
     }
 }

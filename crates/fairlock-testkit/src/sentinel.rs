@@ -32,8 +32,12 @@ const SENTINELS: usize = 3;
 /// `down-after-milliseconds`: how long a primary may be silent before it is
 /// considered down. Short, so a killed primary is replaced in seconds.
 const DOWN_AFTER_MS: u64 = 1000;
-/// `failover-timeout`: also the pause before a failed fail-over is retried.
-const FAILOVER_TIMEOUT_MS: u64 = 10_000;
+/// `failover-timeout`: how long a promotion may take before the sentinels
+/// give it up, and half the pause before a sentinel that ran (or voted in)
+/// an election tries again. Short, so that even two failed elections (a
+/// split vote on a busy machine) fit in [`SETTLE_TIMEOUT`]: with 10 s each
+/// retry came 20 s after the last, and two exceeded it.
+const FAILOVER_TIMEOUT_MS: u64 = 5_000;
 /// How long the group may take to settle after a change.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(40);
 

