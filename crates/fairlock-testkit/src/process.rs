@@ -260,8 +260,8 @@ pub(crate) fn launch(spec: &LaunchSpec, port: u16, dir: &Path) -> Result<Child, 
         }
         if let Probe::Ready(pid) = probe(port) {
             if pid.is_some_and(|pid| pid != child.id()) {
-                // Somebody else's redis grabbed the port between our probe
-                // for a free port and our server's bind.
+                // A redis outside the kit's reservations grabbed the port
+                // between our reservation and our server's bind.
                 kill_child(&mut child);
                 return Err(StartError::Retry(start_failure(
                     dir,
