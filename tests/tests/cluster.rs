@@ -611,3 +611,82 @@ async fn a_node_that_stops_answering_holds_up_only_its_own_slots_heartbeat() {
         .expect("granted after the pause")
         .expect("task");
 }
+
+/// `rejected_connections` of a node's `INFO stats`.
+fn rejected_connections(node: &fairlock_testkit::RedisServer) -> u64 {
+    let info = node.cmd_ok(&["INFO", "stats"]).expect("INFO stats");
+    info.as_str()
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix("rejected_connections:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("rejected_connections in INFO stats")
+}
+
+/// A node that accepts connections and closes them at once (here: its
+/// `maxclients` is reached, so it answers each new connection with an
+/// error and closes it) is reconnected to with a backoff, 50 ms doubling
+/// to 2 s, not in a loop of heartbeat rounds; once it takes connections
+/// again, the waiter's grant comes as before. Before, each lost connection
+/// asked for a heartbeat round at once, which opened the next connection
+/// at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_closes_every_connection_is_reconnected_with_a_backoff() {
+    let cluster = RedisCluster::start().expect("cluster");
+    let name = lock_names_on_every_primary(&cluster).remove(0);
+    let address = cluster.slot_owner(lock_slot(&name)).expect("slot owner");
+    let node = cluster.node(&address).expect("node");
+    let holder_client = cluster_client(&cluster).await;
+    let waiter_client = cluster_client(&cluster).await;
+    let holder = holder_client.lock(&name).await.expect("holder");
+    let waiter = {
+        let (client, name) = (waiter_client.clone(), name.clone());
+        tokio::spawn(async move { client.lock(&name).await })
+    };
+    wait_for_queue_len(&holder_client, &name, 1).await;
+
+    // No room for one more connection once the sharded subscribers are
+    // gone; the test kit's admin connection stays.
+    let list = node.cmd_ok(&["CLIENT", "LIST"]).expect("CLIENT LIST");
+    let lines: Vec<&str> = list.as_str().unwrap_or_default().lines().collect();
+    let subscribers = lines
+        .iter()
+        .filter(|line| line.contains(" ssub=") && !line.contains(" ssub=0 "))
+        .count();
+    assert!(
+        subscribers > 0,
+        "the waiter's client subscribed on {address}"
+    );
+    let limit = (lines.len() - subscribers).to_string();
+    let maxclients = node
+        .cmd_ok(&["CONFIG", "GET", "maxclients"])
+        .expect("CONFIG GET");
+    let maxclients = maxclients
+        .as_array()
+        .and_then(|pair| pair.get(1))
+        .and_then(|value| value.as_str())
+        .expect("maxclients")
+        .to_owned();
+    node.cmd_ok(&["CONFIG", "SET", "maxclients", &limit])
+        .expect("maxclients");
+    node.cmd_ok(&["CLIENT", "KILL", "TYPE", "pubsub"])
+        .expect("kill the subscribers");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = rejected_connections(node);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rejected = rejected_connections(node) - before;
+    node.cmd_ok(&["CONFIG", "SET", "maxclients", &maxclients])
+        .expect("maxclients");
+    // With the backoff at 2 s by then: 2 or 3 attempts per client in 3 s.
+    assert!(
+        rejected <= 12,
+        "{rejected} connections refused in 3 s: reconnected without a backoff"
+    );
+    holder.release().await.expect("release");
+    let granted = tokio::time::timeout(LONG, waiter)
+        .await
+        .expect("granted once the node takes connections again")
+        .expect("task")
+        .expect("granted");
+    granted.release().await.expect("release");
+}

@@ -58,8 +58,8 @@ const BUFFER: usize = 4 * 1024;
 
 /// The first pause before opening a lost connection again; it doubles on
 /// each failure up to [`MAX_PAUSE`].
-const FIRST_PAUSE: Duration = Duration::from_millis(50);
-const MAX_PAUSE: Duration = Duration::from_secs(2);
+pub(crate) const FIRST_PAUSE: Duration = Duration::from_millis(50);
+pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(2);
 
 const PING: &[u8] = b"*1\r\n$4\r\nPING\r\n";
 

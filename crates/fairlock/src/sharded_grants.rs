@@ -23,16 +23,24 @@
 //! that loses its connection, a node that does not answer in time and a
 //! subscription the server ends (`sunsubscribe`: the slot left the node)
 //! all ask the heartbeat for a round at once, which subscribes every slot
-//! waited in again.
+//! waited in again. A node whose connections keep failing (refused, or
+//! closed at once: a node at its `maxclients`) is connected to again with
+//! a backoff, 50 ms doubling to 2 s, per node; a connection that lived 2 s
+//! or more resets it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
-use crate::grant_connection::{route_frames, ConnectionError, GrantConnection};
+use crate::grant_connection::{
+    route_frames, ConnectionError, GrantConnection, FIRST_PAUSE, MAX_PAUSE,
+};
 use crate::grant_stream::GrantStream;
 use crate::grants::resubscribed;
 use crate::resp2::{self, Frame};
@@ -53,6 +61,14 @@ struct Link {
     awaiting: Awaiting,
     /// Reads the node's socket; dropping it stops it.
     reader: BackgroundTask,
+    opened: Instant,
+}
+
+/// A node's connections that failed in a row, and when the next may be
+/// opened.
+struct Backoff {
+    failures: u32,
+    next_open: Instant,
 }
 
 /// A subscription waiting for its node's connection to open.
@@ -76,6 +92,8 @@ struct Nodes {
     next_id: u64,
     /// Nodes whose connection was lost and not opened again yet.
     lost: HashSet<String>,
+    /// Nodes whose last connections failed (see [`Nodes::failed`]).
+    backoff: HashMap<String, Backoff>,
     /// Readers report here that their connection ended: `(id, address)`.
     ended: mpsc::UnboundedSender<(u64, String)>,
 }
@@ -96,6 +114,7 @@ pub(crate) fn spawn_sharded_grants(
                 opens: JoinSet::new(),
                 next_id: 0,
                 lost: HashSet::new(),
+                backoff: HashMap::new(),
                 ended,
             };
             loop {
@@ -148,8 +167,12 @@ impl Nodes {
                 }
                 self.opening.insert(address.clone(), vec![pending]);
                 let (state, mut shutdown) = (Arc::clone(&self.state), shutdown.clone());
+                let not_before = self.backoff.get(&address).map(|backoff| backoff.next_open);
                 self.opens.spawn(async move {
                     let open = async {
+                        if let Some(not_before) = not_before {
+                            tokio::time::sleep_until(not_before).await;
+                        }
                         let endpoint = state
                             .redis
                             .grant_endpoint()
@@ -188,6 +211,7 @@ impl Nodes {
                 }
             }
             Err(error) => {
+                self.failed(&address);
                 for pending in waiting {
                     let why = format!("the connection to {address} failed: {error}");
                     let reply = Err(ShardRefusal::NoConnection(why));
@@ -255,6 +279,7 @@ impl Nodes {
                 writer,
                 awaiting,
                 reader,
+                opened: Instant::now(),
             },
         );
         self.publish_addresses();
@@ -269,11 +294,34 @@ impl Nodes {
         if current.is_none() || (id.is_some() && id != current) {
             return;
         }
-        self.links.remove(address);
+        if let Some(link) = self.links.remove(address) {
+            if link.opened.elapsed() >= MAX_PAUSE {
+                self.backoff.remove(address);
+            } else {
+                self.failed(address);
+            }
+        }
         self.state.forget_slots(self.state.slots_on_node(address));
         self.lost.insert(address.to_owned());
         self.publish_addresses();
         self.state.heartbeat_now.notify_one();
+    }
+
+    /// Counts a failed connection to `address` (not opened, or lost within
+    /// [`MAX_PAUSE`] of opening): the next waits [`FIRST_PAUSE`], doubled
+    /// for each failure in a row, at most [`MAX_PAUSE`].
+    fn failed(&mut self, address: &str) {
+        let backoff = self
+            .backoff
+            .entry(address.to_owned())
+            .or_insert_with(|| Backoff {
+                failures: 0,
+                next_open: Instant::now(),
+            });
+        backoff.failures = backoff.failures.saturating_add(1);
+        let doublings = backoff.failures.saturating_sub(1).min(16);
+        let pause: Duration = FIRST_PAUSE.saturating_mul(1 << doublings).min(MAX_PAUSE);
+        backoff.next_open = Instant::now() + pause;
     }
 
     /// Records the nodes connected to (see [`ClientState::grants_at`]).
