@@ -690,3 +690,44 @@ async fn a_node_that_closes_every_connection_is_reconnected_with_a_backoff() {
         .expect("granted");
     granted.release().await.expect("release");
 }
+
+/// fairlock's connection to a node that stops answering while nobody
+/// waits there (here the node pauses all its clients, as a stalled
+/// process or a cut network would look) is noticed by a keep-alive PING
+/// unanswered for the command timeout and closed; once the node answers
+/// again, the next waiter there opens a new one and is granted by it.
+/// Before, a connection was only checked by the subscriptions sent on it,
+/// so an idle one stayed open, dead, until the client shut down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_to_a_silent_node_is_noticed_and_closed() {
+    let cluster = RedisCluster::start().expect("cluster");
+    let name = lock_names_on_every_primary(&cluster).remove(0);
+    let address = cluster.slot_owner(lock_slot(&name)).expect("slot owner");
+    let holder_client = cluster_client(&cluster).await;
+    let mut config = fairlock::ClientConfig::new(cluster.url());
+    config.heartbeat_interval = Duration::from_millis(100);
+    config.waiter_timeout = Duration::from_secs(2);
+    config.command_timeout = Duration::from_secs(1);
+    let waiter_client = LockClient::with_config(config).await.expect("client");
+    let holder = holder_client.lock(&name).await.expect("holder");
+    let granted = hand_over(holder, &holder_client, &waiter_client, LONG / 2).await;
+    granted.release().await.expect("release");
+    assert!(waiter_client.grants_subscribed_at().contains(&address));
+
+    let node = cluster.node(&address).expect("node");
+    node.cmd_ok(&["CLIENT", "PAUSE", "6000", "ALL"])
+        .expect("CLIENT PAUSE");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while waiter_client.grants_subscribed_at().contains(&address) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the connection to the silent node {address} is still open"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    node.cmd_ok(&["CLIENT", "UNPAUSE"]).expect("CLIENT UNPAUSE");
+    let holder = holder_client.lock(&name).await.expect("holder");
+    let granted = hand_over(holder, &holder_client, &waiter_client, LONG / 2).await;
+    granted.release().await.expect("release");
+    assert!(waiter_client.grants_subscribed_at().contains(&address));
+}

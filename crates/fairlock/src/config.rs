@@ -178,11 +178,12 @@ pub struct ClientConfig {
     pub command_timeout: Duration,
     /// How often this process refreshes its waiters' deadlines (batched:
     /// one script call per 32 locks waited on, per slot on a cluster).
-    /// Also the keep-alive of fairlock's own pub/sub connection (single
-    /// server, Sentinel): after this long without a word from Redis it
-    /// sends `PING`, and reopens the connection if no answer comes within
-    /// the command timeout; behind Sentinel it also moves to the primary
-    /// fred reached after a fail-over at the next such check.
+    /// Also the keep-alive of fairlock's own pub/sub connections: after
+    /// this long without a word from Redis one sends `PING`, and is
+    /// reopened (on a cluster: closed, until a waiter needs the node again)
+    /// if no answer comes within the command timeout; behind Sentinel it
+    /// also moves to the primary fred reached after a fail-over at the
+    /// next such check.
     pub heartbeat_interval: Duration,
     /// A waiter without a heartbeat for this long is dead and skipped.
     pub waiter_timeout: Duration,

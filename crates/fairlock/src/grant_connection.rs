@@ -61,7 +61,7 @@ const BUFFER: usize = 4 * 1024;
 pub(crate) const FIRST_PAUSE: Duration = Duration::from_millis(50);
 pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(2);
 
-const PING: &[u8] = b"*1\r\n$4\r\nPING\r\n";
+pub(crate) const PING: &[u8] = b"*1\r\n$4\r\nPING\r\n";
 
 /// Why the connection could not be opened or was lost.
 #[derive(Debug)]

@@ -26,9 +26,14 @@
 //! waited in again. A node whose connections keep failing (refused, or
 //! closed at once: a node at its `maxclients`) is connected to again with
 //! a backoff, 50 ms doubling to 2 s, per node; a connection that lived 2 s
-//! or more resets it.
+//! or more resets it. Each connection is kept alive as on a single server:
+//! after a heartbeat interval in which the node sent nothing it gets a
+//! `PING`, and one unanswered for the command timeout closes it (so an idle
+//! connection to a node that vanished without closing it, or stalled, does
+//! not stay open, dead).
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -39,7 +44,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
 use crate::grant_connection::{
-    route_frames, ConnectionError, GrantConnection, FIRST_PAUSE, MAX_PAUSE,
+    route_frames, ConnectionError, GrantConnection, FIRST_PAUSE, MAX_PAUSE, PING,
 };
 use crate::grant_stream::GrantStream;
 use crate::grants::resubscribed;
@@ -50,8 +55,9 @@ use crate::task::{BackgroundTask, ShutdownSignal};
 /// Where a subscription request's answer goes.
 type Answer = oneshot::Sender<Result<(), ShardRefusal>>;
 
-/// Answers awaited on one connection, in the order their requests went.
-type Awaiting = Arc<Mutex<VecDeque<Answer>>>;
+/// Answers awaited on one connection, in the order their requests went:
+/// a subscription's, or (`None`) a keep-alive `PING`'s.
+type Awaiting = Arc<Mutex<VecDeque<Option<Answer>>>>;
 
 /// One node's connection.
 struct Link {
@@ -62,6 +68,10 @@ struct Link {
     /// Reads the node's socket; dropping it stops it.
     reader: BackgroundTask,
     opened: Instant,
+    /// Set by the reader whenever the node sent something.
+    heard: Arc<AtomicBool>,
+    /// When a keep-alive PING went out that nothing has answered since.
+    pinged: Option<Instant>,
 }
 
 /// A node's connections that failed in a row, and when the next may be
@@ -107,6 +117,9 @@ pub(crate) fn spawn_sharded_grants(
         "cluster grant connections",
         move |mut shutdown: ShutdownSignal| async move {
             let (ended, mut ended_rx) = mpsc::unbounded_channel();
+            let interval = state.config.heartbeat_interval;
+            let mut keepalive = tokio::time::interval_at(Instant::now() + interval, interval);
+            keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut nodes = Nodes {
                 state,
                 links: HashMap::new(),
@@ -130,6 +143,7 @@ pub(crate) fn spawn_sharded_grants(
                         Some(request) => nodes.handle(request, &shutdown).await,
                         None => break,
                     },
+                    _ = keepalive.tick() => nodes.keep_alive().await,
                 }
             }
             // Opening connections see the shutdown too and end.
@@ -233,7 +247,7 @@ impl Nodes {
         link.awaiting
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push_back(done);
+            .push_back(Some(done));
         let timeout = self.state.config.command_timeout;
         let write = async {
             link.writer.write_all(&frame).await?;
@@ -261,6 +275,7 @@ impl Nodes {
         let awaiting = Awaiting::default();
         self.next_id += 1;
         let id = self.next_id;
+        let heard = Arc::new(AtomicBool::new(false));
         let reader = spawn_node_reader(
             Arc::clone(&self.state),
             NodeReader {
@@ -270,6 +285,7 @@ impl Nodes {
                 buf,
                 awaiting: Arc::clone(&awaiting),
                 ended: self.ended.clone(),
+                heard: Arc::clone(&heard),
             },
         );
         self.links.insert(
@@ -280,6 +296,8 @@ impl Nodes {
                 awaiting,
                 reader,
                 opened: Instant::now(),
+                heard,
+                pinged: None,
             },
         );
         self.publish_addresses();
@@ -305,6 +323,45 @@ impl Nodes {
         self.lost.insert(address.to_owned());
         self.publish_addresses();
         self.state.heartbeat_now.notify_one();
+    }
+
+    /// Once per heartbeat interval: a `PING` on each connection that heard
+    /// nothing since the last check, and each whose `PING` has gone
+    /// unanswered for the command timeout is closed.
+    async fn keep_alive(&mut self) {
+        let timeout = self.state.config.command_timeout;
+        let mut silent = Vec::new();
+        for (address, link) in &mut self.links {
+            if link.heard.swap(false, Ordering::Relaxed) {
+                link.pinged = None;
+                continue;
+            }
+            match link.pinged {
+                Some(sent) if sent.elapsed() >= timeout => silent.push(address.clone()),
+                Some(_) => {}
+                None => {
+                    link.awaiting
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push_back(None);
+                    let ping = async {
+                        link.writer.write_all(PING).await?;
+                        link.writer.flush().await
+                    };
+                    match tokio::time::timeout(timeout, ping).await {
+                        Ok(Ok(())) => link.pinged = Some(Instant::now()),
+                        _ => silent.push(address.clone()),
+                    }
+                }
+            }
+        }
+        for address in silent {
+            tracing::warn!(
+                %address,
+                "fairlock's pub/sub connection to a cluster node did not answer a PING; closing it"
+            );
+            self.drop_link(&address, None);
+        }
     }
 
     /// Counts a failed connection to `address` (not opened, or lost within
@@ -344,6 +401,7 @@ struct NodeReader {
     buf: Vec<u8>,
     awaiting: Awaiting,
     ended: mpsc::UnboundedSender<(u64, String)>,
+    heard: Arc<AtomicBool>,
 }
 
 /// Starts the task reading one node's connection: grants to their waiters,
@@ -359,6 +417,7 @@ fn spawn_node_reader(state: Arc<ClientState>, node: NodeReader) -> BackgroundTas
                 mut buf,
                 awaiting,
                 ended,
+                heard,
             } = node;
             let lost = loop {
                 match route_frames(&state, &buf, |frame| answer(&state, &awaiting, frame)) {
@@ -372,7 +431,7 @@ fn spawn_node_reader(state: Arc<ClientState>, node: NodeReader) -> BackgroundTas
                     () = shutdown.requested() => return,
                     read = reader.read_buf(&mut buf) => match read {
                         Ok(0) => break ConnectionError::Closed,
-                        Ok(_) => {}
+                        Ok(_) => heard.store(true, Ordering::Relaxed),
                         Err(error) => break ConnectionError::Io(error),
                     },
                 }
@@ -384,10 +443,12 @@ fn spawn_node_reader(state: Arc<ClientState>, node: NodeReader) -> BackgroundTas
 }
 
 /// Handles a frame other than a grant: the answer to the oldest request
-/// awaited, or the end of a subscription.
+/// awaited (a subscription's, or a keep-alive `PING`'s, whose answer is
+/// only taken off the line), or the end of a subscription.
 fn answer(state: &ClientState, awaiting: &Awaiting, frame: Frame<'_>) {
     let reply = match frame {
-        Frame::Subscribed(_) => Ok(()),
+        // `["pong", ""]` once subscribed, `+PONG` before.
+        Frame::Subscribed(_) | Frame::Other | Frame::Simple(_) => Ok(()),
         Frame::Error(error) => Err(ShardRefusal::Redis(
             String::from_utf8_lossy(error).into_owned(),
         )),
@@ -405,7 +466,7 @@ fn answer(state: &ClientState, awaiting: &Awaiting, frame: Frame<'_>) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .pop_front();
-    if let Some(done) = next {
+    if let Some(Some(done)) = next {
         let _ = done.send(reply);
     }
 }
