@@ -608,3 +608,55 @@ async fn an_owners_try_and_bounded_lock_do_not_wait_behind_a_sibling() {
         .expect("granted");
     granted.release().await.expect("release");
 }
+
+/// A release whose future is dropped before Redis answers (a caller's
+/// timeout, a `select!`; here the server pauses writes, and the release
+/// script is not loaded yet, so the call meets `NOSCRIPT` too) still
+/// releases: the lock and the permit are free long before their one-minute
+/// leases end, and the client no longer counts them as held. Before, the
+/// hold stayed in the client for good and, with the script load in the
+/// dropped future, the release never ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_dropped_midway_still_releases() {
+    let server = server();
+    let client = client(&server).await;
+    let minute = LockOptions::new().lease(Duration::from_secs(60));
+    let guard = client
+        .lock_with("dropped-release", minute)
+        .await
+        .expect("lock");
+    let semaphore = client
+        .semaphore("dropped-release-sem", 1)
+        .expect("semaphore");
+    let permit = semaphore.acquire_with(minute).await.expect("permit");
+    assert_eq!(client.stats().held, 2);
+    server
+        .cmd_ok(&["CLIENT", "PAUSE", "1000", "WRITE"])
+        .expect("CLIENT PAUSE");
+    let lock_release = tokio::time::timeout(Duration::from_millis(200), guard.release()).await;
+    let permit_release = tokio::time::timeout(Duration::from_millis(200), permit.release()).await;
+    assert!(
+        lock_release.is_err() && permit_release.is_err(),
+        "both dropped midway"
+    );
+    within("both released and forgotten", async {
+        loop {
+            let lock = client.inspect("dropped-release").await.expect("inspect");
+            let holders = zcard(
+                &server,
+                permit_keys(
+                    "dropped-release-sem",
+                    fairlock_core::PermitFamily::Semaphore,
+                )
+                .owner(),
+            );
+            if lock.owner.is_none() && holders == 0 && client.stats().held == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let again = client.try_lock("dropped-release").await.expect("try_lock");
+    assert!(again.is_some(), "the lock is free");
+}

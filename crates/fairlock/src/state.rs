@@ -466,18 +466,25 @@ impl ClientState {
 
     /// Releases a guard's grant (with replica acknowledgement on, once the
     /// replicas have the release).
-    pub(crate) async fn release(self: &Arc<Self>, held: &HeldLock) -> Result<()> {
+    pub(crate) async fn release(self: &Arc<Self>, held: &Arc<HeldLock>) -> Result<()> {
         self.give_back(held).await?;
         self.confirm_replicated().await
     }
 
     /// Releases a grant without waiting for replicas: a grant given back
     /// because the replicas did not acknowledge it.
-    pub(crate) async fn give_back(self: &Arc<Self>, held: &HeldLock) -> Result<()> {
+    pub(crate) async fn give_back(self: &Arc<Self>, held: &Arc<HeldLock>) -> Result<()> {
         if !held.set_released() {
             // Released already (by `release_all`): nothing left to do.
             return Ok(());
         }
+        // Dropped before the answer (a caller's timeout), the release is
+        // sent again in a task of its own: it may not have run, or not
+        // even been sent (a script load on the way).
+        let mut unfinished = UnfinishedRelease {
+            state: self,
+            held: Some(held),
+        };
         // Still tracked while the release is on its way: a grant notice for
         // this owner id that arrives meanwhile (a heartbeat reply, a message
         // sent before the release ran) is then known as ours and not
@@ -485,6 +492,7 @@ impl ClientState {
         let result = self
             .release_owner_id(held.name.as_str(), &held.keys, &held.owner_id)
             .await;
+        unfinished.held = None;
         self.held.forget(&held.owner_id);
         held.telemetry.held_for(held.granted_at);
         if let Err(Error::NotOwner { .. }) = &result {
@@ -682,6 +690,33 @@ impl<'a> InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.counter.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A release on its way whose future may be dropped before the answer:
+/// then the release is sent again, and the hold forgotten, in a cleanup
+/// task (a resent release changes nothing if the first one ran).
+struct UnfinishedRelease<'a> {
+    state: &'a Arc<ClientState>,
+    held: Option<&'a Arc<HeldLock>>,
+}
+
+impl Drop for UnfinishedRelease<'_> {
+    fn drop(&mut self) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        let (state, held) = (Arc::clone(self.state), Arc::clone(held));
+        drop(self.state.spawn_cleanup(async move {
+            let result = state
+                .release_owner_id(held.name.as_str(), &held.keys, &held.owner_id)
+                .await;
+            state.held.forget(&held.owner_id);
+            held.telemetry.held_for(held.granted_at);
+            if let Err(error) = result {
+                tracing::warn!(lock = %held.name, %error, "fairlock could not finish a release its caller stopped waiting for; the lease runs out");
+            }
+        }));
     }
 }
 
