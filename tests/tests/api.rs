@@ -410,3 +410,37 @@ async fn shutdown_ends_the_waiting_tasks_with_closed() {
     lock.release().await.expect("release");
     permit.release().await.expect("release permit");
 }
+
+/// A grant that reaches a waiting task just before `shutdown()` (here the
+/// release that wakes it runs in the same process, and the task has not
+/// run yet when the client closes) does not become a guard of a closed
+/// client, whose lock nobody could release or renew: the task ends with
+/// `Error::Closed` and the lock goes on. Before, the task got `Ok` and the
+/// lock stayed held for its whole 30 s lease.
+#[tokio::test]
+async fn a_grant_that_races_shutdown_is_passed_on() {
+    let server = server();
+    let client = client(&server).await;
+    let mut config = fast_config(&server);
+    config.watchdog_lease = std::time::Duration::from_secs(30);
+    let doomed = fairlock::LockClient::with_config(config)
+        .await
+        .expect("client");
+    let holder = doomed.lock("api:race").await.expect("lock");
+    let waiter = spawn_lock(&doomed, "api:race");
+    wait_for_queue_len(&client, "api:race", 1).await;
+    // On this one-thread runtime the waiter task runs only when this task
+    // waits: the release's reply hands it the grant, then the close comes.
+    holder.release().await.expect("release");
+    doomed.shutdown().await;
+    let outcome = within("the raced waiter", waiter).await.expect("task");
+    assert!(
+        matches!(outcome, Err(Error::Closed)),
+        "{:?}",
+        outcome.map(|guard| guard.token())
+    );
+    let next = within("the lock after the shutdown", client.lock("api:race"))
+        .await
+        .expect("lock");
+    next.release().await.expect("release");
+}

@@ -218,6 +218,10 @@ async fn acquire_validated(
             };
             match reply {
                 AcquireReply::Granted { token } => {
+                    // As for a handed-over grant below.
+                    state
+                        .check_open()
+                        .map_err(|closed| pending.failed(closed))?;
                     telemetry.granted(token);
                     Answer::Granted(pending.granted(name, grant(token, ticket, sent_at)))
                 }
@@ -298,6 +302,12 @@ async fn acquire_validated(
             }
         };
         if let WaiterEvent::Granted { token, confirm } = event {
+            // A grant that came as the client closes goes on (the cancel
+            // hands it to the next waiter): no guard of a closed client
+            // could renew or release it.
+            state
+                .check_open()
+                .map_err(|closed| pending.failed(closed))?;
             let lease_from = Instant::now();
             // With replica acknowledgement on, the waiter writes once (its
             // own lease) so that WAIT on its connection covers the handoff
