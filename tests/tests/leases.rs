@@ -450,3 +450,69 @@ async fn extend_by_owner_id_moves_a_local_holders_deadline() {
     assert!(!guard.is_lost(), "the guard counts the extended lease");
     guard.release().await.expect("release");
 }
+
+/// A forced release that reaches a process before its waiting task has
+/// taken the grant it revokes (both messages sit in the socket while the
+/// process is busy: here its one runtime thread is blocked) still fires the
+/// lost signal: the task's guard comes back lost. Before, the revocation
+/// found no held lock and was dropped, and the task held a lock that an
+/// administrator had given away (two holders until the next watchdog check).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_before_the_grant_is_taken_marks_the_guard_lost() {
+    let server = server();
+    let holder_client = client(&server).await;
+    let holder = holder_client.lock("revoked-early").await.expect("holder");
+    let config = fast_config(&server);
+    let (queued_tx, queued_rx) = std::sync::mpsc::channel::<()>();
+    let (unblock_tx, unblock_rx) = std::sync::mpsc::channel::<()>();
+    let waiter = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async move {
+            let client = LockClient::with_config(config).await.expect("client");
+            let task = {
+                let client = client.clone();
+                tokio::spawn(async move { client.lock("revoked-early").await })
+            };
+            while client
+                .inspect("revoked-early")
+                .await
+                .expect("inspect")
+                .queue_len
+                < 1
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let _ = queued_tx.send(());
+            // Blocks the runtime's only thread: the grant and its
+            // revocation wait in the socket, unread.
+            let _ = unblock_rx.recv();
+            let guard = task.await.expect("task").expect("granted");
+            let lost = guard.is_lost();
+            drop(guard);
+            client.shutdown().await;
+            lost
+        })
+    });
+    queued_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the waiter queued");
+    holder.release().await.expect("release");
+    assert!(
+        holder_client
+            .force_release("revoked-early")
+            .await
+            .expect("force release"),
+        "the waiter was granted, then evicted"
+    );
+    unblock_tx.send(()).expect("unblock");
+    let lost = tokio::task::spawn_blocking(move || waiter.join().expect("waiter thread"))
+        .await
+        .expect("join");
+    assert!(
+        lost,
+        "the guard of a force-released grant is not marked lost"
+    );
+}

@@ -110,8 +110,7 @@ pub(crate) fn route_notice(state: &Arc<ClientState>, payload: &str) {
                 .map(Arc::new)
         }),
         Some(Notice::Revoked { owner_id, .. }) => {
-            if let Some(held) = state.held.get(owner_id) {
-                state.held.forget(owner_id);
+            if let Some(held) = state.held.revoke(owner_id) {
                 held.mark_lost("an administrator force-released the lock");
             }
         }

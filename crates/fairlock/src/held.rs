@@ -176,10 +176,21 @@ impl HeldLock {
     }
 }
 
+/// How long a revocation that came before its grant was taken is kept
+/// for that grant, and how many such are kept at most.
+const REVOKED_EARLY_FOR: Duration = Duration::from_secs(60);
+const REVOKED_EARLY_MAX: usize = 10_000;
+
 /// Every grant this client holds, by owner id.
 #[derive(Default)]
 pub(crate) struct HeldLocks {
     by_owner_id: Mutex<HashMap<String, Arc<HeldLock>>>,
+    /// Owner ids whose grant an administrator force-released before their
+    /// waiting task took it (the grant still in the waiter's slot, or on
+    /// its way to [`HeldLocks::track`]), with when the revocation came.
+    /// Under the same lock as the held grants, so a revocation and the
+    /// grant's tracking cannot miss each other.
+    revoked_early: Mutex<HashMap<String, Instant>>,
 }
 
 impl HeldLocks {
@@ -189,8 +200,40 @@ impl HeldLocks {
         self.by_owner_id.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Tracks a grant just taken; if an administrator revoked it before
+    /// (see [`HeldLocks::revoke`]), it is not tracked and is marked lost.
     pub(crate) fn track(&self, lock: &Arc<HeldLock>) {
-        self.map().insert(lock.owner_id.clone(), Arc::clone(lock));
+        let mut map = self.map();
+        let revoked = self
+            .revoked_early
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&lock.owner_id)
+            .is_some();
+        if revoked {
+            drop(map);
+            lock.mark_lost("an administrator force-released the lock");
+            return;
+        }
+        map.insert(lock.owner_id.clone(), Arc::clone(lock));
+    }
+
+    /// An administrator force-released the grant of `owner_id`: the held
+    /// grant, forgotten, to be marked lost; or, if none is held (its task
+    /// has not taken it yet), the revocation is kept for
+    /// [`HeldLocks::track`] (for a minute).
+    pub(crate) fn revoke(&self, owner_id: &str) -> Option<Arc<HeldLock>> {
+        let mut map = self.map();
+        if let Some(held) = map.remove(owner_id) {
+            return Some(held);
+        }
+        let mut early = self.revoked_early.lock().unwrap_or_else(|p| p.into_inner());
+        early.retain(|_, at| at.elapsed() < REVOKED_EARLY_FOR);
+        if early.len() < REVOKED_EARLY_MAX {
+            early.insert(owner_id.to_owned(), Instant::now());
+        }
+        drop(map);
+        None
     }
 
     pub(crate) fn forget(&self, owner_id: &str) {
