@@ -69,8 +69,8 @@ impl RwLock {
         })
     }
 
-    /// The same handle with other default options (lease, wait timeout;
-    /// deadline-aware admission does not apply).
+    /// The same handle with other default options (lease, wait timeout,
+    /// deadline-aware admission, as for a semaphore's permits).
     pub fn with_options(mut self, options: LockOptions) -> Self {
         self.options = options;
         self

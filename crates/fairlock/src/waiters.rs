@@ -59,6 +59,13 @@ impl WaiterSlot {
                         confirm: first || confirm,
                     });
                 }
+                // A stale grant (a late heartbeat reply about a grant the
+                // waiter lost and was given again since) never replaces
+                // a newer one: tokens only grow.
+                (
+                    Some(WaiterEvent::Granted { token: told, .. }),
+                    WaiterEvent::Granted { token, .. },
+                ) if told > token => {}
                 _ => *slot = Some(event),
             }
         }
@@ -382,5 +389,32 @@ mod tests {
             })
         );
         registry.deregister("m1");
+    }
+
+    /// Two different grants of one waiter (a stale one found by a late
+    /// heartbeat reply after the waiter was granted again): the newer one,
+    /// with the higher token, stays, whichever came last.
+    #[test]
+    fn a_stale_grant_never_replaces_a_newer_one() {
+        let registry = WaiterRegistry::default();
+        let keys = Arc::new(LockKeys::new(
+            &KeyPrefix::default(),
+            &LockName::new("a").unwrap(),
+        ));
+        let slot = registry.register("m1", &keys);
+        let newer = WaiterEvent::Granted {
+            token: 9,
+            confirm: false,
+        };
+        let stale = WaiterEvent::Granted {
+            token: 7,
+            confirm: true,
+        };
+        assert!(registry.deliver("m1", newer));
+        assert!(registry.deliver("m1", stale));
+        assert_eq!(slot.event.lock().unwrap().take(), Some(newer));
+        assert!(registry.deliver("m1", stale));
+        assert!(registry.deliver("m1", newer));
+        assert_eq!(slot.event.lock().unwrap().take(), Some(newer));
     }
 }
