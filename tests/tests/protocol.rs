@@ -180,7 +180,7 @@ async fn foreign_release_and_extend_are_refused() {
         .await
         .expect("lock");
     let before = dump(&server);
-    let foreign = "0123456789abcdef0123456789abcdef.0000000000000000";
+    let foreign = "0123456789abcdef0123456789abcdef.0000000000000000.30000";
 
     let refused = stranger.release_by_owner_id("owned", foreign).await;
     assert!(

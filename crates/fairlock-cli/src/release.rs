@@ -38,10 +38,11 @@ pub async fn release(
     json: bool,
 ) -> Result<(), Failure> {
     let released = match holder {
-        Some(holder) => {
-            let expected = expand_nonce(client, name, holder).await?;
-            client.force_release_from(name, &expected).await?
-        }
+        Some(holder) => match expand_nonce(client, name, holder).await? {
+            Some(expected) => client.force_release_from(name, &expected).await?,
+            // A bare nonce of nobody holding the lock now: nothing to free.
+            None => false,
+        },
         None => client.force_release(name).await?,
     };
     let holder_now = client.inspect(name).await?.owner;
@@ -83,17 +84,22 @@ pub async fn release(
 
 /// `--holder` as the script takes it. A bare nonce (32 hex digits, as
 /// `inspect` shows under `nonce`) is expanded to the exact grant it
-/// names now, `<owner id> <token>`; an owner id, or an owner id and token, is
-/// passed as given. Either way only that grant can be freed.
-async fn expand_nonce(client: &LockClient, name: &[u8], holder: &str) -> Result<String, Failure> {
+/// names now, `<owner id> <token>`, or `None` if it is not the holder's
+/// now; an owner id, or an owner id and token, is passed as given. Either
+/// way only that grant can be freed.
+async fn expand_nonce(
+    client: &LockClient,
+    name: &[u8],
+    holder: &str,
+) -> Result<Option<String>, Failure> {
     if holder.contains(['.', ' ']) {
-        return Ok(holder.to_owned());
+        return Ok(Some(holder.to_owned()));
     }
     let state = client.inspect(name).await?;
     Ok(match state.owner {
         Some(owner_id) if owner_id.split('.').next() == Some(holder) => {
-            format!("{owner_id} {}", state.token)
+            Some(format!("{owner_id} {}", state.token))
         }
-        _ => holder.to_owned(),
+        _ => None,
     })
 }
