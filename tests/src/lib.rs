@@ -448,6 +448,17 @@ pub async fn wait_for_subscribed_connections(server: &RedisServer, count: usize)
     .await;
 }
 
+/// A setting of `server` as `CONFIG GET` gives it.
+pub fn config_value(server: &RedisServer, name: &str) -> String {
+    let reply = server.cmd_ok(&["CONFIG", "GET", name]).expect("CONFIG GET");
+    reply
+        .as_array()
+        .and_then(|pair| pair.get(1))
+        .and_then(|value| value.as_str())
+        .unwrap_or_else(|| panic!("{name} is not a setting of the server"))
+        .to_owned()
+}
+
 /// Keeps every pub/sub subscriber of `server` away while it lives: it
 /// kills them and lowers `maxclients` below the connections left, so none
 /// can reconnect. Grant messages published meanwhile reach nobody. Drop it
@@ -464,13 +475,7 @@ pub fn cut_off_subscribers(server: &RedisServer) -> SubscribersCutOff<'_> {
     let connected = list.as_str().expect("CLIENT LIST text").lines().count();
     let subscribers = subscribed_connections(server);
     assert!(subscribers > 0, "no subscriber to cut off");
-    let maxclients = server
-        .cmd_ok(&["CONFIG", "GET", "maxclients"])
-        .expect("CONFIG GET maxclients")
-        .as_array()
-        .and_then(|pair| pair.get(1))
-        .and_then(|value| value.as_str().map(str::to_owned))
-        .expect("maxclients is set");
+    let maxclients = config_value(server, "maxclients");
     let limit = (connected - subscribers).to_string();
     server
         .cmd_ok(&["CONFIG", "SET", "maxclients", &limit])

@@ -658,15 +658,7 @@ async fn a_node_that_closes_every_connection_is_reconnected_with_a_backoff() {
         "the waiter's client subscribed on {address}"
     );
     let limit = (lines.len() - subscribers).to_string();
-    let maxclients = node
-        .cmd_ok(&["CONFIG", "GET", "maxclients"])
-        .expect("CONFIG GET");
-    let maxclients = maxclients
-        .as_array()
-        .and_then(|pair| pair.get(1))
-        .and_then(|value| value.as_str())
-        .expect("maxclients")
-        .to_owned();
+    let maxclients = fairlock_tests::config_value(node, "maxclients");
     node.cmd_ok(&["CONFIG", "SET", "maxclients", &limit])
         .expect("maxclients");
     node.cmd_ok(&["CLIENT", "KILL", "TYPE", "pubsub"])
