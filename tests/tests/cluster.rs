@@ -565,8 +565,16 @@ async fn a_node_that_stops_answering_holds_up_only_its_own_slots_heartbeat() {
     let (healthy, paused) = (names[0].clone(), names[1].clone());
     let paused_node = cluster.slot_owner(lock_slot(&paused)).expect("slot owner");
     let holder = cluster_client(&cluster).await;
-    let first = cluster_client(&cluster).await;
-    let later = cluster_client(&cluster).await;
+    // A waiter timeout of 2 s: a stall of this loaded machine alone must
+    // not take the first waiter for dead.
+    let patient = || async {
+        let mut config = fairlock::ClientConfig::new(cluster.url());
+        config.heartbeat_interval = Duration::from_millis(100);
+        config.waiter_timeout = Duration::from_secs(2);
+        LockClient::with_config(config).await.expect("client")
+    };
+    let first = patient().await;
+    let later = patient().await;
     let held_healthy = holder.lock(&healthy).await.expect("holder");
     let held_paused = holder.lock(&paused).await.expect("holder");
     let order = Arc::new(Mutex::new(Vec::new()));
@@ -585,14 +593,14 @@ async fn a_node_that_stops_answering_holds_up_only_its_own_slots_heartbeat() {
     let later_on_healthy = wait(&later, &healthy, "later");
     wait_for_queue_len(&holder, &healthy, 2).await;
 
-    // Three waiter timeouts (1 s each) of paused writes: heartbeat scripts
-    // on that node wait until the pause ends.
+    // Over two waiter timeouts (2 s each) of paused writes: heartbeat
+    // scripts on that node wait until the pause ends.
     cluster
         .node(&paused_node)
         .expect("node")
-        .cmd_ok(&["CLIENT", "PAUSE", "5000", "WRITE"])
+        .cmd_ok(&["CLIENT", "PAUSE", "7000", "WRITE"])
         .expect("CLIENT PAUSE");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
     held_healthy.release().await.expect("release");
     for task in [first_on_healthy, later_on_healthy] {
         tokio::time::timeout(LONG, task)

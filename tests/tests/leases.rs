@@ -462,7 +462,10 @@ async fn a_forced_release_before_the_grant_is_taken_marks_the_guard_lost() {
     let server = server();
     let holder_client = client(&server).await;
     let holder = holder_client.lock("revoked-early").await.expect("holder");
-    let config = fast_config(&server);
+    // The waiter's process sends no heartbeat while blocked: a waiter
+    // timeout well above the few calls the test makes meanwhile.
+    let mut config = fast_config(&server);
+    config.waiter_timeout = Duration::from_secs(10);
     let (queued_tx, queued_rx) = std::sync::mpsc::channel::<()>();
     let (unblock_tx, unblock_rx) = std::sync::mpsc::channel::<()>();
     let waiter = std::thread::spawn(move || {

@@ -631,7 +631,7 @@ async fn a_release_dropped_midway_still_releases() {
     let permit = semaphore.acquire_with(minute).await.expect("permit");
     assert_eq!(client.stats().held, 2);
     server
-        .cmd_ok(&["CLIENT", "PAUSE", "1000", "WRITE"])
+        .cmd_ok(&["CLIENT", "PAUSE", "3000", "WRITE"])
         .expect("CLIENT PAUSE");
     let lock_release = tokio::time::timeout(Duration::from_millis(200), guard.release()).await;
     let permit_release = tokio::time::timeout(Duration::from_millis(200), permit.release()).await;
