@@ -519,3 +519,46 @@ async fn a_forced_release_before_the_grant_is_taken_marks_the_guard_lost() {
         "the guard of a force-released grant is not marked lost"
     );
 }
+
+/// A forced release names the grant it revoked (its token): a revocation
+/// of an earlier grant of an owner id (one that queued again since, under
+/// the same id) does not mark that owner id's next, valid grant lost.
+/// Here the stale revocation is published by hand, before the grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_of_an_earlier_grant_does_not_mark_the_next_lost() {
+    let server = server();
+    let holder_client = client(&server).await;
+    let waiter_client = client(&server).await;
+    let holder = holder_client.lock("revoked-stale").await.expect("holder");
+    let waiter = spawn_lock(&waiter_client, "revoked-stale");
+    wait_for_queue_len(&holder_client, "revoked-stale", 1).await;
+    let lock_keys = keys("revoked-stale");
+    let queued = server
+        .cmd_ok(&["ZRANGE", lock_keys.queue(), "0", "0"])
+        .expect("ZRANGE");
+    let owner_id = queued
+        .as_array()
+        .and_then(|ids| ids.first())
+        .and_then(|id| id.as_str())
+        .expect("the waiter's owner id")
+        .to_owned();
+    let tag = fairlock_core::OwnerId::tag_of(&owner_id).expect("a tag");
+    let stale = format!("{owner_id} revoked:1 {}", lock_keys.owner());
+    server
+        .cmd_ok(&["PUBLISH", &format!("fairlock:notify:{tag}"), &stale])
+        .expect("PUBLISH");
+    // The stale revocation is read before the grant's message.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    holder.release().await.expect("release");
+    let guard = granted(waiter, "the waiter").await;
+    assert!(
+        !guard.is_lost(),
+        "a stale revocation marked a valid grant lost"
+    );
+    assert_eq!(
+        waiter_client.stats().held,
+        1,
+        "the grant is tracked (renewed, released by release_all)"
+    );
+    guard.release().await.expect("release");
+}

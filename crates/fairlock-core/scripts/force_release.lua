@@ -1,7 +1,9 @@
 -- force_release.lua: ADMIN ONLY. Frees the lock from the holder the caller
 -- saw (`expected`, read with inspect) and hands it to the oldest live
 -- waiter. The evicted holder's process is told on its channel
--- ("<owner id> revoked"), so its lease-lost signal fires at once.
+-- ("<owner id> revoked:<token>"), so its lease-lost signal fires at once;
+-- the token names the grant revoked (an owner id that queues again gets
+-- later grants under the same id).
 --
 -- KEYS[1] owner   KEYS[2] queue   KEYS[3] alive   KEYS[4] seq   KEYS[5] freed
 -- ARGV[1] expected        the holder as the caller saw it: "<owner id> <token>"
@@ -42,5 +44,5 @@ local next_owner, _, dropped, more = grant_next(tonumber(ARGV[2]), ARGV[3], tonu
 if not next_owner then
   redis.call('DEL', KEYS[1])
 end
-publish(ARGV[3], holder, 'revoked')
+publish(ARGV[3], holder, 'revoked:' .. string.match(held, ' (%d+)$'))
 return {1, holder, dropped, more and 1 or 0}

@@ -700,11 +700,12 @@ impl Model {
                 flag(more),
             ]);
         }
+        let revoked = self.state.owner.as_ref().map_or(0, |owner| owner.token);
         let (next, _, dropped, more) = self.grant_next();
         if next.is_none() {
             self.state.owner = None;
         }
-        self.notify(expected, "revoked".to_owned());
+        self.notify(expected, format!("revoked:{revoked}"));
         Reply::Array(vec![int(1), text(expected), int(dropped), flag(more)])
     }
 
@@ -886,8 +887,8 @@ impl Binding {
             && expected.other_owner == actual.other_owner
     }
 
-    /// Messages "<owner id> <token> <owner key>" or "<owner id> revoked
-    /// <owner key>", in order.
+    /// Messages "<owner id> <token> <owner key>" or "<owner id>
+    /// revoked:<token> <owner key>", in order.
     fn notes(&mut self, expected: &[(String, String)], actual: &[(String, String)]) -> bool {
         let split = |m: &'_ str| -> Option<(String, String, String)> {
             let mut parts = m.splitn(3, ' ');
@@ -907,8 +908,10 @@ impl Binding {
                 ec == ac
                     && e_owner_id == a_owner_id
                     && e_key == a_key
-                    && match (e_what.parse::<u64>(), a_what.parse::<u64>()) {
-                        (Ok(e), Ok(a)) => self.number(e, a),
+                    && match (token_of(&e_what), token_of(&a_what)) {
+                        (Some((e_kind, e)), Some((a_kind, a))) => {
+                            e_kind == a_kind && self.number(e, a)
+                        }
                         _ => e_what == a_what,
                     }
             })
@@ -1552,4 +1555,13 @@ fn a_resent_forced_release_spares_a_new_grant_to_the_same_owner_id() {
         regranted,
         "the resent forced release freed a later grant"
     );
+}
+
+/// The token a message's middle part carries, with its kind: a grant's
+/// `<token>` (kind "") or a forced release's `revoked:<token>`.
+fn token_of(what: &str) -> Option<(&str, u64)> {
+    match what.strip_prefix("revoked:") {
+        Some(token) => Some(("revoked", token.parse().ok()?)),
+        None => Some(("", what.parse().ok()?)),
+    }
 }

@@ -41,8 +41,11 @@ enum Notice<'a> {
         token: u64,
         owner_key: &'a str,
     },
+    /// A forced release of the grant with `token` (`None` from a script
+    /// that did not say which: any grant of the owner id).
     Revoked {
         owner_id: &'a str,
+        token: Option<u64>,
         owner_key: &'a str,
     },
 }
@@ -50,9 +53,15 @@ enum Notice<'a> {
 fn parse(payload: &str) -> Option<Notice<'_>> {
     let mut parts = payload.splitn(3, ' ');
     let (owner_id, what, owner_key) = (parts.next()?, parts.next()?, parts.next()?);
-    if what == "revoked" {
+    if let Some(revoked) = what.strip_prefix("revoked") {
+        let token = match revoked.strip_prefix(':') {
+            Some(token) => Some(token.parse().ok()?),
+            None if revoked.is_empty() => None,
+            None => return None,
+        };
         return Some(Notice::Revoked {
             owner_id,
+            token,
             owner_key,
         });
     }
@@ -109,8 +118,10 @@ pub(crate) fn route_notice(state: &Arc<ClientState>, payload: &str) {
                 .or_else(|| LockKeys::from_holders_key(owner_key))
                 .map(Arc::new)
         }),
-        Some(Notice::Revoked { owner_id, .. }) => {
-            if let Some(held) = state.held.revoke(owner_id) {
+        Some(Notice::Revoked {
+            owner_id, token, ..
+        }) => {
+            if let Some(held) = state.held.revoke(owner_id, token) {
                 held.mark_lost("an administrator force-released the lock");
             }
         }
@@ -174,12 +185,23 @@ mod tests {
             })
         );
         assert_eq!(
-            parse("abc.01.5 revoked k"),
+            parse("abc.01.5 revoked:42 k"),
             Some(Notice::Revoked {
                 owner_id: "abc.01.5",
+                token: Some(42),
                 owner_key: "k"
             })
         );
+        assert_eq!(
+            parse("abc.01.5 revoked k"),
+            Some(Notice::Revoked {
+                owner_id: "abc.01.5",
+                token: None,
+                owner_key: "k"
+            })
+        );
+        assert_eq!(parse("abc.01.5 revoked:x k"), None);
+        assert_eq!(parse("abc.01.5 revokedx k"), None);
         assert_eq!(parse("abc.01"), None);
         assert_eq!(parse("abc.01 x k"), None);
     }

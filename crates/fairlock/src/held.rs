@@ -185,12 +185,12 @@ const REVOKED_EARLY_MAX: usize = 10_000;
 #[derive(Default)]
 pub(crate) struct HeldLocks {
     by_owner_id: Mutex<HashMap<String, Arc<HeldLock>>>,
-    /// Owner ids whose grant an administrator force-released before their
-    /// waiting task took it (the grant still in the waiter's slot, or on
-    /// its way to [`HeldLocks::track`]), with when the revocation came.
-    /// Under the same lock as the held grants, so a revocation and the
-    /// grant's tracking cannot miss each other.
-    revoked_early: Mutex<HashMap<String, Instant>>,
+    /// Grants an administrator force-released before their waiting task
+    /// took them (still in the waiter's slot, or on their way to
+    /// [`HeldLocks::track`]): owner id → the token revoked (`None`: any)
+    /// and when the revocation came. Taken under the held grants' lock,
+    /// so a revocation and the grant's tracking cannot miss each other.
+    revoked_early: Mutex<HashMap<String, (Option<u64>, Instant)>>,
 }
 
 impl HeldLocks {
@@ -202,6 +202,8 @@ impl HeldLocks {
 
     /// Tracks a grant just taken; if an administrator revoked it before
     /// (see [`HeldLocks::revoke`]), it is not tracked and is marked lost.
+    /// A revocation of an earlier grant of the same owner id (one that
+    /// queued again since) does not count.
     pub(crate) fn track(&self, lock: &Arc<HeldLock>) {
         let mut map = self.map();
         let revoked = self
@@ -209,7 +211,7 @@ impl HeldLocks {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&lock.owner_id)
-            .is_some();
+            .is_some_and(|(token, _)| token.is_none_or(|token| token == lock.token));
         if revoked {
             drop(map);
             lock.mark_lost("an administrator force-released the lock");
@@ -218,19 +220,23 @@ impl HeldLocks {
         map.insert(lock.owner_id.clone(), Arc::clone(lock));
     }
 
-    /// An administrator force-released the grant of `owner_id`: the held
-    /// grant, forgotten, to be marked lost; or, if none is held (its task
-    /// has not taken it yet), the revocation is kept for
-    /// [`HeldLocks::track`] (for a minute).
-    pub(crate) fn revoke(&self, owner_id: &str) -> Option<Arc<HeldLock>> {
+    /// An administrator force-released the grant of `owner_id` with
+    /// `token` (`None`: whichever it holds): the held grant, forgotten, to
+    /// be marked lost; or, if none is held (its task has not taken it
+    /// yet), the revocation is kept for [`HeldLocks::track`] (a minute).
+    pub(crate) fn revoke(&self, owner_id: &str, token: Option<u64>) -> Option<Arc<HeldLock>> {
         let mut map = self.map();
-        if let Some(held) = map.remove(owner_id) {
-            return Some(held);
+        if let Some(held) = map.get(owner_id) {
+            if token.is_some_and(|token| token != held.token) {
+                // An earlier grant of this owner id, not the one held.
+                return None;
+            }
+            return map.remove(owner_id);
         }
         let mut early = self.revoked_early.lock().unwrap_or_else(|p| p.into_inner());
-        early.retain(|_, at| at.elapsed() < REVOKED_EARLY_FOR);
+        early.retain(|_, (_, at)| at.elapsed() < REVOKED_EARLY_FOR);
         if early.len() < REVOKED_EARLY_MAX {
-            early.insert(owner_id.to_owned(), Instant::now());
+            early.insert(owner_id.to_owned(), (token, Instant::now()));
         }
         drop(map);
         None

@@ -153,8 +153,8 @@ local function restore_seq(previous)
 end
 
 -- publish: tell one owner id's process, on its own channel, what happened to it:
--- "<owner id> <token> <owner key>" for a grant, "<owner id> revoked <owner
--- key>" for a forced release. The owner key names the lock, so a grant
+-- "<owner id> <token> <owner key>" for a grant, "<owner id> revoked:<token>
+-- <owner key>" for a forced release. The owner key names the lock, so a grant
 -- that reaches a process where nobody waits for it can be handed back.
 -- One message reaches one subscriber: no herd.
 -- On a cluster the channel prefix carries a hash tag in the lock's own
