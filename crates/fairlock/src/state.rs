@@ -713,9 +713,17 @@ impl Drop for UnfinishedRelease<'_> {
                 .await;
             state.held.forget(&held.owner_id);
             held.telemetry.held_for(held.granted_at);
-            if let Err(error) = result {
-                tracing::warn!(lock = %held.name, %error, "fairlock could not finish a release its caller stopped waiting for; the lease runs out");
+            match result {
+                // NotOwner: the first release ran (or the lease ended).
+                Ok(()) | Err(Error::NotOwner { .. }) => {}
+                Err(error) => {
+                    tracing::warn!(lock = %held.name, %error, "fairlock could not finish a release its caller stopped waiting for; the lease runs out");
+                }
             }
+            // If the first release ran and handed the lock to a waiter of
+            // this process, its reply (that waiter's wake-up) was dropped:
+            // a heartbeat round finds the grant now.
+            state.heartbeat_now.notify_one();
         }));
     }
 }

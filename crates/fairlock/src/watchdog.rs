@@ -54,8 +54,12 @@ pub(crate) fn spawn_watchdog(state: Arc<ClientState>) -> BackgroundTask {
                 tokio::select! {
                     biased;
                     _ = shutdown.requested() => break,
-                    Some(lane) = lanes.ended() => {
-                        watch_round(&state, &mut lanes, Some(lane));
+                    // Every ending is taken here (most give `None`), so a
+                    // lane a round passed by runs again as soon as it ends.
+                    ended = lanes.ended() => {
+                        if let Some(lane) = ended {
+                            watch_round(&state, &mut lanes, Some(lane));
+                        }
                         continue;
                     }
                     _ = ticker.tick() => {}
