@@ -629,7 +629,8 @@ async fn garbage_values_are_refused_or_repaired() {
     server
         .cmd(&["SET", k.freed(), "someone", "PX", "60000"])
         .expect("SET");
-    let refused = client.release_by_owner_id(name, "nobody").await;
+    let nobody = format!("{}.00000000000000ee.1000", "0".repeat(32));
+    let refused = client.release_by_owner_id(name, &nobody).await;
     assert!(
         matches!(refused, Err(Error::NotOwner { .. })),
         "{refused:?}"
