@@ -238,3 +238,35 @@ async fn dropping_a_guard_hands_the_lock_on() {
         .expect("lock");
     assert!(second > first, "handoff token {second} not after {first}");
 }
+
+/// `force_release.lua` tells the evicted holder's process which grant it
+/// revoked: "<owner id> revoked:<token> <owner key>". The token lets a
+/// process that has not taken the grant yet tell it from a later grant of
+/// the same owner id (`leases.rs`:
+/// `a_revocation_of_an_earlier_grant_does_not_mark_the_next_lost`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_names_the_grant_it_revoked() {
+    use fred::prelude::EventInterface;
+    let server = server();
+    let holder_client = client(&server).await;
+    let admin = client(&server).await;
+    let guard = holder_client.lock("named").await.expect("lock");
+    let tag = fairlock_core::OwnerId::tag_of(guard.owner_id()).expect("tag");
+    let process = listener(&server, &format!("fairlock:notify:{tag}")).await;
+    let mut messages = process.message_rx();
+    assert!(admin.force_release("named").await.expect("force release"));
+    let message = tokio::time::timeout(Duration::from_secs(10), messages.recv())
+        .await
+        .expect("the holder's process is told")
+        .expect("a message");
+    let text: String = message.value.convert().expect("text");
+    assert_eq!(
+        text,
+        format!(
+            "{} revoked:{} {}",
+            guard.owner_id(),
+            guard.token().value(),
+            keys("named").owner()
+        )
+    );
+}
