@@ -30,8 +30,14 @@ const MASTER_NAME: &str = "fairlock-primary";
 /// Sentinels in the group; a quorum of 2 agrees a primary is down.
 const SENTINELS: usize = 3;
 /// `down-after-milliseconds`: how long a primary may be silent before it is
-/// considered down. Short, so a killed primary is replaced in seconds.
-const DOWN_AFTER_MS: u64 = 1000;
+/// considered down. Short, so a killed primary is replaced in seconds, but
+/// above the sentinels' fixed 1 s ping period: a sentinel sends its first
+/// `PING` on a new link (a primary it just switched to, a replica it just
+/// added) 1 s after creating it and counts the silence from the creation, so
+/// with 1000 ms it could call a healthy new primary down at the moment it
+/// pinged it, and a second, spurious fail-over then promoted the restarted
+/// old primary (CI, `tls_sentinels_replace_a_killed_primary`).
+const DOWN_AFTER_MS: u64 = 2000;
 /// `failover-timeout`: how long a promotion may take before the sentinels
 /// give it up, and half the pause before a sentinel that ran (or voted in)
 /// an election tries again. Short, so that even two failed elections (a
@@ -252,7 +258,7 @@ impl SentinelGroup {
     }
 
     /// SIGKILLs the current primary and waits until the sentinels agree it
-    /// is down (after 1 s of silence), promote a replica, every sentinel
+    /// is down (after 2 s of silence), promote a replica, every sentinel
     /// names it and the other live replicas follow it. Returns the new
     /// primary's address. Writes the promoted
     /// replica had not received are lost, as in a real crash.

@@ -483,7 +483,11 @@ impl fmt::Debug for RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
-        let _ = fs::remove_dir_all(&self.dir);
+        // FAIRLOCK_TEST_KEEP_LOGS=1 keeps the directory (config, log) for a
+        // look at what a server did in a failed test.
+        if std::env::var_os("FAIRLOCK_TEST_KEEP_LOGS").is_none() {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
