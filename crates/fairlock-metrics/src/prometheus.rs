@@ -86,27 +86,48 @@ pub fn install_prometheus(addr: SocketAddr) -> Result<PrometheusHandle, MetricsE
         });
     }
     let builder = prometheus_builder()?.with_http_listener(addr);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|error| MetricsError::Runtime(error.to_string()))?;
-    // `build` binds the listener at once and must run inside a runtime.
-    let (recorder, exporter) = {
-        let _entered = runtime.enter();
-        builder.build().map_err(|error| match error {
-            BuildError::FailedToCreateHTTPListener(reason) => MetricsError::Listen { addr, reason },
-            other => MetricsError::Exporter(other.to_string()),
-        })?
-    };
-    let handle = recorder.handle();
-
-    // The thread serves only once the recorder is installed; if installing
-    // fails, the dropped sender ends the thread, and with it the runtime,
-    // the listener and the exporter's upkeep task.
+    // The exporter's runtime is built, used and dropped on its own thread
+    // only: dropping a runtime on the caller's thread (after a failed bind)
+    // panics when the caller is async code.
+    let (built_tx, built) = mpsc::channel();
     let (start, started) = mpsc::channel::<()>();
     std::thread::Builder::new()
         .name("fairlock-metrics-exporter".to_owned())
         .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    let _ = built_tx.send(Err(MetricsError::Runtime(error.to_string())));
+                    return;
+                }
+            };
+            // `build` binds the listener at once and must run inside a runtime.
+            let exporter = {
+                let _entered = runtime.enter();
+                match builder.build() {
+                    Ok((recorder, exporter)) => {
+                        if built_tx.send(Ok(recorder)).is_err() {
+                            return;
+                        }
+                        exporter
+                    }
+                    Err(error) => {
+                        let _ = built_tx.send(Err(match error {
+                            BuildError::FailedToCreateHTTPListener(reason) => {
+                                MetricsError::Listen { addr, reason }
+                            }
+                            other => MetricsError::Exporter(other.to_string()),
+                        }));
+                        return;
+                    }
+                }
+            };
+            // Serves only once the recorder is installed; if installing
+            // fails, the dropped sender ends the thread, and with it the
+            // runtime, the listener and the exporter's upkeep task.
             if started.recv().is_ok() {
                 if let Err(error) = runtime.block_on(exporter) {
                     tracing::error!(?error, "fairlock's Prometheus exporter stopped");
@@ -114,6 +135,10 @@ pub fn install_prometheus(addr: SocketAddr) -> Result<PrometheusHandle, MetricsE
             }
         })
         .map_err(|error| MetricsError::Runtime(error.to_string()))?;
+    let recorder = built.recv().map_err(|_| {
+        MetricsError::Runtime("the exporter thread ended before starting".to_owned())
+    })??;
+    let handle = recorder.handle();
     metrics::set_global_recorder(recorder).map_err(|_| MetricsError::AlreadyInstalled)?;
     // The thread only ends early if it panicked; the recorder still works
     // then, through the handle.
@@ -133,6 +158,22 @@ mod tests {
             install_prometheus(addr),
             Err(MetricsError::Listen { .. })
         ));
+    }
+
+    /// Called from async code (`#[tokio::main]`), a failed install must
+    /// come back as an error: dropping a runtime there panics.
+    #[test]
+    fn a_taken_port_is_a_listen_error_inside_a_runtime_too() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+        let addr = taken.local_addr().expect("local addr");
+        let app = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("the application's runtime");
+        let result = app.block_on(async { install_prometheus(addr) });
+        assert!(
+            matches!(result, Err(MetricsError::Listen { addr: reported, .. }) if reported == addr),
+            "{result:?}"
+        );
     }
 
     #[test]
