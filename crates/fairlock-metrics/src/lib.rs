@@ -74,9 +74,16 @@ pub use prometheus::{install_prometheus, prometheus_builder, MetricsError, Prome
 /// * `refused`: deadline-aware admission found the line too long for the
 ///   wait timeout;
 /// * `cancelled`: the acquire future was dropped before a grant (e.g. by
-///   `tokio::time::timeout` or `select!`);
+///   `tokio::time::timeout` or `select!`), or the client was shut down
+///   while it waited (`Error::Closed`);
 /// * `error`: a Redis call failed (unreachable, command timeout, wrong key
-///   type).
+///   type), or with `replica_acks` on, the replicas did not acknowledge
+///   the grant (`Error::NotReplicated`; the grant is given back and counts
+///   as `acquired` only once acknowledged).
+///
+/// Each call is counted once, when its outcome is known, also when the
+/// caller drops it during the cleanup that follows (the cancel after a
+/// wait timeout).
 ///
 /// Calls refused before touching Redis (an invalid name or options) are
 /// not counted.
@@ -98,7 +105,8 @@ pub const WAIT_SECONDS: &str = "fairlock_wait_seconds";
 
 /// `fairlock_hold_seconds`: histogram of the time from grant to release,
 /// one sample per release (explicit, or by dropping the guard), including
-/// a release that found the lease already lost.
+/// a release that found the lease already lost. A grant given back
+/// because the replicas did not acknowledge it was never held: no sample.
 ///
 /// Alarm: p99 approaching the lease (a fixed lease, or the watchdog lease
 /// when renewals fail): holders are about to lose their lease. Long holds

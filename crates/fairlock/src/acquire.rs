@@ -247,7 +247,9 @@ async fn acquire_validated(
         // Granted in the reply: awaited here, with the reply gone.
         let (queued_with, position) = match answer {
             Answer::Queued { ticket, position } => (ticket, position),
-            Answer::Granted(held) => return Box::pin(replicated_or_given_back(state, held)).await,
+            Answer::Granted(held) => {
+                return Box::pin(replicated_or_given_back(state, held, started)).await
+            }
         };
         if state.grants_heard_elsewhere(&keys) {
             heard_elsewhere = true;
@@ -339,8 +341,13 @@ async fn acquire_validated(
                 return Ok(Some(held));
             }
             // Held to the same acknowledgement as a grant in the reply.
-            return Box::pin(replicated_or_given_back(state, held)).await;
+            return Box::pin(replicated_or_given_back(state, held, started)).await;
         }
+        // Woken by `shutdown()`: ends with `Closed`, not counted as a
+        // recheck of the wait.
+        state
+            .check_open()
+            .map_err(|closed| pending.failed(closed))?;
         // Recheck: the queue may have lost us; acquire keeps our place if
         // we still have one, and queues us again otherwise.
         telemetry.recheck();
@@ -454,18 +461,24 @@ async fn refused_later(recheck: &mut Option<Recheck<'_>>) -> Error {
 async fn replicated_or_given_back(
     state: &Arc<ClientState>,
     held: Arc<HeldLock>,
+    started: Instant,
 ) -> Result<Option<Arc<HeldLock>>> {
+    if state.config.replica_acks.is_none() {
+        // Counted as acquired when granted.
+        return Ok(Some(held));
+    }
     let mut unconfirmed = Unconfirmed {
         state,
         held: Some(held),
+        started,
     };
     match state.confirm_replicated().await {
-        Ok(()) => Ok(unconfirmed.held.take()),
+        Ok(()) => Ok(unconfirmed.take()),
         Err(error) => {
             // In a task of its own, so the give-back finishes even if this
             // future is dropped while it runs; awaited, so the lock is
             // free (or the next waiter's) when the error is returned.
-            if let Some(give_back) = unconfirmed.give_back() {
+            if let Some(give_back) = unconfirmed.give_back("error") {
                 let _ = give_back.await;
             }
             Err(error)
@@ -474,19 +487,31 @@ async fn replicated_or_given_back(
 }
 
 /// A grant waiting for the replicas' acknowledgement, given back unless
-/// taken out of it.
+/// taken out of it. Its acquire's outcome is counted when it is taken
+/// (`acquired`) or given back (`error`, or `cancelled` when dropped): the
+/// grant never reached the caller then, so no hold is sampled either.
 struct Unconfirmed<'a> {
     state: &'a Arc<ClientState>,
     held: Option<Arc<HeldLock>>,
+    started: Instant,
 }
 
 impl Unconfirmed<'_> {
-    /// Releases the grant in a task of its own (the next waiter gets it).
-    fn give_back(&mut self) -> Option<tokio::task::JoinHandle<()>> {
+    /// The replicas have the grant: the caller holds the lock.
+    fn take(&mut self) -> Option<Arc<HeldLock>> {
         let held = self.held.take()?;
+        held.telemetry.acquire_ended("acquired", self.started);
+        Some(held)
+    }
+
+    /// Counts the acquire as `outcome` and releases the grant in a task of
+    /// its own (the next waiter gets it).
+    fn give_back(&mut self, outcome: &'static str) -> Option<tokio::task::JoinHandle<()>> {
+        let held = self.held.take()?;
+        held.telemetry.acquire_ended(outcome, self.started);
         let state = Arc::clone(self.state);
         Some(self.state.spawn_cleanup(async move {
-            if let Err(error) = state.give_back(&held).await {
+            if let Err(error) = state.give_back_unacknowledged(&held).await {
                 tracing::warn!(%error, "fairlock could not give back an unacknowledged grant; its lease runs out");
             }
         }))
@@ -495,10 +520,9 @@ impl Unconfirmed<'_> {
 
 impl Drop for Unconfirmed<'_> {
     fn drop(&mut self) {
-        drop(self.give_back());
+        drop(self.give_back("cancelled"));
     }
 }
-
 /// Sets the waiter's own lease on a grant a heartbeat found or a release
 /// here saw go unheard (its message reached nobody, and the script then
 /// gave it a short lease). `false` if the grant is gone already.
@@ -602,7 +626,11 @@ impl<'a> PendingAcquire<'a> {
         ));
         self.state.held.track(&held);
         self.finished();
-        self.telemetry.acquire_ended("acquired", self.started);
+        // With replica acknowledgement on, counted once the replicas
+        // acknowledged it (`replicated_or_given_back`).
+        if self.state.config.replica_acks.is_none() {
+            self.telemetry.acquire_ended("acquired", self.started);
+        }
         tracing::debug!(token, ?ticket, waited = ?self.started.elapsed(), "fairlock lock granted");
         held
     }
@@ -613,7 +641,14 @@ impl<'a> PendingAcquire<'a> {
     /// after the script ran), passing on a grant that raced it.
     fn failed(&mut self, error: Error) -> Error {
         self.finished();
-        self.telemetry.acquire_ended("error", self.started);
+        // Ended by `shutdown()`: given up by the caller's own side, not a
+        // failed Redis call.
+        let outcome = if matches!(error, Error::Closed) {
+            "cancelled"
+        } else {
+            "error"
+        };
+        self.telemetry.acquire_ended(outcome, self.started);
         crate::telemetry::span_failed(&error);
         drop(self.spawn_cancel());
         error
@@ -626,8 +661,10 @@ impl<'a> PendingAcquire<'a> {
     /// future meanwhile (its own timeout) does not stop it.
     async fn give_up(&mut self, error: Error, outcome: &'static str) -> Error {
         self.finished();
-        let _ = self.spawn_cancel().await;
+        // Counted first: the caller may drop this future while it awaits
+        // the cancel, and the outcome must not go uncounted then.
         self.telemetry.acquire_ended(outcome, self.started);
+        let _ = self.spawn_cancel().await;
         error
     }
 

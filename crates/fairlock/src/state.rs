@@ -471,9 +471,25 @@ impl ClientState {
         self.confirm_replicated().await
     }
 
-    /// Releases a grant without waiting for replicas: a grant given back
-    /// because the replicas did not acknowledge it.
+    /// Releases a grant without waiting for replicas; the hold is sampled.
     pub(crate) async fn give_back(self: &Arc<Self>, held: &Arc<HeldLock>) -> Result<()> {
+        self.give_back_sampled(held, true).await
+    }
+
+    /// Gives back a grant the replicas did not acknowledge: it never
+    /// reached the caller, so no hold is sampled for it.
+    pub(crate) async fn give_back_unacknowledged(
+        self: &Arc<Self>,
+        held: &Arc<HeldLock>,
+    ) -> Result<()> {
+        self.give_back_sampled(held, false).await
+    }
+
+    async fn give_back_sampled(
+        self: &Arc<Self>,
+        held: &Arc<HeldLock>,
+        sample_hold: bool,
+    ) -> Result<()> {
         if !held.set_released() {
             // Released already (by `release_all`): nothing left to do.
             return Ok(());
@@ -494,7 +510,9 @@ impl ClientState {
             .await;
         unfinished.held = None;
         self.held.forget(&held.owner_id);
-        held.telemetry.held_for(held.granted_at);
+        if sample_hold {
+            held.telemetry.held_for(held.granted_at);
+        }
         if let Err(Error::NotOwner { .. }) = &result {
             // Counted once, whether this or an earlier check found it.
             held.lost_at_release();

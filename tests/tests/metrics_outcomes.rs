@@ -1,0 +1,144 @@
+//! How each way an acquire can end is counted: the outcome a dashboard
+//! shows must be the one the caller saw, also on the paths off the happy
+//! one (a caller's own timeout during the cleanup, a grant the replicas
+//! did not acknowledge, a client shut down under its waiters).
+//!
+//! Each test records into a recorder of its own, set as the default of
+//! its thread; the tests run on a current-thread runtime, so every task
+//! of the client (cleanups included) records there.
+
+use std::time::Duration;
+
+use fairlock::{Error, LockClient, LockOptions};
+use fairlock_metrics::{
+    PrometheusHandle, ACQUIRE_TOTAL, HOLD_SECONDS, WAIT_RECHECK_TOTAL, WAIT_SECONDS,
+};
+use fairlock_tests::*;
+
+/// A Prometheus recorder of this test's own, as its thread's default.
+struct LocalMetrics {
+    handle: PrometheusHandle,
+    _guard: metrics::LocalRecorderGuard<'static>,
+}
+
+impl LocalMetrics {
+    fn install() -> Self {
+        let recorder = fairlock_metrics::prometheus_builder()
+            .expect("fairlock's buckets")
+            .build_recorder();
+        let handle = recorder.handle();
+        // Leaked: the guard needs a recorder that outlives it; one small
+        // recorder per test process is nothing.
+        let recorder: &'static _ = Box::leak(Box::new(recorder));
+        Self {
+            handle,
+            _guard: metrics::set_default_local_recorder(recorder),
+        }
+    }
+
+    /// The value of `name`'s series with `label="value"` among its labels
+    /// (0 when it does not exist).
+    fn value(&self, name: &str, label: &str, value: &str) -> f64 {
+        let wanted = format!("{label}=\"{value}\"");
+        self.handle
+            .render()
+            .lines()
+            .filter(|line| line.split('{').next() == Some(name) && line.contains(&wanted))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .fold(0.0, |sum, value| sum + value)
+    }
+
+    /// `name` summed over its series (0 when it does not exist).
+    fn total(&self, name: &str) -> f64 {
+        metric_value(&self.handle, name).unwrap_or(0.0)
+    }
+}
+
+/// A wait timeout whose cleanup (the cancel, awaited) is cut short by the
+/// caller's own timeout is still counted as a timeout, with its wait.
+#[tokio::test]
+async fn a_timeout_cut_short_during_its_cancel_is_still_counted() {
+    let metrics = LocalMetrics::install();
+    let server = server();
+    let a = client(&server).await;
+    let b = client(&server).await;
+    let _holder = a.lock("x").await.expect("holder");
+    let waiter = tokio::spawn(async move {
+        let options = LockOptions::new().wait_timeout(Duration::from_secs(1));
+        let waited = tokio::time::timeout(Duration::from_millis(1500), b.lock_with("x", options));
+        let cut_short = waited.await.is_err();
+        (b, cut_short)
+    });
+    wait_for_queue_len(&a, "x", 1).await;
+    // Writes (scripts) stall from here: the cancel the wait timeout
+    // starts cannot finish before the caller's own timeout.
+    server
+        .cmd_ok(&["CLIENT", "PAUSE", "3000", "WRITE"])
+        .expect("pause writes");
+    let (b, cut_short) = waiter.await.expect("waiter task");
+    assert!(cut_short, "the caller's timeout fired during the cancel");
+    assert_eq!(metrics.value(ACQUIRE_TOTAL, "outcome", "timeout"), 1.0);
+    assert_eq!(
+        metrics.value(&format!("{WAIT_SECONDS}_count"), "outcome", "timeout"),
+        1.0
+    );
+    assert_eq!(
+        metrics.total(ACQUIRE_TOTAL),
+        2.0,
+        "the holder and the timeout"
+    );
+    b.shutdown().await;
+    a.shutdown().await;
+}
+
+/// A grant the replicas did not acknowledge never reached the caller: it
+/// is an error, not an acquisition, and no hold is sampled for it.
+#[tokio::test]
+async fn an_unacknowledged_grant_is_an_error_not_a_hold() {
+    let metrics = LocalMetrics::install();
+    let server = server();
+    let mut config = fast_config(&server);
+    config.replica_acks = Some(fairlock::ReplicaAcks::new(1, Duration::from_millis(50)));
+    let client = LockClient::with_config(config).await.expect("connect");
+    let refused = client.lock("x").await;
+    assert!(
+        matches!(refused, Err(Error::NotReplicated { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(metrics.value(ACQUIRE_TOTAL, "outcome", "acquired"), 0.0);
+    assert_eq!(metrics.value(ACQUIRE_TOTAL, "outcome", "error"), 1.0);
+    assert_eq!(metrics.total(&format!("{HOLD_SECONDS}_count")), 0.0);
+    client.shutdown().await;
+}
+
+/// Waiters ended by `shutdown()` were given up by their own side: each
+/// is counted as cancelled, and neither as a Redis error nor as a
+/// recheck of its wait.
+#[tokio::test]
+async fn waiters_ended_by_shutdown_are_counted_as_cancelled() {
+    const WAITERS: usize = 5;
+    let metrics = LocalMetrics::install();
+    let server = server();
+    let holder = client(&server).await;
+    let waiting = client(&server).await;
+    let _guard = holder.lock("x").await.expect("holder");
+    let tasks: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let waiting = waiting.clone();
+            tokio::spawn(async move { waiting.lock("x").await.map(drop) })
+        })
+        .collect();
+    wait_for_queue_len(&holder, "x", WAITERS as u64).await;
+    waiting.shutdown().await;
+    for task in tasks {
+        let ended = task.await.expect("waiter task");
+        assert!(matches!(ended, Err(Error::Closed)), "{ended:?}");
+    }
+    assert_eq!(
+        metrics.value(ACQUIRE_TOTAL, "outcome", "cancelled"),
+        WAITERS as f64
+    );
+    assert_eq!(metrics.value(ACQUIRE_TOTAL, "outcome", "error"), 0.0);
+    assert_eq!(metrics.total(WAIT_RECHECK_TOTAL), 0.0);
+    holder.shutdown().await;
+}
