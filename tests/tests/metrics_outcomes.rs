@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use fairlock::{Error, LockClient, LockOptions};
 use fairlock_metrics::{
-    PrometheusHandle, ACQUIRE_TOTAL, HOLD_SECONDS, WAIT_RECHECK_TOTAL, WAIT_SECONDS,
+    PrometheusHandle, ACQUIRE_TOTAL, HOLD_SECONDS, LEASE_RENEWALS_TOTAL, WAIT_RECHECK_TOTAL,
+    WAIT_SECONDS,
 };
 use fairlock_tests::*;
 
@@ -141,4 +142,45 @@ async fn waiters_ended_by_shutdown_are_counted_as_cancelled() {
     assert_eq!(metrics.value(ACQUIRE_TOTAL, "outcome", "error"), 0.0);
     assert_eq!(metrics.total(WAIT_RECHECK_TOTAL), 0.0);
     holder.shutdown().await;
+}
+
+/// `fairlock_lease_renewals_total` counts locks, whatever the result: a
+/// failed watchdog call for a batch of locks is one failed renewal per
+/// lock (it once counted one per batch, so an outage looked like a
+/// trickle of errors beside hundreds of renewals).
+#[tokio::test]
+async fn failed_renewals_are_counted_per_lock() {
+    const HELD: usize = 7;
+    let metrics = LocalMetrics::install();
+    let server = server();
+    let mut config = fast_config(&server);
+    // Renewals every 2 s; a call stalled longer than 500 ms fails. No
+    // lease runs out during the stall (at most 4.5 s after the last
+    // renewal), so every failed round holds all the locks.
+    config.command_timeout = Duration::from_millis(500);
+    config.watchdog_lease = Duration::from_secs(6);
+    let client = LockClient::with_config(config).await.expect("connect");
+    let mut guards = Vec::new();
+    for i in 0..HELD {
+        guards.push(client.lock(format!("held-{i}")).await.expect("lock"));
+    }
+    // Every call stalls for 2.5 s: a few watchdog rounds fail.
+    server
+        .cmd_ok(&["CLIENT", "PAUSE", "2500", "ALL"])
+        .expect("pause");
+    let errors = || metrics.value(LEASE_RENEWALS_TOTAL, "result", "error");
+    for _ in 0..600 {
+        if errors() > 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let errors = errors();
+    assert!(
+        errors > 0.0 && errors % HELD as f64 == 0.0,
+        "{errors} failed renewals for {HELD} locks a round"
+    );
+    drop(guards);
+    client.shutdown().await;
 }

@@ -144,11 +144,15 @@ pub const QUEUE_DEPTH: &str = "fairlock_queue_depth";
 pub const HANDOFF_TOTAL: &str = "fairlock_handoff_total";
 
 /// `fairlock_lease_renewals_total{result}`: counter of lease renewals by
-/// the watchdog (locks held without a fixed lease), by `result`:
+/// the watchdog (locks held without a fixed lease), by `result`, one per
+/// lock (a watchdog call covers many locks; a failed call counts one
+/// `error` for each of them):
 ///
 /// * `renewed`: the lease was extended;
 /// * `lost`: the lock was gone or owned by another (expired, or taken by
-///   `force_release`); the guard's lease-lost signal fires;
+///   `force_release`); the guard's lease-lost signal fires (a fixed lease
+///   found lost by the same check is counted in [`LEASE_LOST_TOTAL`]
+///   only);
 /// * `error`: the Redis call failed; it is retried at the next tick, and
 ///   the lease counts as lost once no renewal succeeded for a whole lease;
 /// * `unreplicated`: with replica acknowledgement on, too few replicas

@@ -228,9 +228,12 @@ pub(crate) fn start_alerting_counters(labels: &MetricsLockLabel) {
     metrics::counter!(names::LEASE_RENEWALS_TOTAL, "result" => "lost").increment(0);
 }
 
-/// A watchdog renewal: `renewed`, `lost` or `error`.
-pub(crate) fn lease_renewal(result: &'static str) {
-    metrics::counter!(names::LEASE_RENEWALS_TOTAL, "result" => result).increment(1);
+/// Watchdog renewals of `locks` locks: `renewed`, `lost`, `error` or
+/// `unreplicated`. Counted per lock, also when one call failed for all.
+pub(crate) fn lease_renewals(result: &'static str, locks: usize) {
+    if locks > 0 {
+        metrics::counter!(names::LEASE_RENEWALS_TOTAL, "result" => result).increment(locks as u64);
+    }
 }
 
 /// The pub/sub connection came back.

@@ -28,7 +28,7 @@ use crate::held::HeldLock;
 use crate::lanes::Lanes;
 use crate::state::ClientState;
 use crate::task::{BackgroundTask, ShutdownSignal};
-use crate::telemetry::lease_renewal;
+use crate::telemetry::lease_renewals;
 
 /// The most locks one renew call covers; more make several calls.
 const BATCH: usize = 1_000;
@@ -173,12 +173,16 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
                 }
                 match status {
                     RenewStatus::Held if lease_ms > 0 => {
-                        lease_renewal("renewed");
+                        lease_renewals("renewed", 1);
                         lock.lease_set(started, Duration::from_millis(lease_ms));
                     }
                     RenewStatus::Held => {}
                     RenewStatus::Lost | RenewStatus::WrongType => {
-                        lease_renewal("lost");
+                        // Only the watchdog's own locks count as renewals
+                        // (a fixed lease's loss is in lease_lost_total).
+                        if matches!(lock.lease, Lease::Watchdog) {
+                            lease_renewals("lost", 1);
+                        }
                         state.held.forget(&lock.owner_id);
                         lock.mark_lost("the lock is gone or owned by another");
                     }
@@ -186,7 +190,8 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
             }
         }
         Err(error @ Error::NotReplicated { .. }) => {
-            lease_renewal("unreplicated");
+            let renewing = leases.iter().filter(|&&l| l > 0).count();
+            lease_renewals("unreplicated", renewing);
             for (lock, lease_ms) in locks.iter().zip(leases) {
                 if lease_ms > 0 && !lock.is_released() {
                     state.held.forget(&lock.owner_id);
@@ -195,7 +200,12 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
             }
         }
         Err(error) => {
-            lease_renewal("error");
+            // One failed renewal per watchdog lock the call was for.
+            let watched = locks
+                .iter()
+                .filter(|lock| matches!(lock.lease, Lease::Watchdog))
+                .count();
+            lease_renewals("error", watched);
             tracing::warn!(%error, locks = locks.len(), "fairlock lease check failed; retrying");
             for lock in &locks {
                 // Fires once the lease has run out by the local clock.
