@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use fairlock::{Error, LockClient, LockOptions};
 use fairlock_metrics::{
-    PrometheusHandle, ACQUIRE_TOTAL, HOLD_SECONDS, LEASE_RENEWALS_TOTAL, WAIT_RECHECK_TOTAL,
-    WAIT_SECONDS,
+    PrometheusHandle, ACQUIRE_TOTAL, HOLD_SECONDS, LEASE_LOST_TOTAL, LEASE_RENEWALS_TOTAL,
+    WAIT_RECHECK_TOTAL, WAIT_SECONDS,
 };
 use fairlock_tests::*;
 
@@ -182,5 +182,31 @@ async fn failed_renewals_are_counted_per_lock() {
         "{errors} failed renewals for {HELD} locks a round"
     );
     drop(guards);
+    client.shutdown().await;
+}
+
+/// With a `lock` label, a lock's lost-lease counter exists at 0 from its
+/// first grant: Prometheus's `increase()` misses the events already in a
+/// series' first sample, so the first lost lease of each lock would never
+/// fire `FairlockLeaseLost`.
+#[tokio::test]
+async fn a_labelled_lock_has_its_lost_lease_counter_from_the_first_grant() {
+    let metrics = LocalMetrics::install();
+    let server = server();
+    let mut config = fast_config(&server);
+    config.metrics_lock_label = fairlock::MetricsLockLabel::Name;
+    let client = LockClient::with_config(config).await.expect("connect");
+    client
+        .lock("report")
+        .await
+        .expect("lock")
+        .release()
+        .await
+        .expect("release");
+    let text = metrics.handle.render();
+    assert!(
+        text.contains(&format!("{LEASE_LOST_TOTAL}{{lock=\"report\"}} 0")),
+        "{text}"
+    );
     client.shutdown().await;
 }

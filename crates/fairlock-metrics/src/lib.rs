@@ -149,8 +149,9 @@ pub const HANDOFF_TOTAL: &str = "fairlock_handoff_total";
 /// `error` for each of them):
 ///
 /// * `renewed`: the lease was extended;
-/// * `lost`: the lock was gone or owned by another (expired, or taken by
-///   `force_release`); the guard's lease-lost signal fires (a fixed lease
+/// * `lost`: the watchdog's check found the lock gone or owned by another
+///   (expired, or taken by `force_release` before its revocation notice
+///   arrived); the guard's lease-lost signal fires (a fixed lease
 ///   found lost by the same check is counted in [`LEASE_LOST_TOTAL`]
 ///   only);
 /// * `error`: the Redis call failed; it is retried at the next tick, and
@@ -199,10 +200,12 @@ pub const WAIT_RECHECK_TOTAL: &str = "fairlock_wait_recheck_total";
 pub const PUBSUB_RECONNECTS_TOTAL: &str = "fairlock_pubsub_reconnects_total";
 
 /// Histogram bucket upper bounds, in seconds, for [`WAIT_SECONDS`] and
-/// [`HOLD_SECONDS`]: lock waits and holds from 100 µs to a minute.
-pub const SECONDS_BUCKETS: [f64; 18] = [
+/// [`HOLD_SECONDS`]: lock waits and holds from 100 µs to an hour (a
+/// batch job under a de-duplication lock holds for minutes). Longer ones
+/// land in `+Inf`, where quantiles read as one hour.
+pub const SECONDS_BUCKETS: [f64; 23] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-    5.0, 10.0, 30.0, 60.0,
+    5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
 ];
 
 /// Registers help text and units for every fairlock metric with the

@@ -176,6 +176,28 @@ mod tests {
         );
     }
 
+    /// A hold or wait of minutes (a batch job under a de-duplication
+    /// lock) lands in a finite bucket, so its quantiles and the
+    /// held-too-long alert can see it; it once fell past the last (60 s).
+    #[test]
+    fn holds_of_minutes_land_in_finite_buckets() {
+        let recorder = prometheus_builder().expect("builder").build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            metrics::histogram!(HOLD_SECONDS).record(600.0);
+            metrics::histogram!(WAIT_SECONDS, "outcome" => "acquired").record(1500.0);
+        });
+        let text = handle.render();
+        assert!(
+            text.contains(r#"fairlock_hold_seconds_bucket{le="600"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"fairlock_wait_seconds_bucket{outcome="acquired",le="1800"} 1"#),
+            "{text}"
+        );
+    }
+
     #[test]
     fn a_taken_port_is_a_listen_error_and_installs_nothing() {
         let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");

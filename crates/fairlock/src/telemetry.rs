@@ -184,6 +184,11 @@ impl LockTelemetry {
     /// the current span).
     pub(crate) fn granted(&self, token: u64) {
         Span::current().record("fairlock.token", token);
+        if !self.labels.is_empty() {
+            // This lock's lost-lease series exists at 0 from its first
+            // grant (see `start_alerting_counters`).
+            metrics::counter!(names::LEASE_LOST_TOTAL, self.labels.iter()).increment(0);
+        }
     }
 
     /// A grant arrived by direct handoff.
@@ -218,9 +223,9 @@ pub(crate) fn waiters_evicted(evicted: u64) {
 /// Makes the counters that alerts watch for a first event exist at 0 from
 /// the start: Prometheus's `increase()` sees nothing of a series whose
 /// first sample already holds its first events, so a process's first
-/// lost leases would never alert. The lost-lease counter is made for the
-/// unlabelled series only (with a `lock` label, the labels are not known
-/// before the locks are used).
+/// lost leases would never alert. The lost-lease counter is made here for
+/// the unlabelled series only; with a `lock` label, each lock's series is
+/// made at its first grant (`LockTelemetry::granted`).
 pub(crate) fn start_alerting_counters(labels: &MetricsLockLabel) {
     if matches!(labels, MetricsLockLabel::Off) {
         metrics::counter!(names::LEASE_LOST_TOTAL).increment(0);
