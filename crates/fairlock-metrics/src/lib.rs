@@ -139,8 +139,9 @@ pub const QUEUE_DEPTH: &str = "fairlock_queue_depth";
 ///
 /// Queued calls that were granted otherwise got the lock on a re-check
 /// after the holder's lease ran out (the holder died or leaked its guard).
-/// Alarm: `fairlock_contended_total` minus handoffs, timeouts and
-/// cancellations growing: holders are dying with the lock held.
+/// Alarm: `fairlock_contended_total` minus handoffs and the queued calls
+/// that ended otherwise (timeout, cancelled, refused, error) growing:
+/// holders are dying with the lock held.
 pub const HANDOFF_TOTAL: &str = "fairlock_handoff_total";
 
 /// `fairlock_lease_renewals_total{result}`: counter of lease renewals by
@@ -182,10 +183,14 @@ pub const LEASE_LOST_TOTAL: &str = "fairlock_lease_lost_total";
 /// ones cannot heartbeat (a blocked async runtime, Redis too slow).
 pub const WAITERS_EVICTED_TOTAL: &str = "fairlock_waiters_evicted_total";
 
-/// `fairlock_wait_recheck_total`: counter of bounded waits whose timer
-/// fired, after which the waiter re-ran the acquire script. The first
-/// waiter in line re-checks when the holder's lease runs out; the others
-/// only after a long backstop.
+/// `fairlock_wait_recheck_total`: counter of waits that re-ran the
+/// acquire script instead of being handed the lock: the heartbeat found
+/// the waiter's queue entry gone (it was taken for dead, e.g. after a
+/// stall longer than the waiter timeout, or the queue was lost in a
+/// fail-over), or a grant whose message reached nobody ran out of its
+/// short lease before the waiter took it. Waiting itself has no timer
+/// besides the caller's wait timeout; a client's `shutdown()` ends its
+/// waiters without counting here.
 ///
 /// Alarm: a rate comparable to acquisitions. Grants are not arriving by
 /// handoff: holders die with the lock held, or grant messages are lost.
@@ -246,7 +251,7 @@ pub fn describe_metrics() {
     describe_counter!(
         LEASE_RENEWALS_TOTAL,
         Unit::Count,
-        "Watchdog lease renewals by result (renewed, lost, error)."
+        "Watchdog lease renewals, per lock, by result (renewed, lost, error, unreplicated)."
     );
     describe_counter!(
         LEASE_LOST_TOTAL,
