@@ -56,7 +56,7 @@ async fn run() -> Result<(), BoxError> {
     let service = Service::start(&url, config.clone()).await?;
     let addr = listener.local_addr()?;
     let mut terminate = signal(SignalKind::terminate())?;
-    println!("redis: {url}");
+    println!("redis: {}", target.shown_url());
     println!(
         "seckill: listening on http://{addr}: {} units of item(s) {} each way, wait timeout {} ms, {} checkout permits per item",
         config.stock,

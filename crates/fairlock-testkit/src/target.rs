@@ -40,14 +40,21 @@ impl RedisTarget {
         }
     }
 
-    /// One line for a program's output saying which Redis it uses.
+    /// The URL to print: [`url`](Self::url) with any password replaced by
+    /// `***`.
+    pub fn shown_url(&self) -> String {
+        redacted(&self.url())
+    }
+
+    /// One line for a program's output saying which Redis it uses (no
+    /// password shown).
     pub fn describe(&self) -> String {
         match self {
             RedisTarget::Local(server) => format!(
                 "redis: throwaway redis-server on 127.0.0.1:{} (set REDIS_URL to use your own)",
                 server.port()
             ),
-            RedisTarget::External(url) => format!("redis: {url} (from REDIS_URL)"),
+            RedisTarget::External(url) => format!("redis: {} (from REDIS_URL)", redacted(url)),
         }
     }
 
@@ -60,10 +67,66 @@ impl RedisTarget {
     }
 }
 
+/// `url` with the password of its user info and the value of every query
+/// parameter whose name mentions a password replaced by `***`: a program's
+/// output (or a CI log) must not show them.
+fn redacted(url: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let mut out = match base.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            match authority.rsplit_once('@') {
+                Some((userinfo, host)) => match userinfo.split_once(':') {
+                    Some((user, _)) => format!("{scheme}://{user}:***@{host}{path}"),
+                    None => base.to_owned(),
+                },
+                None => base.to_owned(),
+            }
+        }
+        None => base.to_owned(),
+    };
+    if let Some(query) = query {
+        let params: Vec<String> = query
+            .split('&')
+            .map(|param| match param.split_once('=') {
+                Some((key, _)) if key.to_ascii_lowercase().contains("password") => {
+                    format!("{key}=***")
+                }
+                _ => param.to_owned(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&params.join("&"));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{cmd_at, Resp};
+
+    #[test]
+    fn the_description_never_shows_a_password() {
+        for (url, shown) in [
+            ("redis://:s3cret@127.0.0.1:6379", "redis://:***@127.0.0.1:6379"),
+            ("rediss://app:s3cret@h:6380/0", "rediss://app:***@h:6380/0"),
+            ("redis://app@h:6379", "redis://app@h:6379"),
+            ("redis://h:6379/0", "redis://h:6379/0"),
+            (
+                "redis-sentinel://h:26379?sentinelServiceName=m&sentinelPassword=s3cret&node=h2:26379",
+                "redis-sentinel://h:26379?sentinelServiceName=m&sentinelPassword=***&node=h2:26379",
+            ),
+        ] {
+            let target = RedisTarget::External(url.to_owned());
+            assert_eq!(target.describe(), format!("redis: {shown} (from REDIS_URL)"));
+            assert_eq!(target.shown_url(), shown);
+            assert_eq!(target.url(), url, "only what is shown is redacted");
+        }
+    }
 
     #[test]
     fn target_external_or_local() {
