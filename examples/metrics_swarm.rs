@@ -106,6 +106,9 @@ impl Schedule {
 
 /// The Redis stall needs a run long enough to show a before and an after.
 const STALL_MIN_RUN: Duration = Duration::from_secs(20);
+/// The key and channel prefix of every swarm client: its locks (and the
+/// admin's force releases) never touch an application's `fairlock:` keys.
+const SWARM_PREFIX: &str = "fairlock-swarm:";
 
 /// A tiny xorshift generator: the swarm needs variety, not quality.
 struct Rng(u64);
@@ -167,11 +170,15 @@ async fn main() -> Result<(), BoxError> {
 
     let mut clients = Vec::new();
     for _ in 0..CLIENTS {
-        let mut config = ClientConfig::new(target.url());
-        // A short watchdog lease so renewals show within a short run, and
-        // a command timeout shorter than the Redis stall.
-        config.watchdog_lease = Duration::from_secs(3);
-        config.command_timeout = Duration::from_secs(1);
+        // A prefix of its own: the admin force-releases "report", which
+        // must never be an application's lock on a shared REDIS_URL. A
+        // short watchdog lease so renewals show within a short run, and a
+        // command timeout shorter than the Redis stall.
+        let config = ClientConfig::builder(target.url())
+            .prefix(SWARM_PREFIX)
+            .watchdog_lease(Duration::from_secs(3))
+            .command_timeout(Duration::from_secs(1))
+            .build()?;
         clients.push(LockClient::with_config(config).await?);
     }
     let schedule = Schedule {

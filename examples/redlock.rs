@@ -13,8 +13,10 @@
 //! on 2 clients over 4 s: cycles per second, wait percentiles, grants per
 //! worker with Jain's fairness index (RedLock has no queue: see how even it
 //! is), and checks that a non-atomic counter lost no update and that the
-//! fencing tokens strictly increased.
+//! fencing tokens strictly increased. Exit code 0 when both held, 1 when
+//! one broke or on an error (printed as a message).
 
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -26,8 +28,27 @@ const WORKERS_PER_CLIENT: usize = 8;
 const CLIENTS: usize = 2;
 const RUN: Duration = Duration::from_secs(4);
 
+/// A failed lock call waits this long before the worker tries again (a
+/// lost majority answers at once; a worker must not spin on it).
+const RETRY_AFTER: Duration = Duration::from_millis(50);
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("redlock: an invariant broke (see above)");
+            ExitCode::FAILURE
+        }
+        Err(error) => {
+            eprintln!("redlock: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The whole run; `Ok(false)` when an invariant broke.
+async fn run() -> Result<bool, Box<dyn std::error::Error>> {
     let mut local = None;
     let urls: Vec<String> = match std::env::var("REDLOCK_URLS") {
         Ok(urls) => urls.split(',').map(str::to_owned).collect(),
@@ -75,22 +96,32 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let counter = Arc::new(AtomicU64::new(0));
     let tokens = Arc::new(Mutex::new(Vec::new()));
     let waits = Arc::new(Mutex::new(Vec::new()));
+    let failures = Arc::new(AtomicU64::new(0));
     let mut workers = Vec::new();
     for client in &clients {
         for _ in 0..WORKERS_PER_CLIENT {
-            let (client, stop, counter, tokens, waits) = (
+            let (client, stop, counter, tokens, waits, failures) = (
                 client.clone(),
                 Arc::clone(&stop),
                 Arc::clone(&counter),
                 Arc::clone(&tokens),
                 Arc::clone(&waits),
+                Arc::clone(&failures),
             );
             workers.push(tokio::spawn(async move {
                 let mut grants = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     let asked = Instant::now();
-                    let Ok(guard) = client.lock("redlock-demo:hot").await else {
-                        continue;
+                    let guard = match client.lock("redlock-demo:hot").await {
+                        Ok(guard) => guard,
+                        Err(error) => {
+                            // Printed once; counted always.
+                            if failures.fetch_add(1, Ordering::Relaxed) == 0 {
+                                eprintln!("a lock call failed (retrying): {error}");
+                            }
+                            tokio::time::sleep(RETRY_AFTER).await;
+                            continue;
+                        }
                     };
                     let waited = asked.elapsed();
                     let read = counter.load(Ordering::SeqCst);
@@ -144,16 +175,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     println!("grants per worker: {per_worker:?} (Jain's fairness index {jain:.3})");
+    let no_lost_update = counter.load(Ordering::SeqCst) == total;
     println!(
-        "counter: {} for {total} grants: {}; tokens strictly increasing: {increasing}",
+        "counter: {} for {total} grants: {}; tokens strictly increasing: {increasing}; failed lock calls: {}",
         counter.load(Ordering::SeqCst),
-        if counter.load(Ordering::SeqCst) == total {
+        if no_lost_update {
             "no lost update"
         } else {
             "LOST UPDATES"
-        }
+        },
+        failures.load(Ordering::Relaxed)
     );
-    Ok(())
+    Ok(no_lost_update && increasing)
 }
 
 fn push<T>(list: &Mutex<Vec<T>>, value: T) {
