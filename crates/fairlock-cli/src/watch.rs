@@ -32,12 +32,20 @@ pub async fn watch(
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut shown = 0u64;
+    // One listener for the whole watch, also while a snapshot's call is in
+    // flight: a Ctrl-C that came while nothing listened would be lost.
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
     while count.is_none_or(|count| shown < count) {
         tokio::select! {
             _ = ticker.tick() => {}
-            _ = tokio::signal::ctrl_c() => break,
+            _ = &mut interrupted => break,
         }
-        let view = LockView::new(name, client.inspect_queue(name, limit).await?);
+        let snapshot = tokio::select! {
+            snapshot = client.inspect_queue(name, limit) => snapshot?,
+            _ = &mut interrupted => break,
+        };
+        let view = LockView::new(name, snapshot);
         emit(json, &view, || {
             let mut text = if redraw {
                 CLEAR.to_owned()

@@ -702,6 +702,54 @@ async fn racing_processes_never_interleave_and_all_exit_0() {
     let _ = std::fs::remove_file(file);
 }
 
+/// Ctrl-C while a snapshot's call is in flight (a stalled server) ends
+/// `fairlock watch` too, with exit 0. It was lost before: the signal was
+/// only listened for between snapshots, so the watch went on after the
+/// stall and a second Ctrl-C was needed.
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_ends_on_ctrl_c_during_a_stalled_call() {
+    use tokio::io::AsyncBufReadExt;
+    let server = RedisServer::start().unwrap();
+    let mut child = fairlock(&server)
+        .args([
+            "watch",
+            "stalled",
+            "--interval",
+            "50ms",
+            "--json",
+            "--timeout",
+            "10s",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("fairlock starts");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    // Watching: the first snapshot is out.
+    let first = tokio::time::timeout(RUN_LIMIT, lines.next_line())
+        .await
+        .expect("a first snapshot")
+        .expect("read stdout");
+    assert!(first.is_some(), "no snapshot");
+    // Every call stalls for 3 s; the watch's next snapshot is caught in it.
+    server.cmd_ok(&["CLIENT", "PAUSE", "3000", "ALL"]).unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pid = child.id().expect("running") as libc::pid_t;
+    // SAFETY: signals a child process this test started and still owns.
+    unsafe {
+        libc::kill(pid, libc::SIGINT);
+    }
+    // Drain the rest of its output while waiting for it to exit.
+    let drain = tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let status = tokio::time::timeout(RUN_LIMIT, child.wait())
+        .await
+        .expect("fairlock watch exits on the one Ctrl-C")
+        .expect("status");
+    assert_eq!(status.code(), Some(0));
+    let _ = drain.await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn watch_redraws_each_interval() {
     let server = RedisServer::start().unwrap();
