@@ -53,12 +53,27 @@ async fn an_interrupted_demo_leaves_nothing_queued_or_held() {
     let mut config = small();
     config.run_for = Duration::from_secs(30);
     config.hold = Duration::from_millis(20);
+    // Interrupted while workers hold and queue: once the lock has a
+    // holder and waiters, and then some more grants.
+    let owner_key = keys(demo::LOCK).owner().to_owned();
+    let queue_key = keys(demo::LOCK).queue().to_owned();
     let url = server.url();
-    let run = tokio::spawn(async move {
-        demo::run(&url, config, tokio::time::sleep(Duration::from_millis(500))).await
-    });
-    // Interrupted while workers hold and queue.
-    let report = run.await.expect("demo task").expect("demo run");
+    let running = async {
+        within("the swarm to hold and queue", async {
+            loop {
+                let held = server
+                    .cmd(&["GET", &owner_key])
+                    .is_ok_and(|owner| owner.as_str().is_some());
+                if held && zcard(&server, &queue_key) > 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let report = demo::run(&url, config, running).await.expect("demo run");
     assert!(report.interrupted);
     assert!(!report.grants.is_empty(), "the swarm was running");
     assert_left_nothing(&server);

@@ -64,17 +64,20 @@ async fn a_timeout_cut_short_during_its_cancel_is_still_counted() {
     let a = client(&server).await;
     let b = client(&server).await;
     let _holder = a.lock("x").await.expect("holder");
+    // The wait times out at 2 s, the caller's own timeout fires at 3 s,
+    // and writes stall from just after queueing until about 4 s: the
+    // cancel that the wait timeout starts cannot finish before the
+    // caller gives up (the margins leave a loaded machine 2 s to queue
+    // and 1 s for the caller's timeout to fire inside the stall).
     let waiter = tokio::spawn(async move {
-        let options = LockOptions::new().wait_timeout(Duration::from_secs(1));
-        let waited = tokio::time::timeout(Duration::from_millis(1500), b.lock_with("x", options));
+        let options = LockOptions::new().wait_timeout(Duration::from_secs(2));
+        let waited = tokio::time::timeout(Duration::from_secs(3), b.lock_with("x", options));
         let cut_short = waited.await.is_err();
         (b, cut_short)
     });
     wait_for_queue_len(&a, "x", 1).await;
-    // Writes (scripts) stall from here: the cancel the wait timeout
-    // starts cannot finish before the caller's own timeout.
     server
-        .cmd_ok(&["CLIENT", "PAUSE", "3000", "WRITE"])
+        .cmd_ok(&["CLIENT", "PAUSE", "4000", "WRITE"])
         .expect("pause writes");
     let (b, cut_short) = waiter.await.expect("waiter task");
     assert!(cut_short, "the caller's timeout fired during the cancel");
