@@ -444,3 +444,49 @@ async fn a_grant_that_races_shutdown_is_passed_on() {
         .expect("lock");
     next.release().await.expect("release");
 }
+
+/// A guard dropped just before `shutdown()` is still released: its
+/// release (a task of its own) is waited for, and not refused because
+/// the client closed meanwhile. Before, on a one-thread runtime the
+/// release task first ran after the close, failed with `Closed`, and the
+/// lock stayed held for its whole lease with no watchdog left.
+#[tokio::test]
+async fn a_guard_dropped_before_shutdown_is_released() {
+    let server = server();
+    let mut config = fast_config(&server);
+    config.watchdog_lease = std::time::Duration::from_secs(30);
+    let doomed = fairlock::LockClient::with_config(config)
+        .await
+        .expect("client");
+    let lock = doomed.lock("api:dropped").await.expect("lock");
+    let permit = doomed
+        .semaphore("api:dropped-permits", 2)
+        .expect("semaphore")
+        .acquire()
+        .await
+        .expect("permit");
+    let kept = doomed.lock("api:kept").await.expect("lock");
+    drop(lock);
+    drop(permit);
+    doomed.shutdown().await;
+    // A guard released once the client is shut down: refused at once.
+    let late = within("a release after shutdown", kept.release()).await;
+    assert!(matches!(late, Err(Error::Closed)), "{late:?}");
+    let owner = server
+        .cmd(&["GET", keys("api:dropped").owner()])
+        .expect("GET owner");
+    assert_eq!(
+        owner.as_str(),
+        None,
+        "the dropped guard's lock was released"
+    );
+    let holders = permit_keys(
+        "api:dropped-permits",
+        fairlock_core::PermitFamily::Semaphore,
+    );
+    assert_eq!(
+        zcard(&server, holders.owner()),
+        0,
+        "the dropped permit was released"
+    );
+}

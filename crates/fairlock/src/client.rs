@@ -41,7 +41,7 @@ impl Drop for ClientHandle {
         // shutdown signal); the connections are closed in the background.
         self.tasks.lock().unwrap_or_else(|p| p.into_inner()).clear();
         let state = Arc::clone(&self.state);
-        self.state.spawn(async move { state.redis.quit().await });
+        self.state.spawn(async move { state.quit().await });
     }
 }
 
@@ -471,11 +471,13 @@ impl LockClient {
     }
 
     /// Stops the background tasks and closes the connections, even while
-    /// guards are alive. Locks still held are not released: their leases
-    /// run out. Tasks waiting for a lock or a permit end with
-    /// [`Error::Closed`], and so do later calls; their queue entries, and
-    /// those of acquires dropped just before (a Ctrl-C), are removed before
-    /// the connections close (within the command timeout).
+    /// guards are alive. Locks still held by live guards are not released:
+    /// their leases run out (a later `release()` fails with
+    /// [`Error::Closed`]). Tasks waiting for a lock or a permit end with
+    /// [`Error::Closed`], and so do later calls; their queue entries, those
+    /// of acquires dropped just before (a Ctrl-C), and the releases of
+    /// guards and permits dropped just before are finished before the
+    /// connections close (within the command timeout).
     pub async fn shutdown(&self) {
         self.state().close();
         self.state().settle_waiters().await;
@@ -484,7 +486,7 @@ impl LockClient {
         for task in &mut tasks {
             task.shutdown().await;
         }
-        self.state().redis.quit().await;
+        self.state().quit().await;
     }
 }
 

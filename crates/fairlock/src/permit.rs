@@ -131,10 +131,11 @@ impl Drop for Permit {
         }
         let state = Arc::clone(&self.state);
         let held = Arc::clone(&self.held);
-        self.state.spawn(async move {
+        // A counted cleanup: `shutdown()` waits for it.
+        drop(self.state.spawn_cleanup(async move {
             if let Err(error) = state.release(&held).await {
                 tracing::warn!(set = %held.name, %error, "fairlock permit release on drop failed");
             }
-        });
+        }));
     }
 }

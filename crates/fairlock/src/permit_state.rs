@@ -49,7 +49,7 @@ impl ClientState {
             timings: &self.timings,
             channel_prefix: &self.channel_prefix(keys),
         };
-        match self.run_on(Lane::Holders, keys, &call).await? {
+        match self.run_while_closing(Lane::Holders, keys, &call).await? {
             PermitReleaseReply::Released { granted, purged } => {
                 self.after_purge(keys, purged);
                 for next in &granted {

@@ -102,6 +102,10 @@ pub(crate) struct ClientState {
     pub(crate) shard_requests: OnceLock<mpsc::UnboundedSender<ShardRequest>>,
     runtime: Handle,
     closed: AtomicBool,
+    /// Set once the connections are being quit (the end of `shutdown()`,
+    /// or the last handle dropped): from then on even the calls a closing
+    /// client still makes ([`Self::run_while_closing`]) are refused.
+    quitting: AtomicBool,
     /// Cancels that dropped or failed acquires left running in tasks of
     /// their own ([`ClientState::spawn_cleanup`]): `shutdown` lets them
     /// finish before it closes the connections.
@@ -132,6 +136,7 @@ impl ClientState {
             shard_requests: OnceLock::new(),
             runtime: Handle::current(),
             closed: AtomicBool::new(false),
+            quitting: AtomicBool::new(false),
             cleanups: AtomicUsize::new(0),
             releases: AtomicUsize::new(0),
         }
@@ -432,6 +437,30 @@ impl ClientState {
         Box::pin(self.redis.run(lane, keys, call)).await
     }
 
+    /// Runs a lock script call on `lane` also while the client closes: for
+    /// what a closing client's holders and waiters do last (a release, a
+    /// cancel), so that a guard dropped just before `shutdown()` is still
+    /// released. Once the connections are being quit, it is refused.
+    pub(crate) async fn run_while_closing<C: ScriptCall>(
+        &self,
+        lane: Lane,
+        keys: &LockKeys,
+        call: &C,
+    ) -> Result<C::Output> {
+        if self.quitting.load(Ordering::SeqCst) {
+            return Err(Error::Closed);
+        }
+        Box::pin(self.redis.run(lane, keys, call)).await
+    }
+
+    /// Closes the connections (the last step of shutting down); every
+    /// later call fails with [`Error::Closed`] at once.
+    pub(crate) async fn quit(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.quitting.store(true, Ordering::SeqCst);
+        self.redis.quit().await;
+    }
+
     /// Renews or checks several grants of one slot in one call.
     pub(crate) async fn renew(&self, batch: &RenewBatch<'_>) -> Result<Vec<RenewStatus>> {
         self.check_open()?;
@@ -548,7 +577,7 @@ impl ClientState {
             return self.release_permit(name, keys, owner_id).await;
         }
         let reply = self
-            .run_on(
+            .run_while_closing(
                 Lane::Holders,
                 keys,
                 &Release {
@@ -611,7 +640,7 @@ impl ClientState {
             };
             // Also while the client closes: leaving the queue is what a
             // closing client's waiters do last.
-            Box::pin(self.redis.run(Lane::Waiters, keys, &call))
+            self.run_while_closing(Lane::Waiters, keys, &call)
                 .await
                 .map(|reply| reply.purged)
         };
