@@ -71,37 +71,33 @@ impl RedisTarget {
 /// parameter whose name mentions a password replaced by `***`: a program's
 /// output (or a CI log) must not show them.
 fn redacted(url: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
+    // The user info ends at the last '@': a password may hold '/', '?' or
+    // '@' unencoded (a malformed URL is still printed before it fails).
+    let with_user_hidden = match url.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+                None => url.to_owned(),
+            },
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
     };
-    let mut out = match base.split_once("://") {
-        Some((scheme, rest)) => {
-            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-            match authority.rsplit_once('@') {
-                Some((userinfo, host)) => match userinfo.split_once(':') {
-                    Some((user, _)) => format!("{scheme}://{user}:***@{host}{path}"),
-                    None => base.to_owned(),
-                },
-                None => base.to_owned(),
-            }
+    match with_user_hidden.split_once('?') {
+        Some((base, query)) => {
+            let params: Vec<String> = query
+                .split('&')
+                .map(|param| match param.split_once('=') {
+                    Some((key, _)) if key.to_ascii_lowercase().contains("password") => {
+                        format!("{key}=***")
+                    }
+                    _ => param.to_owned(),
+                })
+                .collect();
+            format!("{base}?{}", params.join("&"))
         }
-        None => base.to_owned(),
-    };
-    if let Some(query) = query {
-        let params: Vec<String> = query
-            .split('&')
-            .map(|param| match param.split_once('=') {
-                Some((key, _)) if key.to_ascii_lowercase().contains("password") => {
-                    format!("{key}=***")
-                }
-                _ => param.to_owned(),
-            })
-            .collect();
-        out.push('?');
-        out.push_str(&params.join("&"));
+        None => with_user_hidden,
     }
-    out
 }
 
 #[cfg(test)]
@@ -116,6 +112,11 @@ mod tests {
             ("rediss://app:s3cret@h:6380/0", "rediss://app:***@h:6380/0"),
             ("redis://app@h:6379", "redis://app@h:6379"),
             ("redis://h:6379/0", "redis://h:6379/0"),
+            // Malformed (unencoded '/' or '?' in the password): printed
+            // before the connect fails, so redacted all the same.
+            ("redis://:ab/cd@h:6379", "redis://:***@h:6379"),
+            ("redis://u:ab?cd@h", "redis://u:***@h"),
+            ("redis://u:a@b:c@h:1/0", "redis://u:***@h:1/0"),
             (
                 "redis-sentinel://h:26379?sentinelServiceName=m&sentinelPassword=s3cret&node=h2:26379",
                 "redis-sentinel://h:26379?sentinelServiceName=m&sentinelPassword=***&node=h2:26379",
