@@ -157,9 +157,10 @@ async fn failed_renewals_are_counted_per_lock() {
     let metrics = LocalMetrics::install();
     let server = server();
     let mut config = fast_config(&server);
-    // Renewals every 2 s; a call stalled longer than 500 ms fails. No
+    // The watchdog checks every lock each 100 ms heartbeat (renewing at a
+    // third of the 6 s lease); a call stalled longer than 500 ms fails. No
     // lease runs out during the stall (at most 4.5 s after the last
-    // renewal), so every failed round holds all the locks.
+    // renewal), so every failed check covers all the locks.
     config.command_timeout = Duration::from_millis(500);
     config.watchdog_lease = Duration::from_secs(6);
     let client = LockClient::with_config(config).await.expect("connect");

@@ -147,7 +147,10 @@ pub const HANDOFF_TOTAL: &str = "fairlock_handoff_total";
 /// `fairlock_lease_renewals_total{result}`: counter of lease renewals by
 /// the watchdog (locks held without a fixed lease), by `result`, one per
 /// lock (a watchdog call covers many locks; a failed call counts one
-/// `error` for each of them):
+/// `error` for each of them). The watchdog checks every lock each
+/// heartbeat interval and renews a lease a third of the way through it,
+/// so while Redis fails, `error` grows once per check (every second by
+/// default), faster than `renewed` ever does (every 10 s by default):
 ///
 /// * `renewed`: the lease was extended;
 /// * `lost`: the watchdog's check found the lock gone or owned by another

@@ -635,8 +635,9 @@ impl<'a> PendingAcquire<'a> {
         held
     }
 
-    /// A call of this acquire failed: counted as an error (once: not also
-    /// as cancelled when dropped), and the waiter leaves the queue in the
+    /// A call of this acquire failed: counted as an error, or as cancelled
+    /// when the failure is the client's shutdown (`Closed`); once either
+    /// way (not again when dropped). The waiter leaves the queue in the
     /// background in case the failed call had queued it (a reply lost
     /// after the script ran), passing on a grant that raced it.
     fn failed(&mut self, error: Error) -> Error {
