@@ -139,9 +139,10 @@ pub const QUEUE_DEPTH: &str = "fairlock_queue_depth";
 ///
 /// Queued calls that were granted otherwise got the lock on a re-check
 /// after the holder's lease ran out (the holder died or leaked its guard).
-/// Alarm: `fairlock_contended_total` minus handoffs and the queued calls
-/// that ended otherwise (timeout, cancelled, refused, error) growing:
-/// holders are dying with the lock held.
+/// Alarm: `fairlock_contended_total` minus handoffs, timeouts and
+/// cancellations growing: holders are dying with the lock held (an
+/// approximation: queued calls that ended refused or in an error are in
+/// the difference too).
 pub const HANDOFF_TOTAL: &str = "fairlock_handoff_total";
 
 /// `fairlock_lease_renewals_total{result}`: counter of lease renewals by
