@@ -490,3 +490,47 @@ async fn a_guard_dropped_before_shutdown_is_released() {
         "the dropped permit was released"
     );
 }
+
+/// A grant waiting for its replicas' acknowledgement (`WAIT`) when the
+/// client shuts down is given back before the connections close: the
+/// next holder need not wait out its lease. Before, the shutdown quit the
+/// connections under the `WAIT`, and the give-back after it was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_awaiting_acknowledgement_at_shutdown_is_given_back() {
+    let server = server();
+    let mut config = fast_config(&server);
+    config.watchdog_lease = std::time::Duration::from_secs(30);
+    config.waiter_timeout = std::time::Duration::from_secs(5);
+    // No replica exists: every WAIT runs its whole second.
+    config.replica_acks = Some(fairlock::ReplicaAcks::new(
+        1,
+        std::time::Duration::from_secs(1),
+    ));
+    let doomed = fairlock::LockClient::with_config(config)
+        .await
+        .expect("client");
+    let acquire = spawn_lock(&doomed, "api:unacked");
+    // Granted in Redis, and the acquire is in its WAIT.
+    within("the grant", async {
+        while server
+            .cmd(&["GET", keys("api:unacked").owner()])
+            .expect("GET owner")
+            .as_str()
+            .is_none()
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    doomed.shutdown().await;
+    let owner = server
+        .cmd(&["GET", keys("api:unacked").owner()])
+        .expect("GET owner");
+    assert_eq!(
+        owner.as_str(),
+        None,
+        "the unacknowledged grant was given back"
+    );
+    let ended = within("the acquire", acquire).await.expect("task");
+    assert!(ended.is_err(), "{:?}", ended.map(|guard| guard.token()));
+}

@@ -467,12 +467,23 @@ async fn replicated_or_given_back(
         // Counted as acquired when granted.
         return Ok(Some(held));
     }
+    // `shutdown()` waits for the acknowledgement and the give-back below,
+    // rather than quitting the connections under them.
+    let _settling = state.delaying_shutdown();
     let mut unconfirmed = Unconfirmed {
         state,
         held: Some(held),
         started,
     };
     match state.confirm_replicated().await {
+        Ok(()) if state.check_open().is_err() => {
+            // Acknowledged as the client closed: no guard of a closed
+            // client could renew or release it; it goes on.
+            if let Some(give_back) = unconfirmed.give_back("cancelled") {
+                let _ = give_back.await;
+            }
+            Err(Error::Closed)
+        }
         Ok(()) => Ok(unconfirmed.take()),
         Err(error) => {
             // In a task of its own, so the give-back finishes even if this

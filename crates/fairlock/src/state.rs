@@ -190,6 +190,14 @@ impl ClientState {
         }
     }
 
+    /// Keeps `shutdown()` from closing the connections while the returned
+    /// guard lives (at most the command timeout): for work a closing
+    /// client must still finish, such as a grant awaiting its replicas'
+    /// acknowledgement, which is given back if it is not taken.
+    pub(crate) fn delaying_shutdown(&self) -> InFlight<'_> {
+        InFlight::new(&self.cleanups)
+    }
+
     pub(crate) fn check_open(&self) -> Result<()> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(Error::Closed);
@@ -723,7 +731,8 @@ fn retry_may_cure(error: &Error) -> bool {
 
 /// One call counted in `counter` while it lives (also when its future is
 /// dropped).
-struct InFlight<'a> {
+/// Counts one piece of work in flight while it lives.
+pub(crate) struct InFlight<'a> {
     counter: &'a AtomicUsize,
 }
 
