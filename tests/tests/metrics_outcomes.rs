@@ -214,3 +214,30 @@ async fn a_labelled_lock_has_its_lost_lease_counter_from_the_first_grant() {
     );
     client.shutdown().await;
 }
+
+/// `fairlock_lease_renewals_total{result="lost"}` counts the watchdog's
+/// own locks that its check found gone; a fixed lease found gone by the
+/// same check is a lost lease, not a lost renewal.
+#[tokio::test]
+async fn a_lost_watchdog_lease_is_a_lost_renewal_and_a_fixed_one_is_not() {
+    let metrics = LocalMetrics::install();
+    let server = server();
+    let client = client(&server).await;
+    let watched = client.lock("watched").await.expect("watchdog lock");
+    let fixed = client
+        .lock_with("fixed", LockOptions::new().lease(Duration::from_secs(60)))
+        .await
+        .expect("fixed-lease lock");
+    // Taken away behind the client's back (no revocation notice): only
+    // the watchdog's next check can find out.
+    for name in ["watched", "fixed"] {
+        server
+            .cmd_ok(&["DEL", keys(name).owner()])
+            .expect("DEL owner");
+    }
+    within("the watchdog lock's loss", watched.lost()).await;
+    within("the fixed lease's loss", fixed.lost()).await;
+    assert_eq!(metrics.value(LEASE_RENEWALS_TOTAL, "result", "lost"), 1.0);
+    assert_eq!(metrics.total(LEASE_LOST_TOTAL), 2.0);
+    client.shutdown().await;
+}
