@@ -191,8 +191,11 @@ pub const WAITERS_EVICTED_TOTAL: &str = "fairlock_waiters_evicted_total";
 /// acquire script instead of being handed the lock: the heartbeat found
 /// the waiter's queue entry gone (it was taken for dead, e.g. after a
 /// stall longer than the waiter timeout, or the queue was lost in a
-/// fail-over), or a grant whose message reached nobody ran out of its
-/// short lease before the waiter took it. Waiting itself has no timer
+/// fail-over; every waiter of that lock in the process then checks its
+/// place), a semaphore's or read-write lock's heartbeat found a grant
+/// its waiters were not told of (each waiter of the set checks), or a
+/// grant whose message reached nobody ran out of its short lease before
+/// the waiter took it. Waiting itself has no timer
 /// besides the caller's wait timeout; a client's `shutdown()` ends its
 /// waiters without counting here.
 ///
