@@ -54,6 +54,7 @@ mod permit;
 mod permit_state;
 mod redis;
 pub mod redlock;
+mod release;
 mod resp2;
 mod rwlock;
 mod semaphore;

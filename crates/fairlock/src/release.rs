@@ -1,0 +1,236 @@
+//! Giving a grant back, as an extension of [`ClientState`]: a guard's
+//! release (and its replica acknowledgement), the give-back of a grant the
+//! replicas did not acknowledge, a release whose caller stopped waiting
+//! (finished in a cleanup task), and handing on a grant that arrived for
+//! nobody here. The file for "why did my release not hand the lock on?".
+//!
+//! Every release runs while the client closes too
+//! ([`ClientState::run_while_closing`]), so a guard dropped just before
+//! `shutdown()` is still released; the releasing script's reply names the
+//! next owner, and a waiter of this process is woken from it at once.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use fairlock_core::{LockKeys, Release, ReleaseReply};
+
+use crate::error::{Error, Result};
+use crate::held::HeldLock;
+use crate::redis::Lane;
+use crate::state::{retry_may_cure, ClientState, InFlight};
+
+impl ClientState {
+    /// Releases a guard's grant (with replica acknowledgement on, once the
+    /// replicas have the release).
+    pub(crate) async fn release(self: &Arc<Self>, held: &Arc<HeldLock>) -> Result<()> {
+        self.give_back(held).await?;
+        self.confirm_replicated().await
+    }
+
+    /// Releases a grant without waiting for replicas; the hold is sampled.
+    pub(crate) async fn give_back(self: &Arc<Self>, held: &Arc<HeldLock>) -> Result<()> {
+        self.give_back_sampled(held, true).await
+    }
+
+    /// Gives back a grant the replicas did not acknowledge: it never
+    /// reached the caller, so no hold is sampled for it.
+    pub(crate) async fn give_back_unacknowledged(
+        self: &Arc<Self>,
+        held: &Arc<HeldLock>,
+    ) -> Result<()> {
+        self.give_back_sampled(held, false).await
+    }
+
+    async fn give_back_sampled(
+        self: &Arc<Self>,
+        held: &Arc<HeldLock>,
+        sample_hold: bool,
+    ) -> Result<()> {
+        if !held.set_released() {
+            // Released already (by `release_all`): nothing left to do.
+            return Ok(());
+        }
+        // Dropped before the answer (a caller's timeout), the release is
+        // sent again in a task of its own: it may not have run, or not
+        // even been sent (a script load on the way).
+        let mut unfinished = UnfinishedRelease {
+            state: self,
+            held: Some(held),
+        };
+        // Still tracked while the release is on its way: a grant notice for
+        // this owner id that arrives meanwhile (a heartbeat reply, a message
+        // sent before the release ran) is then known as ours and not
+        // handed back by a second release, which could run first.
+        let result = self
+            .release_owner_id(held.name.as_str(), &held.keys, &held.owner_id)
+            .await;
+        unfinished.held = None;
+        self.held.forget(&held.owner_id);
+        if sample_hold {
+            held.telemetry.held_for(held.granted_at);
+        }
+        if let Err(Error::NotOwner { .. }) = &result {
+            // Counted once, whether this or an earlier check found it.
+            held.lost_at_release();
+        }
+        tracing::debug!(lock = %held.name, token = held.token, ok = result.is_ok(), "fairlock lock released");
+        result
+    }
+
+    /// Releases the grant of `owner_id`, waking the next owner at once if it
+    /// waits in this process.
+    pub(crate) async fn release_owner_id(
+        self: &Arc<Self>,
+        name: &str,
+        keys: &Arc<LockKeys>,
+        owner_id: &str,
+    ) -> Result<()> {
+        let _in_flight = InFlight::new(&self.releases);
+        self.release_owner_id_counted(name, keys, owner_id).await
+    }
+
+    /// Releases of this process whose reply has not come back yet.
+    pub(crate) fn releases_in_flight(&self) -> usize {
+        self.releases.load(Ordering::SeqCst)
+    }
+
+    async fn release_owner_id_counted(
+        self: &Arc<Self>,
+        name: &str,
+        keys: &Arc<LockKeys>,
+        owner_id: &str,
+    ) -> Result<()> {
+        if keys.permit_family().is_some() {
+            return self.release_permit(name, keys, owner_id).await;
+        }
+        let reply = self
+            .run_while_closing(
+                Lane::Holders,
+                keys,
+                &Release {
+                    owner_id,
+                    timings: &self.timings,
+                    channel_prefix: &self.channel_prefix(keys),
+                    reply_to: &self.tag,
+                },
+            )
+            .await?;
+        match reply {
+            ReleaseReply::Released { handed_to, purged } => {
+                self.after_purge(keys, purged);
+                if let Some(next) = handed_to.filter(|next| self.is_ours(&next.owner_id)) {
+                    // The next owner is of this very process: the script
+                    // sent it no message, so this reply is the one place it
+                    // is woken (one hop, no pub/sub round trip). If nobody
+                    // here waits for it any more, the lock goes on at once.
+                    if !self.waiters.deliver_handoff(&next) && !self.held.contains(&next.owner_id) {
+                        self.hand_back(Arc::clone(keys), next.owner_id);
+                    }
+                }
+                Ok(())
+            }
+            ReleaseReply::NotOwner => Err(Error::NotOwner {
+                name: name.to_owned(),
+            }),
+        }
+    }
+
+    /// A grant for `owner_id` of ours arrived and nobody here waits for it
+    /// or holds it (the waiter gave up): hand the lock on at once.
+    pub(crate) fn hand_back(self: &Arc<Self>, keys: Arc<LockKeys>, owner_id: String) {
+        let state = Arc::clone(self);
+        // A counted cleanup: `shutdown()` waits for it.
+        drop(self.spawn_cleanup(async move {
+            tracing::debug!(lock = keys.owner(), %owner_id, "fairlock handing back a grant nobody here waits for");
+            match state.release_owner_id(keys.owner(), &keys, &owner_id).await {
+                Ok(()) | Err(Error::NotOwner { .. }) => {}
+                Err(error) if !retry_may_cure(&error) => {
+                    tracing::warn!(%error, "fairlock could not hand back an orphaned grant; its lease will run out");
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "fairlock could not hand back an orphaned grant; the heartbeat retries");
+                    state.waiters.cancel_later(&keys, &owner_id);
+                }
+            }
+        }));
+    }
+}
+
+/// A release on its way whose future may be dropped before the answer:
+/// then the release is sent again, and the hold forgotten, in a cleanup
+/// task (a resent release changes nothing if the first one ran).
+struct UnfinishedRelease<'a> {
+    state: &'a Arc<ClientState>,
+    held: Option<&'a Arc<HeldLock>>,
+}
+
+impl Drop for UnfinishedRelease<'_> {
+    fn drop(&mut self) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        let (state, held) = (Arc::clone(self.state), Arc::clone(held));
+        drop(self.state.spawn_cleanup(async move {
+            let result = state
+                .release_owner_id(held.name.as_str(), &held.keys, &held.owner_id)
+                .await;
+            state.held.forget(&held.owner_id);
+            held.telemetry.held_for(held.granted_at);
+            match result {
+                // NotOwner: the first release ran (or the lease ended).
+                Ok(()) | Err(Error::NotOwner { .. }) => {}
+                Err(error) => {
+                    tracing::warn!(lock = %held.name, %error, "fairlock could not finish a release its caller stopped waiting for; the lease runs out");
+                }
+            }
+            // If the first release ran and handed the lock to a waiter of
+            // this process, its reply (that waiter's wake-up) was dropped:
+            // a heartbeat round finds the grant now.
+            state.heartbeat_now.notify_one();
+        }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use fairlock_testkit::RedisServer;
+
+    use crate::LockClient;
+
+    /// A hold stays tracked until its release has run in Redis. A grant
+    /// notice naming the holder (a heartbeat reply or a message sent
+    /// before the release ran) is then recognised as ours; a hold
+    /// forgotten while its release was still on its way was taken for a
+    /// grant nobody waits for and handed back by a second release, which
+    /// could run first and make the holder's own release fail with
+    /// `NotOwner` (seen twice in CI under load). Redis is paused for
+    /// writes so the release waits there, in flight, every time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hold_is_tracked_until_its_release_has_run() {
+        let server = RedisServer::start().expect("redis-server");
+        let client = LockClient::connect(&server.url()).await.expect("client");
+        let guard = client.lock("releasing").await.expect("holder");
+        let owner_id = guard.owner_id().to_owned();
+        let state = client.state().clone();
+        server
+            .cmd_ok(&["CLIENT", "PAUSE", "5000", "WRITE"])
+            .expect("pause writes");
+        let release = tokio::spawn(async move { guard.release().await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!release.is_finished(), "the release waits in Redis");
+        let tracked_in_flight = state.held.contains(&owner_id);
+        server.cmd_ok(&["CLIENT", "UNPAUSE"]).expect("unpause");
+        release
+            .await
+            .expect("task")
+            .expect("the holder's own release");
+        assert!(
+            tracked_in_flight,
+            "forgotten while its release was in flight"
+        );
+        assert!(!state.held.contains(&owner_id), "forgotten once released");
+        client.shutdown().await;
+    }
+}
