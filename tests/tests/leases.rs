@@ -210,6 +210,50 @@ async fn release_all_frees_everything_and_hands_on() {
     assert_eq!(client.stats().held, 0);
 }
 
+/// After `release_all` a guard no longer protects anything: its lost
+/// signal fires and `is_lost` says so (the signal once never resolved: the
+/// released grant's past deadline woke it again and again, a thread spun),
+/// and a `with_lock` body under it is stopped with `LeaseLost` rather
+/// than finishing under a lock handed to the next holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_all_stops_what_its_guards_protected() {
+    let server = server();
+    let client = client(&server).await;
+    let fixed = client
+        .lock_with(
+            "inert:fixed",
+            LockOptions::new().lease(Duration::from_millis(300)),
+        )
+        .await
+        .expect("fixed");
+    let watched = client.lock("inert:watched").await.expect("watched");
+    let scoped = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .with_lock("inert:scoped", LockOptions::new(), |_held| async {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                })
+                .await
+        })
+    };
+    while client.stats().held < 3 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(client.release_all().await.expect("release_all"), 3);
+    within("the fixed guard's lost signal", fixed.lost()).await;
+    within("the watched guard's lost signal", watched.lost()).await;
+    assert!(fixed.is_lost() && watched.is_lost());
+    let stopped = within("the scoped body", scoped).await.expect("task");
+    assert!(
+        matches!(stopped, Err(Error::LeaseLost { .. })),
+        "{stopped:?}"
+    );
+    // Still inert: releasing changes nothing and succeeds.
+    fixed.release().await.expect("inert release");
+    watched.release().await.expect("inert release");
+}
+
 /// The fencing scenario: a holder paused past its fixed lease (no
 /// watchdog) writes after a newer holder did; its write is refused and
 /// the resource keeps the newer value.

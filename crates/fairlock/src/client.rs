@@ -331,7 +331,10 @@ impl LockClient {
     }
 
     /// Releases every lock this client holds, handing each to its next
-    /// waiter, e.g. before shutting down. Their guards become inert. Returns
+    /// waiter, e.g. before shutting down. Their guards become inert: their
+    /// lost signal fires (a `with_lock` body under one is stopped and ends
+    /// with [`Error::LeaseLost`]), and releasing them changes nothing and
+    /// succeeds. Returns
     /// how many were released; the first error, if any, after trying all.
     pub async fn release_all(&self) -> Result<usize> {
         let state = self.state();

@@ -160,7 +160,9 @@ impl LockGuard {
     /// gone or taken (checked every heartbeat interval, for fixed and
     /// watchdog leases alike), an administrator force-released it, a
     /// release or extend was refused, or the lease ran out by the local
-    /// clock without a renewal.
+    /// clock without a renewal. Also true once
+    /// [`LockClient::release_all`](crate::LockClient::release_all) gave the
+    /// lock back: the guard protects nothing any more.
     pub fn is_lost(&self) -> bool {
         self.held.is_lost()
     }

@@ -128,9 +128,11 @@ impl HeldLock {
         }
     }
 
-    /// Whether the lease is known lost, by a signal or by the local clock.
+    /// Whether the lease is known lost, by a signal or by the local clock,
+    /// or the grant was released from elsewhere (`release_all`): either
+    /// way it protects nothing any more.
     pub(crate) fn is_lost(&self) -> bool {
-        if *self.lost.borrow() {
+        if *self.lost.borrow() || self.is_released() {
             return true;
         }
         if self
@@ -143,10 +145,15 @@ impl HeldLock {
         false
     }
 
-    /// Resolves when the lease is lost.
+    /// Resolves when the lease is lost (or the grant released from
+    /// elsewhere: see [`Self::is_lost`]).
     pub(crate) async fn lost(&self) {
         let mut rx = self.lost.subscribe();
-        loop {
+        // Checked on every wake-up: the signal, a release, or the deadline
+        // (which a renewal or extend may have moved). A released grant's
+        // deadline is no longer kept, so it must end the wait here rather
+        // than wake it again at once, for ever.
+        while !self.is_lost() {
             let deadline = self.lease_deadline();
             let expiry = async {
                 match deadline {
@@ -155,20 +162,22 @@ impl HeldLock {
                 }
             };
             tokio::select! {
-                _ = rx.wait_for(|lost| *lost) => return,
-                _ = expiry => {
-                    // A renewal or extend may have moved the deadline.
-                    if self.is_lost() {
-                        return;
-                    }
-                }
+                // The sender lives in `self`: this never ends with an error
+                // while `self` is borrowed.
+                _ = rx.changed() => {}
+                _ = expiry => {}
             }
         }
     }
 
-    /// Marks the grant released; `true` the first time.
+    /// Marks the grant released; `true` the first time. Wakes whoever
+    /// waits on [`Self::lost`]: a released grant protects nothing.
     pub(crate) fn set_released(&self) -> bool {
-        !self.released.swap(true, Ordering::SeqCst)
+        let first = !self.released.swap(true, Ordering::SeqCst);
+        if first {
+            self.lost.send_modify(|_| {});
+        }
+        first
     }
 
     pub(crate) fn is_released(&self) -> bool {

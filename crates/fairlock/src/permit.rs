@@ -74,7 +74,8 @@ impl Permit {
 
     /// Whether the lease is known to be lost: the watchdog found the permit
     /// gone (checked every heartbeat interval), a release was refused, or
-    /// the lease ran out by the local clock without a renewal.
+    /// the lease ran out by the local clock without a renewal. Also true
+    /// once `release_all` gave the permit back.
     pub fn is_lost(&self) -> bool {
         self.held.is_lost()
     }
