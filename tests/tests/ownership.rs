@@ -64,6 +64,64 @@ async fn nested_holds_keep_the_token_and_the_last_release_frees() {
     );
 }
 
+/// A re-entered guard's release says when the lease ran out under it
+/// (`NotOwner`, as the last release does), rather than `Ok`: the caller's
+/// critical section may have overlapped another holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inner_release_after_the_lease_ran_out_is_refused() {
+    let server = server();
+    let client = client(&server).await;
+    let owner = client.owner();
+    let short = LockOptions::new().lease(Duration::from_millis(300));
+    let outer = owner.lock_with("nested:short", short).await.expect("outer");
+    let inner = owner.lock_with("nested:short", short).await.expect("inner");
+    within("the lease to run out", outer.lost()).await;
+    let released = inner.release().await;
+    assert!(
+        matches!(released, Err(Error::NotOwner { .. })),
+        "{released:?}"
+    );
+    let last = outer.release().await;
+    assert!(matches!(last, Err(Error::NotOwner { .. })), "{last:?}");
+}
+
+/// `owner.try_lock` re-enters a lock the owner holds whatever a sibling
+/// task is doing with the same name at that moment: it answered `None`
+/// when it met the name's gate held by a sibling that was itself only
+/// re-entering (for microseconds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owners_try_lock_always_re_enters_a_held_lock() {
+    let server = server();
+    let client = client(&server).await;
+    let owner = client.owner();
+    let _outer = owner.lock("nested:busy").await.expect("outer");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let siblings: Vec<_> = (0..2)
+        .map(|_| {
+            let (owner, stop) = (owner.clone(), Arc::clone(&stop));
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let guard = owner.lock("nested:busy").await.expect("re-enter");
+                    drop(guard);
+                    tokio::task::yield_now().await;
+                }
+            })
+        })
+        .collect();
+    let mut refused = 0;
+    for _ in 0..20_000 {
+        match owner.try_lock("nested:busy").await.expect("try_lock") {
+            Some(guard) => drop(guard),
+            None => refused += 1,
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for sibling in siblings {
+        sibling.await.expect("sibling");
+    }
+    assert_eq!(refused, 0, "try_lock refused a lock its owner holds");
+}
+
 /// Tasks sharing a handle share the hold, even while others queue: the
 /// second task re-enters; two tasks racing for a lock through one handle
 /// queue once and both end up holding the same grant.

@@ -234,6 +234,14 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
         if !self.last_hold() {
+            // An inner hold: the lock stays with the outer ones, but the
+            // caller learns, as the last release would tell it, that the
+            // lease ran out under it.
+            if self.held.is_lost() && !self.held.is_released() {
+                return Err(Error::NotOwner {
+                    name: self.held.name.to_string(),
+                });
+            }
             return Ok(());
         }
         self.state.release(&self.held).await

@@ -95,6 +95,11 @@ impl LockOwner {
     ) -> Result<Option<LockGuard>> {
         let name = LockName::new(name)?;
         options.validate()?;
+        // Re-entering a held lock needs no gate (a sibling holding it for
+        // a moment would make a try answer `None`); acquiring anew does.
+        if let Some(guard) = self.reentered(&name) {
+            return Ok(Some(guard));
+        }
         let started = Instant::now();
         let gate = GateUse::new(&self.shared, &name);
         // A try does not wait for the gate, and a bounded wait waits for it
@@ -123,16 +128,22 @@ impl LockOwner {
         self.take_gated(&name, options, mode).await
     }
 
+    /// Another hold on lock `name` if this owner holds it.
+    fn reentered(&self, name: &LockName) -> Option<LockGuard> {
+        let held = self.shared.reenter(name)?;
+        Some(LockGuard::new(Arc::clone(&self.state), held).with_owner(Arc::clone(&self.shared)))
+    }
+
     async fn take_gated(
         &self,
         name: &LockName,
         options: LockOptions,
         mode: Mode,
     ) -> Result<Option<LockGuard>> {
-        if let Some(held) = self.shared.reenter(name) {
-            return Ok(Some(
-                LockGuard::new(Arc::clone(&self.state), held).with_owner(Arc::clone(&self.shared)),
-            ));
+        // A sibling may have taken the lock while this call waited for the
+        // gate.
+        if let Some(guard) = self.reentered(name) {
+            return Ok(Some(guard));
         }
         let Some(held) = acquire(&self.state, name, options, mode).await? else {
             return Ok(None);
