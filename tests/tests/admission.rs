@@ -113,7 +113,7 @@ async fn a_burst_queued_before_any_estimate_is_refused_at_the_first_grant() {
     wait_for_queue_len(&client, name, 1).await;
     // Six callers with admission and a 5.8 s budget, at positions 1..=6:
     // position 1 is granted after about 4 s (1.8 s to spare for a loaded
-    // machine), and from position 3 on, 3 x 2 s is over the budget.
+    // machine), and from position 2 on, (2 + 1) x 2 s is over the budget.
     // No estimate exists yet, so all of them are admitted at first.
     let mut callers = Vec::new();
     for position in 1..=6u64 {
@@ -139,15 +139,16 @@ async fn a_burst_queued_before_any_estimate_is_refused_at_the_first_grant() {
         .expect("task")
         .expect("the pace-setter is granted");
 
-    // About 2 s a grant: position 1 makes it, 3 and later cannot and are
-    // refused when the first estimate arrives; 2 is at the edge (refused
-    // later or timed out; the estimate said it would make it).
+    // About 2 s a grant: position 1 makes it (the holder's turn and the
+    // pace-setter's, 4 s), 2 and later cannot (6 s and more) and are
+    // refused when the first estimate arrives. Position 2 was once
+    // admitted and timed out: the estimate left out the holder's turn.
     let mut ends = Vec::new();
     for caller in callers {
         ends.push(caller.await.expect("task").expect("release"));
     }
     assert!(ends[0].is_none(), "position 1 is granted: {:?}", ends[0]);
-    for (i, end) in ends.iter().enumerate().skip(2) {
+    for (i, end) in ends.iter().enumerate().skip(1) {
         assert!(
             matches!(
                 end,
@@ -157,14 +158,6 @@ async fn a_burst_queued_before_any_estimate_is_refused_at_the_first_grant() {
             i + 1
         );
     }
-    assert!(
-        matches!(
-            ends[1],
-            Some(Error::WaitTimeout { .. } | Error::WouldMissDeadline { .. })
-        ),
-        "{:?}",
-        ends[1]
-    );
 }
 
 /// Permits share the lock's acquire loop, admission included: a permit

@@ -394,8 +394,11 @@ struct Join {
 }
 
 /// Deadline-aware admission (see [`LockOptions::admission`]): the error to
-/// fail with if the callers ahead when this waiter joined cannot all be
-/// served, at the lock's current pace, before its wait timeout runs out.
+/// fail with if the holder's turn and those of the callers ahead when this
+/// waiter joined cannot all pass, at the lock's current pace, before its
+/// wait timeout runs out. `position` counts the callers ahead, not the
+/// holder, so the expected wait is `(position + 1) × per_grant`, as each
+/// sample was taken (`GrantRates::record`).
 fn admission_refused(
     state: &ClientState,
     keys: &LockKeys,
@@ -406,7 +409,8 @@ fn admission_refused(
 ) -> Option<Error> {
     let timeout = options.wait_timeout.filter(|_| options.admission)?;
     let per_grant = state.grant_rates.per_grant(keys.owner())?;
-    let expected = per_grant.saturating_mul(u32::try_from(join.position).unwrap_or(u32::MAX));
+    let turns = u32::try_from(join.position.saturating_add(1)).unwrap_or(u32::MAX);
+    let expected = per_grant.saturating_mul(turns);
     let budget = timeout.saturating_sub(join.at.saturating_duration_since(started));
     (expected > budget).then(|| Error::WouldMissDeadline {
         name: name.to_string(),

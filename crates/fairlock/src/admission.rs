@@ -5,8 +5,15 @@
 //! callers ahead when it joined and was granted `waited` later, so the lock
 //! went to the next caller about every `waited / (position + 1)`. The
 //! estimate is a moving average of those samples. With it, a caller that
-//! joins at position `p` can be told at once that it would wait about
-//! `p × per_grant`, instead of holding a place in line until its timeout.
+//! joins at position `p` (behind the holder and `p` callers) can be told
+//! at once that it would wait about `(p + 1) × per_grant`, instead of
+//! holding a place in line until its timeout.
+//!
+//! It is a guess from this process's own grants: the average does not age
+//! (a lock quiet for an hour keeps its last pace), one unusually long hold
+//! moves it by a fifth of the difference, the table starts again past
+//! 10,000 locks, and a re-check late in a wait can refuse a caller whose
+//! line moved faster than the estimate said.
 //!
 //! A burst can queue thousands of callers before the lock's first grant
 //! gives an estimate. So the estimate also announces itself: when a lock

@@ -32,7 +32,7 @@ pub enum Error {
 
     /// Deadline-aware admission: the caller's place in the queue means it
     /// cannot be served within its wait timeout; it has left the queue.
-    #[error("lock {name:?}: {position} callers are ahead and the lock is granted about every {per_grant:?}, so the wait of about {expected:?} would miss the {budget:?} wait timeout; try again later or raise the wait timeout")]
+    #[error("lock {name:?}: the holder and {position} callers are ahead and the lock is granted about every {per_grant:?}, so the wait of about {expected:?} would miss the {budget:?} wait timeout; try again later or raise the wait timeout")]
     WouldMissDeadline {
         /// The lock.
         name: String,
@@ -40,7 +40,7 @@ pub enum Error {
         position: u64,
         /// The time between grants this client has seen on the lock.
         per_grant: Duration,
-        /// The expected wait.
+        /// The expected wait: the holder's turn and one per caller ahead.
         expected: Duration,
         /// What was left of the wait timeout.
         budget: Duration,
