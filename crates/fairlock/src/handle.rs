@@ -5,7 +5,10 @@
 //! clone into tasks and carries its own default options. `with_lock` runs
 //! a body while the lock is held, drops (cancels) the body the moment the
 //! lease-lost signal fires, and releases on every way out, so a body can
-//! never go on working under a lock it no longer has.
+//! never go on working under a lock it no longer has. Only the body's own
+//! future is dropped: tasks it spawned (with [`Held`] moved into them)
+//! run on and must watch for themselves (fence their writes with the
+//! token).
 
 use std::future::Future;
 use std::sync::Arc;
