@@ -410,6 +410,27 @@ pub async fn wait_for_zcard(server: &RedisServer, key: &str, count: i64) {
     panic!("{key} never reached {count} owner ids");
 }
 
+/// The raw value of lock `name`'s owner key (default prefix), read by the
+/// admin connection: `None` when nobody holds the lock in Redis.
+pub fn owner_in_redis(server: &RedisServer, name: &str) -> Option<String> {
+    server
+        .cmd(&["GET", keys(name).owner()])
+        .expect("GET owner")
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// Waits (bounded, 20 s) until lock `name` is held in Redis (`held`) or
+/// free there (`!held`).
+pub async fn wait_for_owner(server: &RedisServer, name: &str, held: bool) {
+    within(&format!("{name} held in Redis: {held}"), async {
+        while owner_in_redis(server, name).is_some() != held {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
 /// Awaits `future`, failing the test if it takes longer than 20 s: a
 /// liveness bound for waits that end unless a grant was lost, not a
 /// timing assertion.

@@ -19,10 +19,8 @@ fn small() -> DemoConfig {
 
 /// Nothing of the demo's lock is held or queued in Redis.
 fn assert_left_nothing(server: &RedisServer) {
-    let keys = keys(demo::LOCK);
-    let owner = server.cmd(&["GET", keys.owner()]).expect("GET owner");
-    assert_eq!(owner.as_str(), None, "no holder left");
-    assert_eq!(zcard(server, keys.queue()), 0, "no waiter left");
+    assert_eq!(owner_in_redis(server, demo::LOCK), None, "no holder left");
+    assert_eq!(zcard(server, keys(demo::LOCK).queue()), 0, "no waiter left");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -57,22 +55,10 @@ async fn an_interrupted_demo_leaves_nothing_queued_or_held() {
     config.hold = Duration::from_millis(20);
     // Interrupted while workers hold and queue: once the lock has a
     // holder and waiters, and then some more grants.
-    let owner_key = keys(demo::LOCK).owner().to_owned();
-    let queue_key = keys(demo::LOCK).queue().to_owned();
     let url = server.url();
     let running = async {
-        within("the swarm to hold and queue", async {
-            loop {
-                let held = server
-                    .cmd(&["GET", &owner_key])
-                    .is_ok_and(|owner| owner.as_str().is_some());
-                if held && zcard(&server, &queue_key) > 0 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await;
+        wait_for_owner(&server, demo::LOCK, true).await;
+        wait_for_zcard(&server, keys(demo::LOCK).queue(), 1).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let report = demo::run(&url, config, running).await.expect("demo run");
