@@ -538,6 +538,7 @@ impl Drop for Unconfirmed<'_> {
         drop(self.give_back("cancelled"));
     }
 }
+
 /// Sets the waiter's own lease on a grant a heartbeat found or a release
 /// here saw go unheard (its message reached nobody, and the script then
 /// gave it a short lease). `false` if the grant is gone already.
