@@ -531,3 +531,33 @@ async fn a_grant_awaiting_acknowledgement_at_shutdown_is_given_back() {
     let ended = within("the acquire", acquire).await.expect("task");
     assert!(ended.is_err(), "{:?}", ended.map(|guard| guard.token()));
 }
+
+/// A guard dropped together with its client (the end of a task's scope:
+/// the guard drops first, then the last handle) is still released: the
+/// connections close only after the release. Once, the closing task
+/// could run first and the release was refused, leaving the lock held for
+/// its whole lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_dropped_with_its_client_is_released() {
+    const SCOPES: usize = 20;
+    let server = server();
+    let mut config = fast_config(&server);
+    config.watchdog_lease = std::time::Duration::from_secs(60);
+    for scope in 0..SCOPES {
+        let config = config.clone();
+        tokio::spawn(async move {
+            let client = fairlock::LockClient::with_config(config)
+                .await
+                .expect("client");
+            let _guard = client
+                .lock(format!("api:scope-{scope}"))
+                .await
+                .expect("lock");
+        })
+        .await
+        .expect("scope");
+    }
+    for scope in 0..SCOPES {
+        wait_for_owner(&server, &format!("api:scope-{scope}"), false).await;
+    }
+}

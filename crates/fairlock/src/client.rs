@@ -38,10 +38,15 @@ struct ClientHandle {
 impl Drop for ClientHandle {
     fn drop(&mut self) {
         // The tasks stop on their own when dropped (they watch their
-        // shutdown signal); the connections are closed in the background.
+        // shutdown signal); the connections are closed in the background,
+        // once the releases and cancels already on their way have run (a
+        // guard dropped just before its client: the end of a scope).
         self.tasks.lock().unwrap_or_else(|p| p.into_inner()).clear();
         let state = Arc::clone(&self.state);
-        self.state.spawn(async move { state.quit().await });
+        self.state.spawn(async move {
+            state.settle_waiters().await;
+            state.quit().await;
+        });
     }
 }
 

@@ -76,7 +76,8 @@ impl ClientState {
             channel_prefix: &self.channel_prefix(keys),
         };
         // Also while the client closes (see `ClientState::cancel`).
-        Ok(Box::pin(self.redis.run(Lane::Waiters, keys, &call))
+        Ok(self
+            .run_while_closing(Lane::Waiters, keys, &call)
             .await?
             .purged)
     }

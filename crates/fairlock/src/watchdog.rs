@@ -208,8 +208,9 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
             lease_renewals("error", watched);
             tracing::warn!(%error, locks = locks.len(), "fairlock lease check failed; retrying");
             for lock in &locks {
-                // Fires once the lease has run out by the local clock.
-                if lock.is_lost() {
+                // Fires once the lease has run out by the local clock. A
+                // released grant stays tracked until its release has run.
+                if !lock.is_released() && lock.is_lost() {
                     state.held.forget(&lock.owner_id);
                 }
             }
