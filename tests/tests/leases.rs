@@ -168,6 +168,45 @@ async fn fixed_leases_expire_unless_extended() {
     extended.release().await.expect("release");
 }
 
+/// A release that comes after its fixed lease ran out is refused, and the
+/// lock, free by then, goes to the next waiter in that same call rather
+/// than staying free until a heartbeat finds it (heartbeats here are 10 s
+/// apart, so only the release can have made the waiter the owner).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_the_lease_ran_out_still_hands_the_lock_on() {
+    let server = server();
+    let mut config = fast_config(&server);
+    config.heartbeat_interval = Duration::from_secs(10);
+    config.waiter_timeout = Duration::from_secs(30);
+    let holder = LockClient::with_config(config.clone())
+        .await
+        .expect("client");
+    let other = LockClient::with_config(config).await.expect("client");
+    let late = holder
+        .lock_with("late", LockOptions::new().lease(Duration::from_millis(300)))
+        .await
+        .expect("lock");
+    let waiting = tokio::spawn({
+        let other = other.clone();
+        async move { other.lock("late").await }
+    });
+    wait_for_queue_len(&holder, "late", 1).await;
+    wait_for_owner(&server, "late", false).await;
+
+    assert!(matches!(late.release().await, Err(Error::NotOwner { .. })));
+    let owner = owner_in_redis(&server, "late");
+    assert!(
+        owner.is_some(),
+        "the refused release left the free lock to the next heartbeat"
+    );
+    let guard = granted(waiting, "the waiter behind the expired holder").await;
+    assert_eq!(
+        owner.as_deref().and_then(|o| o.split(' ').next()),
+        Some(guard.owner_id())
+    );
+    guard.release().await.expect("release");
+}
+
 /// release_all frees every lock the client holds and hands each on; the
 /// guards become inert.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -216,6 +216,70 @@ async fn a_dead_holders_permit_returns_only_when_its_lease_ends() {
     permit.release().await.expect("release");
 }
 
+/// A holder releasing after its fixed lease ran out is refused, and the
+/// permit, free by then, goes to the next waiter in that same call rather
+/// than at the next heartbeat (10 s apart here, so only the release can
+/// have granted it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_the_lease_ran_out_still_hands_the_permit_on() {
+    let server = server();
+    let mut config = fast_config(&server);
+    config.heartbeat_interval = Duration::from_secs(10);
+    config.waiter_timeout = Duration::from_secs(30);
+    let holder = fairlock::LockClient::with_config(config.clone())
+        .await
+        .expect("client");
+    let other = fairlock::LockClient::with_config(config)
+        .await
+        .expect("client");
+    let name = "late";
+    let keys = sem_keys(name);
+    let late = holder
+        .semaphore(name, 1)
+        .expect("semaphore")
+        .acquire_with(LockOptions::new().lease(Duration::from_millis(300)))
+        .await
+        .expect("acquire");
+    let sem = other.semaphore(name, 1).expect("semaphore");
+    let waiting = tokio::spawn(async move { sem.acquire().await });
+    until_queued(&server, name, 1).await;
+    let deadline: i64 = server
+        .cmd(&["ZSCORE", keys.owner(), late.owner_id()])
+        .expect("ZSCORE")
+        .as_str()
+        .expect("a holder")
+        .parse()
+        .expect("deadline");
+    while server_ms(&server) <= deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    let late_id = late.owner_id().to_owned();
+    assert!(matches!(
+        late.release().await,
+        Err(fairlock::Error::NotOwner { .. })
+    ));
+    let holders = server
+        .cmd(&["ZRANGE", keys.owner(), "0", "-1"])
+        .expect("ZRANGE");
+    let holders: Vec<&str> = holders
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|h| h.as_str())
+        .collect();
+    assert!(
+        holders.len() == 1 && holders[0] != late_id,
+        "the refused release left the permit to the next heartbeat: {holders:?}"
+    );
+    let permit = within("the waiter behind the expired holder", waiting)
+        .await
+        .expect("task")
+        .expect("acquire");
+    assert_eq!(holders, [permit.owner_id()]);
+    permit.release().await.expect("release");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changing_permits_at_run_time_is_defined() {
     let server = server();

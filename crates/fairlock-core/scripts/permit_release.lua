@@ -17,7 +17,9 @@
 --                (whoever wakes it must set its lease); more: 1 if
 --                entries are left to look at (the client goes on with
 --                heartbeat calls)
---   {0}          refused: the caller holds no live permit; nothing changed
+--   {0}          refused: the caller holds no live permit; permits that
+--                expired leases freed go to live waiters that now fit,
+--                woken by message, as a heartbeat would
 --
 -- Holder-only. A resent release finds no permit and answers {0}; it never
 -- touches a later holder.
@@ -30,6 +32,10 @@ read_key(5, 'HGET', 'limit')
 local now = now_us()
 local now_ms = math.floor(now / 1000)
 if not deadline or tonumber(deadline) <= now_ms then
+  -- A release that comes after its lease ran out: the permit it held (and
+  -- any other that expired) goes on now, not at the next heartbeat.
+  expire_holders(now_ms)
+  grant_waiting(now, tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]))
   return {0}
 end
 redis.call('ZREM', KEYS[1], owner_id)

@@ -25,11 +25,15 @@
 --                            `more` is 1 if dead waiters are left to purge
 --                            before a live one can be found (the client
 --                            goes on with heartbeat calls)
---   {0}                      refused: the caller does not own the lock
+--   {0}                      refused: the caller does not own the lock;
+--                            if nobody does (the caller's lease ran out),
+--                            the oldest live waiter is made the owner and
+--                            woken by message, as a heartbeat would
 --
 -- Cost: 4 commands with nobody waiting (GET, ZRANGE, DEL, SET freed); 9
 -- for a handoff to a live head in another process, 8 in the caller's.
--- Owner-only: anyone but the owner changes nothing. Idempotent: a resent
+-- Owner-only: anyone but the owner changes nothing but what a heartbeat
+-- would (a free lock goes to its oldest live waiter). Idempotent: a resent
 -- release by the owner id that freed the lock last answers {1, 0, 0, "", 0, 0}
 -- and changes nothing.
 
@@ -38,6 +42,11 @@ local holder = parse_owner(redis.call('GET', KEYS[1]))
 if holder ~= owner_id then
   if redis.call('GET', KEYS[5]) == owner_id then
     return {1, 0, 0, '', 0, 0}
+  end
+  -- A release that comes after its lease ran out finds the lock free: it
+  -- goes to the next live waiter now, not at the next heartbeat.
+  if not holder then
+    grant_next(ARGV[2], ARGV[3], tonumber(ARGV[4]), '')
   end
   return {0}
 end

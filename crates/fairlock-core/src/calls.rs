@@ -261,7 +261,9 @@ pub enum ReleaseReply {
         /// Dead waiters removed on the way.
         purged: Purged,
     },
-    /// The caller does not own the lock; nothing changed.
+    /// The caller does not own the lock. Nothing of the caller's changed;
+    /// a lock nobody owns (the caller's lease ran out) went to its oldest
+    /// live waiter, as at a heartbeat.
     NotOwner,
 }
 

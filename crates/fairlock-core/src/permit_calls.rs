@@ -140,7 +140,9 @@ pub enum PermitReleaseReply {
         /// Dead waiters removed on the way.
         purged: Purged,
     },
-    /// The caller held no live permit; nothing changed.
+    /// The caller held no live permit. Nothing of the caller's changed;
+    /// permits that ran out went to the live waiters that now fit, as at a
+    /// heartbeat.
     NotHolder,
 }
 

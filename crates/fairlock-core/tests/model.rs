@@ -602,6 +602,11 @@ impl Model {
                 // A resend: answered as released, nothing changes.
                 return Reply::Array(vec![int(1), int(0), int(0), text(""), int(0), int(0)]);
             }
+            // Refused; a lock nobody holds (the caller's lease ran out)
+            // goes to the oldest live waiter, announced by a message.
+            if self.state.owner.is_none() {
+                self.grant_next();
+            }
             return Reply::Array(vec![int(0)]);
         }
         // The client releasing an owner id of its own process passes its tag.

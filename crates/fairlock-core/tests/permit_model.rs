@@ -200,10 +200,14 @@ impl Case<'_> {
                     channel_prefix: CHANNEL_PREFIX,
                 })?;
                 if self.model.holders.remove(&who).is_none() {
-                    return check(
+                    // Refused, but permits that ran out go on as at a
+                    // heartbeat.
+                    let (granted, _) = self.model.grant_waiting();
+                    check(
                         reply == PermitReleaseReply::NotHolder,
                         format!("release by non-holder {who}: {reply:?}"),
-                    );
+                    )?;
+                    return self.bind_new_grants(&granted);
                 }
                 let (granted, dropped) = self.model.grant_waiting();
                 let PermitReleaseReply::Released {

@@ -144,7 +144,8 @@ impl ClientState {
             tracing::debug!(lock = keys.owner(), %owner_id, "fairlock handing back a grant nobody here waits for");
             match state.release_owner_id(keys.owner(), &keys, &owner_id).await {
                 Ok(()) | Err(Error::NotOwner { .. }) => {}
-                Err(error) if !retry_may_cure(&error) => {
+                // A closed client has no heartbeat left to retry it.
+                Err(error) if !retry_may_cure(&error) || matches!(error, Error::Closed) => {
                     tracing::warn!(%error, "fairlock could not hand back an orphaned grant; its lease will run out");
                 }
                 Err(error) => {
