@@ -4,6 +4,7 @@
 //! that a well-behaved client never produces (a dead waiter, an expired
 //! holder).
 
+pub mod local_metrics;
 pub mod silent_proxy;
 
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! one (a caller's own timeout during the cleanup, a grant the replicas
 //! did not acknowledge, a client shut down under its waiters).
 //!
-//! Each test records into a recorder of its own, set as the default of
+//! Each test records into a recorder of its own (`LocalMetrics`), set as the default of
 //! its thread; the tests run on a current-thread runtime, so every task
 //! of the client (cleanups included) records there.
 
@@ -11,49 +11,11 @@ use std::time::Duration;
 
 use fairlock::{Error, LockClient, LockOptions};
 use fairlock_metrics::{
-    PrometheusHandle, ACQUIRE_TOTAL, HOLD_SECONDS, LEASE_LOST_TOTAL, LEASE_RENEWALS_TOTAL,
-    WAIT_RECHECK_TOTAL, WAIT_SECONDS,
+    ACQUIRE_TOTAL, HOLD_SECONDS, LEASE_LOST_TOTAL, LEASE_RENEWALS_TOTAL, WAIT_RECHECK_TOTAL,
+    WAIT_SECONDS,
 };
+use fairlock_tests::local_metrics::LocalMetrics;
 use fairlock_tests::*;
-
-/// A Prometheus recorder of this test's own, as its thread's default.
-struct LocalMetrics {
-    handle: PrometheusHandle,
-    _guard: metrics::LocalRecorderGuard<'static>,
-}
-
-impl LocalMetrics {
-    fn install() -> Self {
-        let recorder = fairlock_metrics::prometheus_builder()
-            .expect("fairlock's buckets")
-            .build_recorder();
-        let handle = recorder.handle();
-        // Leaked: the guard needs a recorder that outlives it; one small
-        // recorder per test process is nothing.
-        let recorder: &'static _ = Box::leak(Box::new(recorder));
-        Self {
-            handle,
-            _guard: metrics::set_default_local_recorder(recorder),
-        }
-    }
-
-    /// The value of `name`'s series with `label="value"` among its labels
-    /// (0 when it does not exist).
-    fn value(&self, name: &str, label: &str, value: &str) -> f64 {
-        let wanted = format!("{label}=\"{value}\"");
-        self.handle
-            .render()
-            .lines()
-            .filter(|line| line.split('{').next() == Some(name) && line.contains(&wanted))
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .fold(0.0, |sum, value| sum + value)
-    }
-
-    /// `name` summed over its series (0 when it does not exist).
-    fn total(&self, name: &str) -> f64 {
-        metric_value(&self.handle, name).unwrap_or(0.0)
-    }
-}
 
 /// A wait timeout whose cleanup (the cancel, awaited) is cut short by the
 /// caller's own timeout is still counted as a timeout, with its wait.
@@ -81,9 +43,9 @@ async fn a_timeout_cut_short_during_its_cancel_is_still_counted() {
         .expect("pause writes");
     let (b, cut_short) = waiter.await.expect("waiter task");
     assert!(cut_short, "the caller's timeout fired during the cancel");
-    assert_eq!(metrics.value(ACQUIRE_TOTAL, "outcome", "timeout"), 1.0);
+    assert_eq!(metrics.value(ACQUIRE_TOTAL, &[("outcome", "timeout")]), 1.0);
     assert_eq!(
-        metrics.value(&format!("{WAIT_SECONDS}_count"), "outcome", "timeout"),
+        metrics.value(&format!("{WAIT_SECONDS}_count"), &[("outcome", "timeout")]),
         1.0
     );
     assert_eq!(
@@ -109,8 +71,11 @@ async fn an_unacknowledged_grant_is_an_error_not_a_hold() {
         matches!(refused, Err(Error::NotReplicated { .. })),
         "{refused:?}"
     );
-    assert_eq!(metrics.value(ACQUIRE_TOTAL, "outcome", "acquired"), 0.0);
-    assert_eq!(metrics.value(ACQUIRE_TOTAL, "outcome", "error"), 1.0);
+    assert_eq!(
+        metrics.value(ACQUIRE_TOTAL, &[("outcome", "acquired")]),
+        0.0
+    );
+    assert_eq!(metrics.value(ACQUIRE_TOTAL, &[("outcome", "error")]), 1.0);
     assert_eq!(metrics.total(&format!("{HOLD_SECONDS}_count")), 0.0);
     client.shutdown().await;
 }
@@ -139,10 +104,10 @@ async fn waiters_ended_by_shutdown_are_counted_as_cancelled() {
         assert!(matches!(ended, Err(Error::Closed)), "{ended:?}");
     }
     assert_eq!(
-        metrics.value(ACQUIRE_TOTAL, "outcome", "cancelled"),
+        metrics.value(ACQUIRE_TOTAL, &[("outcome", "cancelled")]),
         WAITERS as f64
     );
-    assert_eq!(metrics.value(ACQUIRE_TOTAL, "outcome", "error"), 0.0);
+    assert_eq!(metrics.value(ACQUIRE_TOTAL, &[("outcome", "error")]), 0.0);
     assert_eq!(metrics.total(WAIT_RECHECK_TOTAL), 0.0);
     holder.shutdown().await;
 }
@@ -172,7 +137,7 @@ async fn failed_renewals_are_counted_per_lock() {
     server
         .cmd_ok(&["CLIENT", "PAUSE", "2500", "ALL"])
         .expect("pause");
-    let errors = || metrics.value(LEASE_RENEWALS_TOTAL, "result", "error");
+    let errors = || metrics.value(LEASE_RENEWALS_TOTAL, &[("result", "error")]);
     for _ in 0..600 {
         if errors() > 0.0 {
             break;
@@ -207,7 +172,7 @@ async fn a_labelled_lock_has_its_lost_lease_counter_from_the_first_grant() {
         .release()
         .await
         .expect("release");
-    let text = metrics.handle.render();
+    let text = metrics.handle().render();
     assert!(
         text.contains(&format!("{LEASE_LOST_TOTAL}{{lock=\"report\"}} 0")),
         "{text}"
@@ -237,7 +202,10 @@ async fn a_lost_watchdog_lease_is_a_lost_renewal_and_a_fixed_one_is_not() {
     }
     within("the watchdog lock's loss", watched.lost()).await;
     within("the fixed lease's loss", fixed.lost()).await;
-    assert_eq!(metrics.value(LEASE_RENEWALS_TOTAL, "result", "lost"), 1.0);
+    assert_eq!(
+        metrics.value(LEASE_RENEWALS_TOTAL, &[("result", "lost")]),
+        1.0
+    );
     assert_eq!(metrics.total(LEASE_LOST_TOTAL), 2.0);
     client.shutdown().await;
 }

@@ -17,6 +17,13 @@
 //! * a majority was won but the lease was used up meanwhile: fail with
 //!   [`Error::InvalidOptions`] (the lease is too short for these
 //!   primaries; retrying would only repeat it).
+//!
+//! Each call that passed the checks of its name and options is counted
+//! once in `fairlock_acquire_total` and `fairlock_wait_seconds`, as
+//! `LockClient`'s are: `acquired`, `busy` (a try that found the lock held
+//! or contended), `timeout`, `cancelled` (the future dropped, or the client
+//! closed: [`Error::Closed`]) or `error` (any other failure, e.g.
+//! [`Error::NoQuorum`]). A drop guard, [`Outcome`], counts a dropped call.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,10 +33,11 @@ use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 use crate::guard::FencingToken;
+use crate::telemetry::LockTelemetry;
 
 use super::config::RedLockOptions;
 use super::guard::RedLockGuard;
-use super::quorum::{attempt, Attempt, Won};
+use super::quorum::{attempt, give_back_later, Attempt, Won};
 use super::renewal::{HoldStatus, LeaseWatchdog};
 use super::shared::Shared;
 use super::wakeups::Subscription;
@@ -42,6 +50,8 @@ pub(crate) enum Mode {
 }
 
 /// Acquires `name`; `None` only in [`Mode::Try`] when the lock is taken.
+/// Counted once by its outcome, unless the name or options are refused
+/// (nothing contacted).
 pub(crate) async fn acquire(
     shared: &Arc<Shared>,
     name: &str,
@@ -50,7 +60,31 @@ pub(crate) async fn acquire(
 ) -> Result<Option<RedLockGuard>> {
     let lock_name = LockName::new(name)?;
     let lease = options.checked_lease(&shared.config)?;
-    let keys = Arc::new(RedLockKeys::new(&shared.config.prefix, &lock_name));
+    // With the label off: no allocation (an empty list of labels).
+    let telemetry = shared.config.metrics_lock_label.labels(name);
+    let mut outcome = Outcome::new(&telemetry);
+    let result = acquire_checked(shared, name, &lock_name, options, lease, mode, &telemetry).await;
+    outcome.ended(match &result {
+        Ok(Some(_)) => "acquired",
+        Ok(None) => "busy",
+        Err(Error::WaitTimeout { .. }) => "timeout",
+        Err(Error::Closed) => "cancelled",
+        Err(_) => "error",
+    });
+    result
+}
+
+/// The acquire of a checked name and lease.
+async fn acquire_checked(
+    shared: &Arc<Shared>,
+    name: &str,
+    lock_name: &LockName,
+    options: RedLockOptions,
+    lease: Duration,
+    mode: Mode,
+    telemetry: &LockTelemetry,
+) -> Result<Option<RedLockGuard>> {
+    let keys = Arc::new(RedLockKeys::new(&shared.config.prefix, lock_name));
     let owner_id: Arc<str> = Arc::from(uuid::Uuid::new_v4().simple().to_string());
     let token_of = |value: u64| {
         FencingToken::new(value, &owner_id).ok_or_else(|| {
@@ -64,13 +98,35 @@ pub(crate) async fn acquire(
     let mut subscription: Option<Subscription> = None;
     let mut splits: u32 = 0;
     loop {
+        if shared.is_closed() {
+            return Err(Error::Closed);
+        }
         let pause = match attempt(shared, &keys, &owner_id, lease).await {
             Attempt::Won(won) => {
-                let token = token_of(won.token)?;
+                // Won as the client closed: no guard of a closed client
+                // could renew or release it.
+                let token = match shared.check_open().and_then(|()| token_of(won.token)) {
+                    Ok(token) => token,
+                    Err(error) => {
+                        give_back_later(shared, &keys, &owner_id);
+                        return Err(error);
+                    }
+                };
+                telemetry.granted(token.value());
                 return Ok(Some(hold(
-                    shared, name, keys, owner_id, token, won, options, lease,
+                    shared,
+                    name,
+                    keys,
+                    owner_id,
+                    token,
+                    won,
+                    options,
+                    lease,
+                    telemetry.clone(),
                 )));
             }
+            // The connections are closing: not a failure of the primaries.
+            Attempt::NoQuorum { .. } if shared.is_closed() => return Err(Error::Closed),
             Attempt::NoQuorum { answered, failures } => {
                 return Err(Error::NoQuorum {
                     name: name.to_owned(),
@@ -153,11 +209,14 @@ fn hold(
     won: Won,
     options: RedLockOptions,
     lease: Duration,
+    telemetry: LockTelemetry,
 ) -> RedLockGuard {
     let status = Arc::new(
         watch::channel(HoldStatus {
             deadline: won.started + won.validity,
             lost: false,
+            released: false,
+            lost_counted: false,
         })
         .0,
     );
@@ -168,6 +227,7 @@ fn hold(
             Arc::clone(&owner_id),
             lease,
             Arc::clone(&status),
+            telemetry.clone(),
         )
     });
     RedLockGuard {
@@ -179,6 +239,40 @@ fn hold(
         status,
         watchdog,
         released: false,
+        telemetry,
+        granted_at: Instant::now(),
+    }
+}
+
+/// Counts an acquire once: by [`Outcome::ended`], or as `cancelled` when
+/// the acquire future is dropped first (`tokio::time::timeout`,
+/// `select!`, an aborted task).
+struct Outcome<'a> {
+    telemetry: &'a LockTelemetry,
+    started: Instant,
+    counted: bool,
+}
+
+impl<'a> Outcome<'a> {
+    fn new(telemetry: &'a LockTelemetry) -> Self {
+        Self {
+            telemetry,
+            started: Instant::now(),
+            counted: false,
+        }
+    }
+
+    /// The acquire ended as `outcome`.
+    fn ended(&mut self, outcome: &'static str) {
+        if !std::mem::replace(&mut self.counted, true) {
+            self.telemetry.acquire_ended(outcome, self.started);
+        }
+    }
+}
+
+impl Drop for Outcome<'_> {
+    fn drop(&mut self) {
+        self.ended("cancelled");
     }
 }
 

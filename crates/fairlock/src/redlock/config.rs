@@ -11,6 +11,7 @@ use fred::types::config::ServerConfig;
 use crate::config::MAX_DURATION;
 use crate::error::{Error, Result};
 use crate::redis::{check_tls_scheme, redact};
+use crate::telemetry::MetricsLockLabel;
 
 /// How a [`crate::redlock::RedLock`] reaches its primaries, and the timings
 /// of the algorithm. Build it with [`RedLockConfig::new`] and set fields.
@@ -77,6 +78,12 @@ pub struct RedLockConfig {
     /// contenders), a waiter backs off a random time up to this, doubling on
     /// each further split up to 32 times it (20 ms by default).
     pub split_backoff: Duration,
+    /// Whether metrics carry a `lock` label, as
+    /// [`crate::ClientConfig::metrics_lock_label`] (off by default: lock
+    /// names can be unbounded). RedLock records under the same metric
+    /// names as [`crate::LockClient`]; a label is also how one process
+    /// using both tells their series apart (docs/METRICS.md).
+    pub metrics_lock_label: MetricsLockLabel,
 }
 
 impl RedLockConfig {
@@ -99,7 +106,24 @@ impl RedLockConfig {
             drift_floor: Duration::from_millis(2),
             wake_jitter: Duration::from_millis(10),
             split_backoff: Duration::from_millis(20),
+            metrics_lock_label: MetricsLockLabel::Off,
         }
+    }
+
+    /// Sets [`RedLockConfig::metrics_lock_label`].
+    ///
+    /// ```
+    /// use fairlock::redlock::RedLockConfig;
+    /// use fairlock::MetricsLockLabel;
+    ///
+    /// let config = RedLockConfig::new(["redis://a:1", "redis://b:1", "redis://c:1"])
+    ///     .metrics_lock_label(MetricsLockLabel::Name);
+    /// assert!(config.validate().is_ok());
+    /// ```
+    #[must_use]
+    pub fn metrics_lock_label(mut self, label: MetricsLockLabel) -> Self {
+        self.metrics_lock_label = label;
+        self
     }
 
     /// Checks every value; the error names the bad one. Every URL is

@@ -9,13 +9,20 @@ use tokio::sync::watch;
 use crate::error::{Error, Result};
 use crate::guard::FencingToken;
 use crate::task::BackgroundTask;
+use crate::telemetry::LockTelemetry;
 
 use super::quorum::release_everywhere;
-use super::renewal::HoldStatus;
+use super::renewal::{lost_by_now, HoldStatus};
 use super::shared::Shared;
 
 /// A RedLock held on a majority of the primaries, until released or
 /// dropped (dropping releases in the background).
+///
+/// Its hold is sampled in `fairlock_hold_seconds` when it is released or
+/// dropped (after the release round), and its lease counted once in
+/// `fairlock_lease_lost_total` when first known lost: by the watchdog, or
+/// by [`is_lost`](Self::is_lost), [`lost`](Self::lost), the release or
+/// the drop finding the validity over.
 ///
 /// The lock is safe to rely on only within its [`validity`](Self::validity),
 /// and only if the process is not paused past it: pass
@@ -42,7 +49,11 @@ pub struct RedLockGuard {
     pub(crate) token: FencingToken,
     pub(crate) status: Arc<watch::Sender<HoldStatus>>,
     pub(crate) watchdog: Option<BackgroundTask>,
+    /// Set once the release round has run (by `release`): the drop then
+    /// has nothing left to do.
     pub(crate) released: bool,
+    pub(crate) telemetry: LockTelemetry,
+    pub(crate) granted_at: Instant,
 }
 
 impl std::fmt::Debug for RedLockGuard {
@@ -57,6 +68,12 @@ impl std::fmt::Debug for RedLockGuard {
 }
 
 impl RedLockGuard {
+    /// Whether the lease is lost by now, counting the loss if nobody did
+    /// (not after the client was closed).
+    fn lost_by_now(&self) -> bool {
+        lost_by_now(&self.status, &self.telemetry, self.shared.is_closed())
+    }
+
     /// The lock's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -89,7 +106,7 @@ impl RedLockGuard {
     /// Whether the lease is known lost (a renewal not confirmed by a
     /// majority, or the validity ran out).
     pub fn is_lost(&self) -> bool {
-        self.status.borrow().is_lost()
+        self.lost_by_now()
     }
 
     /// Resolves when the lease is lost: a watchdog renewal was not confirmed
@@ -99,18 +116,20 @@ impl RedLockGuard {
         loop {
             let now = *status.borrow_and_update();
             if now.is_lost() {
-                return;
+                break;
             }
             tokio::select! {
                 changed = status.changed() => {
                     if changed.is_err() {
                         tokio::time::sleep_until(now.deadline.into()).await;
-                        return;
+                        break;
                     }
                 }
                 () = tokio::time::sleep_until(now.deadline.into()) => {}
             }
         }
+        // Counted here if nobody knew yet (a fixed lease ran out).
+        self.lost_by_now();
     }
 
     /// Releases the lock on every primary and wakes waiters. Within the
@@ -123,16 +142,23 @@ impl RedLockGuard {
     /// majority still had this holder's key (another holder may have
     /// overlapped), [`Error::NoQuorum`] if fewer than a majority answered.
     pub async fn release(mut self) -> Result<()> {
-        self.released = true;
+        // Dropped before the round below has run (a caller's timeout), the
+        // guard's drop sends the release again and samples the hold.
         if let Some(mut watchdog) = self.watchdog.take() {
             watchdog.shutdown().await;
         }
         // Within its validity the lock was this holder's alone (RedLock's
-        // premise), whatever the primaries that died since say.
-        let was_valid = !self.status.borrow().is_lost();
-        self.status.send_modify(|s| s.lost = true);
+        // premise), whatever the primaries that died since say. A validity
+        // that ran out unnoticed is a lost lease, counted now.
+        let was_valid = !self.lost_by_now();
+        self.status.send_modify(|s| {
+            s.lost = true;
+            s.released = true;
+        });
         let (answered, deleted, failures) =
             release_everywhere(&self.shared, &self.keys, &self.owner_id, true).await;
+        self.released = true;
+        self.telemetry.held_for(self.granted_at);
         let quorum = self.shared.config.quorum();
         if was_valid || deleted >= quorum {
             Ok(())
@@ -159,8 +185,17 @@ impl Drop for RedLockGuard {
         }
         // Dropping the watchdog asks it to stop.
         let watchdog = self.watchdog.take();
-        self.status.send_modify(|s| s.lost = true);
+        self.lost_by_now();
+        self.status.send_modify(|s| {
+            s.lost = true;
+            s.released = true;
+        });
+        let telemetry = std::mem::take(&mut self.telemetry);
+        let granted_at = self.granted_at;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No release without a runtime (the keys expire with the
+            // lease); the hold ends here all the same.
+            telemetry.held_for(granted_at);
             return;
         };
         let shared = Arc::clone(&self.shared);
@@ -174,6 +209,7 @@ impl Drop for RedLockGuard {
                 watchdog.shutdown().await;
             }
             release_everywhere(&shared, &keys, &owner_id, true).await;
+            telemetry.held_for(granted_at);
         });
     }
 }

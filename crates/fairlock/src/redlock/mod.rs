@@ -33,6 +33,12 @@
 //!   section). Fencing tokens are what protects a resource when those
 //!   assumptions break.
 //!
+//! Metrics: RedLock records under the same names as [`crate::LockClient`]
+//! (docs/METRICS.md): each acquire's outcome and wait, each hold, watchdog
+//! renewals by result and lost leases; with
+//! [`RedLockConfig::metrics_lock_label`], a `lock` label. It has no queue,
+//! so it records no contention, queue depth, handoffs or rechecks.
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use fairlock::redlock::{RedLock, RedLockOptions};
@@ -63,6 +69,7 @@ mod renewal;
 mod shared;
 mod wakeups;
 
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -200,10 +207,12 @@ impl RedLock {
         for primary in primaries.all() {
             wakeups.attach(primary);
         }
+        crate::telemetry::start_alerting_counters(&config.metrics_lock_label);
         let shared = Arc::new(Shared {
             config,
             primaries,
             wakeups,
+            closed: AtomicBool::new(false),
         });
         let reconnector = (connected < shared.primaries.len())
             .then(|| spawn_reconnector(Arc::downgrade(&shared)));
@@ -221,7 +230,8 @@ impl RedLock {
     /// # Errors
     ///
     /// [`Error::InvalidName`] (nothing contacted), [`Error::NoQuorum`] when
-    /// fewer than a majority of primaries can vote.
+    /// fewer than a majority of primaries can vote, [`Error::Closed`] once
+    /// [`RedLock::close`] was called (also for a call waiting then).
     pub async fn lock(&self, name: &str) -> Result<RedLockGuard> {
         self.lock_with(name, RedLockOptions::new()).await
     }
@@ -284,8 +294,12 @@ impl RedLock {
     }
 
     /// Stops the background tasks and closes every connection. Guards still
-    /// alive lose their watchdog; their keys expire with the lease.
+    /// alive lose their watchdog; their keys expire with the lease (counted
+    /// neither as failed renewals nor as lost leases). Calls waiting for a
+    /// lock end at once with [`Error::Closed`] (counted as `cancelled`), as
+    /// do later ones.
     pub async fn close(&self) {
+        self.inner.shared.close();
         let reconnector = self
             .inner
             .reconnector

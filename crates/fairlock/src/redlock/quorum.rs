@@ -207,6 +207,18 @@ impl Drop for VoteCleanup {
     }
 }
 
+/// Gives `owner_id`'s votes back on every primary in a task of its own: a
+/// won majority that no guard will hold.
+pub(crate) fn give_back_later(shared: &Arc<Shared>, keys: &Arc<RedLockKeys>, owner_id: &Arc<str>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let (shared, keys, owner_id) = (Arc::clone(shared), Arc::clone(keys), Arc::clone(owner_id));
+    runtime.spawn(async move {
+        release_everywhere(&shared, &keys, &owner_id, true).await;
+    });
+}
+
 /// Runs `redlock_release.lua` for `owner_id` on every primary; returns how
 /// many primaries answered and how many deleted the owner id's key.
 pub(crate) async fn release_everywhere(

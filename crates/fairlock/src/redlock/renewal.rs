@@ -14,6 +14,16 @@
 //! before a round began: the process was paused), the lock is marked lost
 //! and the watchdog stops: a later success could not prove the lock was
 //! not held by another meanwhile.
+//!
+//! Metrics, as the single-primary watchdog records them: one renewal per
+//! round by its result (`renewed`, `error` for a round a majority did not
+//! confirm, `lost` for one a majority refused), and the lease lost once
+//! per grant, by whoever first finds it lost: the watchdog
+//! ([`mark_lost`]), or the guard when its validity ran out unnoticed
+//! ([`lost_by_now`]; a fixed lease has no watchdog). A round that raced
+//! the guard's release counts nothing; nor does anything after
+//! `RedLock::close`: the watchdog stops and the lease runs out, as
+//! `LockClient`'s do after `shutdown()`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,6 +32,7 @@ use fairlock_core::{RedLockKeys, RedlockRenew};
 use tokio::sync::watch;
 
 use crate::task::BackgroundTask;
+use crate::telemetry::{lease_renewals, LockTelemetry};
 
 use super::primaries::call;
 use super::quorum::millis;
@@ -37,12 +48,63 @@ pub(crate) struct HoldStatus {
     pub(crate) deadline: Instant,
     /// Known lost (a failed renewal, or released).
     pub(crate) lost: bool,
+    /// Released (or its guard dropped): nothing about it is counted any
+    /// more.
+    pub(crate) released: bool,
+    /// Its lost lease was counted (once per grant).
+    pub(crate) lost_counted: bool,
 }
 
 impl HoldStatus {
     pub(crate) fn is_lost(&self) -> bool {
         self.lost || Instant::now() >= self.deadline
     }
+
+    /// Notes that the lease is lost: `true` if it is the first to, and the
+    /// loss is to be counted (not after a release).
+    fn first_to_count_loss(&mut self) -> bool {
+        if self.lost_counted || self.released {
+            return false;
+        }
+        self.lost_counted = true;
+        true
+    }
+}
+
+/// Marks the grant lost (the watchdog found so), counting the lost lease
+/// unless counted already: before the guard's `lost()` wakes, so whoever
+/// sees the signal finds it counted.
+pub(crate) fn mark_lost(status: &watch::Sender<HoldStatus>, telemetry: &LockTelemetry) {
+    status.send_if_modified(|s| {
+        if s.first_to_count_loss() {
+            telemetry.lease_lost();
+        }
+        !std::mem::replace(&mut s.lost, true)
+    });
+}
+
+/// Whether the grant is lost (known lost, or its validity ran out);
+/// counts the lost lease if nobody did yet (a fixed lease, which has no
+/// watchdog, or a watchdog that has not looked yet), unless the client
+/// is `closed` (its leases run out by design, as `LockClient`'s after
+/// `shutdown()`). Changes nothing else: a renewal round in flight may
+/// still confirm the lock.
+pub(crate) fn lost_by_now(
+    status: &watch::Sender<HoldStatus>,
+    telemetry: &LockTelemetry,
+    closed: bool,
+) -> bool {
+    let (mut lost, mut count) = (false, false);
+    // Only the bookkeeping of the count changes: nobody is notified.
+    status.send_if_modified(|s| {
+        lost = s.is_lost();
+        count = lost && !closed && s.first_to_count_loss();
+        false
+    });
+    if count {
+        telemetry.lease_lost();
+    }
+    lost
 }
 
 /// The renewal loop of one watchdog-kept grant.
@@ -56,6 +118,7 @@ impl LeaseWatchdog {
         owner_id: Arc<str>,
         lease: Duration,
         status: Arc<watch::Sender<HoldStatus>>,
+        telemetry: LockTelemetry,
     ) -> BackgroundTask {
         BackgroundTask::spawn("redlock watchdog", move |mut stop| async move {
             let interval = lease / 3;
@@ -65,6 +128,11 @@ impl LeaseWatchdog {
                     () = stop.requested() => return,
                     () = tokio::time::sleep(wait) => {}
                 }
+                if shared.is_closed() {
+                    // The connections are gone: the lease runs out, and
+                    // neither the failed renewals nor the loss is counted.
+                    return;
+                }
                 if status.borrow().is_lost() {
                     if wait != interval {
                         tracing::warn!(
@@ -72,27 +140,45 @@ impl LeaseWatchdog {
                             "RedLock: no renewal was confirmed by a majority before the validity ended; the lease is lost"
                         );
                     }
-                    status.send_modify(|s| s.lost = true);
+                    mark_lost(&status, &telemetry);
                     return;
                 }
-                match renew(&shared, &keys, &owner_id, lease).await {
+                let round = renew(&shared, &keys, &owner_id, lease).await;
+                if status.borrow().released || shared.is_closed() {
+                    // The round raced the guard's release or the client's
+                    // close: not counted.
+                    return;
+                }
+                match round {
                     Round::Confirmed(deadline) => {
+                        lease_renewals("renewed", 1);
                         status.send_modify(|s| s.deadline = deadline);
                         wait = interval;
                     }
                     Round::Unanswered => {
+                        lease_renewals("error", 1);
                         tracing::warn!(
                             lock = keys.owner(),
                             "RedLock: a renewal was not confirmed by a majority; trying again while the lease is valid"
                         );
                         wait = RETRY_PAUSE.min(interval);
                     }
+                    Round::Late => {
+                        lease_renewals("error", 1);
+                        tracing::warn!(
+                            lock = keys.owner(),
+                            "RedLock: a renewal was confirmed by a majority too late to leave any validity; the lease is lost"
+                        );
+                        mark_lost(&status, &telemetry);
+                        return;
+                    }
                     Round::Refused => {
+                        lease_renewals("lost", 1);
                         tracing::warn!(
                             lock = keys.owner(),
                             "RedLock: a majority of primaries no longer has this grant; the lease is lost"
                         );
-                        status.send_modify(|s| s.lost = true);
+                        mark_lost(&status, &telemetry);
                         return;
                     }
                 }
@@ -108,9 +194,11 @@ enum Round {
     /// Too few confirmed, but primaries that did not answer (down, slow)
     /// could still make a majority: worth trying again.
     Unanswered,
-    /// Too many primaries answered that the key is another's (or the round
-    /// took the whole validity): no retry can make a majority.
+    /// Too many primaries answered that the key is another's: no retry can
+    /// make a majority.
     Refused,
+    /// A majority confirmed, but the round took the whole validity.
+    Late,
 }
 
 /// One renewal round.
@@ -158,6 +246,6 @@ async fn renew(
         .filter(|validity| !validity.is_zero());
     match validity {
         Some(validity) => Round::Confirmed(started + validity),
-        None => Round::Refused,
+        None => Round::Late,
     }
 }

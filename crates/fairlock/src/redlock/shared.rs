@@ -1,7 +1,10 @@
 //! The state every part of a RedLock client shares: its configuration, its
 //! primaries and its release-notice subscriptions.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+use crate::error::{Error, Result};
 
 use super::config::RedLockConfig;
 use super::primaries::Primaries;
@@ -12,6 +15,30 @@ pub(crate) struct Shared {
     pub(crate) config: RedLockConfig,
     pub(crate) primaries: Arc<Primaries>,
     pub(crate) wakeups: Wakeups,
+    /// Set by `RedLock::close`: acquires end with `Error::Closed`.
+    pub(crate) closed: AtomicBool,
+}
+
+impl Shared {
+    /// Whether `RedLock::close` was called.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// [`Error::Closed`] once `RedLock::close` was called.
+    pub(crate) fn check_open(&self) -> Result<()> {
+        if self.is_closed() {
+            return Err(Error::Closed);
+        }
+        Ok(())
+    }
+
+    /// Marks the client closed and wakes its waiters, which then end with
+    /// `Error::Closed`.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.wakeups.wake_everyone();
+    }
 }
 
 impl Drop for Shared {

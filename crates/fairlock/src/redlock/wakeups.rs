@@ -159,6 +159,11 @@ impl Wakeups {
         subscription
     }
 
+    /// Wakes every local waiter on every lock (the client is closing).
+    pub(crate) fn wake_everyone(&self) {
+        wake_all(&Arc::downgrade(&self.inner));
+    }
+
     /// Asks the routers to stop, without waiting for them.
     pub(crate) fn stop_routers(&self) {
         lock(&self.inner.routers).clear();
