@@ -183,7 +183,7 @@ async fn a_release_after_the_lease_ran_out_still_hands_the_lock_on() {
         .expect("client");
     let other = LockClient::with_config(config).await.expect("client");
     let late = holder
-        .lock_with("late", LockOptions::new().lease(Duration::from_millis(300)))
+        .lock_with("late", LockOptions::new().lease(Duration::from_secs(1)))
         .await
         .expect("lock");
     let waiting = tokio::spawn({

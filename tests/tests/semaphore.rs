@@ -237,7 +237,7 @@ async fn a_release_after_the_lease_ran_out_still_hands_the_permit_on() {
     let late = holder
         .semaphore(name, 1)
         .expect("semaphore")
-        .acquire_with(LockOptions::new().lease(Duration::from_millis(300)))
+        .acquire_with(LockOptions::new().lease(Duration::from_secs(1)))
         .await
         .expect("acquire");
     let sem = other.semaphore(name, 1).expect("semaphore");
