@@ -6,6 +6,7 @@
 
 pub mod local_metrics;
 pub mod silent_proxy;
+pub mod switch_proxy;
 
 use std::time::Duration;
 

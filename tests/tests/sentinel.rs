@@ -369,3 +369,84 @@ async fn an_acquire_dropped_while_waiting_for_replicas_gives_the_grant_back() {
     .await;
     next.release().await.expect("release");
 }
+
+/// `INFO` field `field` of `server`, as a number (0 if absent).
+fn info_number(server: &fairlock_testkit::RedisServer, section: &str, field: &str) -> u64 {
+    let info = server.cmd(&["INFO", section]).expect("INFO");
+    let text = info.as_str().unwrap_or_default().to_owned();
+    text.lines()
+        .find_map(|line| line.strip_prefix(&format!("{field}:")))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A fail-over behind one address (a virtual IP, a DNS name): the grant's
+/// `WAIT` blocks on the server that has the grant, the address moves to
+/// another server, and fred, reconnecting, sends the `WAIT` again there.
+/// A `WAIT` counts the writes of its own connection, and the new
+/// connection has none: the other server's replica answers at once. That
+/// is no acknowledgement of the grant (which the other server does not
+/// even have), so the acquire must fail with `NotReplicated`. Before, it
+/// returned the guard of a lock nobody held where the client now writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_answered_by_another_server_after_a_reconnect_is_not_an_acknowledgement() {
+    // The grant's server has no replica: its WAIT blocks for the timeout.
+    let first = fairlock_tests::server();
+    // The server the address moves to, with a live replica.
+    let second = fairlock_tests::server();
+    let replica = fairlock_tests::server();
+    second
+        .cmd(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"])
+        .expect("CONFIG SET");
+    replica
+        .cmd(&["REPLICAOF", "127.0.0.1", &second.port().to_string()])
+        .expect("REPLICAOF");
+    fairlock_tests::within("the replica to come online", async {
+        loop {
+            let info = second.cmd(&["INFO", "replication"]).expect("INFO");
+            if info.as_str().unwrap_or_default().contains("state=online") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+
+    let proxy = fairlock_tests::switch_proxy::SwitchProxy::start(first.port()).await;
+    let config = ClientConfig::builder(proxy.url())
+        .command_timeout(Duration::from_secs(10))
+        .heartbeat_interval(Duration::from_secs(1))
+        .waiter_timeout(Duration::from_secs(30))
+        .replica_acks(1, Duration::from_secs(4))
+        .build()
+        .expect("config");
+    let client = LockClient::with_config(config).await.expect("connect");
+    let locking = tokio::spawn({
+        let client = client.clone();
+        async move { client.lock("moved").await }
+    });
+    // Granted on the first server; both lanes' WAITs block there.
+    fairlock_tests::wait_for_owner(&first, "moved", true).await;
+    fairlock_tests::within("both WAITs to block", async {
+        while info_number(&first, "clients", "blocked_clients") < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+
+    proxy.switch_to(second.port());
+    proxy.cut();
+    let result = fairlock_tests::within("the acquire", locking)
+        .await
+        .expect("task");
+    assert_eq!(
+        fairlock_tests::owner_in_redis(&second, "moved"),
+        None,
+        "the server the client now writes to never had the grant"
+    );
+    assert!(
+        matches!(result, Err(Error::NotReplicated { .. })),
+        "a WAIT answered on another connection acknowledged the grant: {result:?}"
+    );
+    client.shutdown().await;
+}

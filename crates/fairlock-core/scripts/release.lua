@@ -35,12 +35,16 @@
 -- Owner-only: anyone but the owner changes nothing but what a heartbeat
 -- would (a free lock goes to its oldest live waiter). Idempotent: a resent
 -- release by the owner id that freed the lock last answers {1, 0, 0, "", 0, 0}
--- and changes nothing.
+-- and changes nothing but the TTL of the record of that release.
 
 local owner_id = ARGV[1]
 local holder = parse_owner(redis.call('GET', KEYS[1]))
 if holder ~= owner_id then
   if redis.call('GET', KEYS[5]) == owner_id then
+    -- A resend. The record is written again (same value, a fresh TTL),
+    -- so that a WAIT on the resending connection, which may be a new one
+    -- after a reconnect, covers the release it stands for.
+    redis.call('SET', KEYS[5], owner_id, 'PX', ARGV[2])
     return {1, 0, 0, '', 0, 0}
   end
   -- A release that comes after its lease ran out finds the lock free: it

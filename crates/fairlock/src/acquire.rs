@@ -33,7 +33,8 @@ use fairlock_core::{
 use crate::config::{millis, Lease, LockOptions};
 use crate::error::{Error, Result};
 use crate::held::{Grant, HeldLock};
-use crate::state::ClientState;
+use crate::redis::ReconnectMark;
+use crate::state::{ClientState, Replication};
 use crate::telemetry::LockTelemetry;
 use crate::waiters::{WaiterEvent, WaiterSlot};
 
@@ -188,6 +189,7 @@ async fn acquire_validated(
 
     loop {
         let sent_at = Instant::now();
+        let mark = state.replication_mark();
         // The call and its reply live in their own block, so the reply is
         // out of scope during the wait below: a binding kept in scope
         // across that wait would make every waiting task carry it.
@@ -223,7 +225,7 @@ async fn acquire_validated(
                         .check_open()
                         .map_err(|closed| pending.failed(closed))?;
                     telemetry.granted(token);
-                    Answer::Granted(pending.granted(name, grant(token, ticket, sent_at)))
+                    Answer::Granted(pending.granted(name, grant(token, ticket, sent_at)), mark)
                 }
                 AcquireReply::Busy { purged } => {
                     state.after_purge(&keys, purged);
@@ -247,8 +249,8 @@ async fn acquire_validated(
         // Granted in the reply: awaited here, with the reply gone.
         let (queued_with, position) = match answer {
             Answer::Queued { ticket, position } => (ticket, position),
-            Answer::Granted(held) => {
-                return Box::pin(replicated_or_given_back(state, held, started)).await
+            Answer::Granted(held, mark) => {
+                return Box::pin(replicated_or_given_back(state, held, started, mark)).await
             }
         };
         if state.grants_heard_elsewhere(&keys) {
@@ -315,8 +317,9 @@ async fn acquire_validated(
             // own lease) so that WAIT on its connection covers the handoff
             // that came before it in the replication stream.
             let confirm = confirm || heard_elsewhere || state.config.replica_acks.is_some();
+            let mark = state.replication_mark();
             let still_held = if confirm {
-                Box::pin(confirm_lease(state, &keys, &owner_id, lease_len, request)).await
+                Box::pin(confirm_lease(state, &keys, &owner_id, lease_len)).await
             } else {
                 Ok(true)
             };
@@ -341,7 +344,7 @@ async fn acquire_validated(
                 return Ok(Some(held));
             }
             // Held to the same acknowledgement as a grant in the reply.
-            return Box::pin(replicated_or_given_back(state, held, started)).await;
+            return Box::pin(replicated_or_given_back(state, held, started, mark)).await;
         }
         // Woken by `shutdown()`: ends with `Closed`, not counted as a
         // recheck of the wait.
@@ -357,8 +360,8 @@ async fn acquire_validated(
 /// What one acquire call answered, with the reply itself gone: a waiting
 /// task keeps only this across its wait.
 enum Answer {
-    /// The caller holds the lock.
-    Granted(Arc<HeldLock>),
+    /// The caller holds the lock, granted by a call sent at the mark.
+    Granted(Arc<HeldLock>, ReconnectMark),
     /// The caller waits in the queue with `ticket`, `position` ahead.
     Queued { ticket: u64, position: u64 },
 }
@@ -466,6 +469,7 @@ async fn replicated_or_given_back(
     state: &Arc<ClientState>,
     held: Arc<HeldLock>,
     started: Instant,
+    since: ReconnectMark,
 ) -> Result<Option<Arc<HeldLock>>> {
     if state.config.replica_acks.is_none() {
         // Counted as acquired when granted.
@@ -479,7 +483,7 @@ async fn replicated_or_given_back(
         held: Some(held),
         started,
     };
-    match state.confirm_replicated().await {
+    match grant_replicated(state, unconfirmed.held(), since).await {
         Ok(()) if state.check_open().is_err() => {
             // Acknowledged as the client closed: no guard of a closed
             // client could renew or release it; it goes on.
@@ -512,6 +516,11 @@ struct Unconfirmed<'a> {
 }
 
 impl Unconfirmed<'_> {
+    /// The grant, until taken or given back.
+    fn held(&self) -> Option<&Arc<HeldLock>> {
+        self.held.as_ref()
+    }
+
     /// The replicas have the grant: the caller holds the lock.
     fn take(&mut self) -> Option<Arc<HeldLock>> {
         let held = self.held.take()?;
@@ -539,6 +548,47 @@ impl Drop for Unconfirmed<'_> {
     }
 }
 
+/// Confirms that enough replicas have `held`'s grant, written by a call
+/// sent at `since`. If a command connection was replaced between that
+/// call and its `WAIT` (a reconnect, perhaps to another server behind the
+/// same address or after a fail-over), the `WAIT` said nothing about the
+/// grant: the grant's lease is written again on the connection now in use
+/// (a renewal, which finds the grant gone if that server does not have
+/// it, and then fails with [`Error::NotReplicated`]) and that write is
+/// confirmed instead; a few times at most.
+async fn grant_replicated(
+    state: &ClientState,
+    held: Option<&Arc<HeldLock>>,
+    mut since: ReconnectMark,
+) -> Result<()> {
+    let Some(held) = held else {
+        return Ok(());
+    };
+    let mut rewrites = 0;
+    loop {
+        if let Replication::Confirmed = state.confirm_replicated_unless_reconnected(since).await? {
+            return Ok(());
+        }
+        if rewrites == GRANT_REWRITES {
+            break;
+        }
+        rewrites += 1;
+        since = state.replication_mark();
+        let sent = Instant::now();
+        let lease = held.current_lease();
+        if !Box::pin(confirm_lease(state, &held.keys, &held.owner_id, lease)).await? {
+            // The server written to now does not have the grant.
+            break;
+        }
+        held.lease_set(sent, lease);
+    }
+    Err(state.not_replicated(0))
+}
+
+/// How many times [`grant_replicated`] writes a grant again after a
+/// reconnect before it gives up.
+const GRANT_REWRITES: usize = 3;
+
 /// Sets the waiter's own lease on a grant a heartbeat found or a release
 /// here saw go unheard (its message reached nobody, and the script then
 /// gave it a short lease). `false` if the grant is gone already.
@@ -547,11 +597,10 @@ async fn confirm_lease(
     keys: &LockKeys,
     owner_id: &str,
     lease: std::time::Duration,
-    request: Request,
 ) -> Result<bool> {
     let lease_ms = millis(lease);
-    let statuses = match request {
-        Request::Lock => {
+    let statuses = match keys.permit_family() {
+        None => {
             let items = vec![RenewItem {
                 owner_key: keys.owner(),
                 owner_id,
@@ -559,7 +608,7 @@ async fn confirm_lease(
             }];
             state.renew(&RenewBatch { items }).await?
         }
-        Request::Permit(_) => {
+        Some(_) => {
             let items = vec![PermitRenewItem {
                 keys,
                 owner_id,

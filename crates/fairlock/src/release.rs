@@ -17,14 +17,33 @@ use fairlock_core::{LockKeys, Release, ReleaseReply};
 use crate::error::{Error, Result};
 use crate::held::HeldLock;
 use crate::redis::Lane;
-use crate::state::{retry_may_cure, ClientState, InFlight};
+use crate::state::{retry_may_cure, ClientState, InFlight, Replication};
 
 impl ClientState {
     /// Releases a guard's grant (with replica acknowledgement on, once the
     /// replicas have the release).
     pub(crate) async fn release(self: &Arc<Self>, held: &Arc<HeldLock>) -> Result<()> {
+        let mark = self.replication_mark();
         self.give_back(held).await?;
-        self.confirm_replicated().await
+        match self.confirm_replicated_unless_reconnected(mark).await? {
+            Replication::Confirmed => Ok(()),
+            // A permit set does not remember its releases: a resend could
+            // not tell a release that ran from a permit never held.
+            Replication::Reconnected if held.keys.permit_family().is_some() => {
+                Err(self.not_replicated(0))
+            }
+            Replication::Reconnected => {
+                // A command connection was replaced between the release
+                // and its WAIT: sent again where the client writes now.
+                // That server releases the grant if it still has it, or
+                // writes its record of this release again (release.lua);
+                // WAIT then covers either write.
+                let mark = self.replication_mark();
+                self.release_owner_id(held.name.as_str(), &held.keys, &held.owner_id)
+                    .await?;
+                self.confirm_replicated(mark).await
+            }
+        }
     }
 
     /// Releases a grant without waiting for replicas; the hold is sampled.

@@ -30,7 +30,7 @@ use crate::config::ClientConfig;
 use crate::error::{Error, Result};
 use crate::held::{HeldLock, HeldLocks};
 use crate::key_cache::KeyCache;
-use crate::redis::{Lane, RedisConnection};
+use crate::redis::{Lane, ReconnectMark, RedisConnection};
 use crate::telemetry::waiters_evicted;
 use crate::waiters::WaiterRegistry;
 
@@ -42,6 +42,16 @@ const MAX_PURGE_CALLS: usize = 2_000;
 /// Pause between two tries of a sharded subscription that met a slot on
 /// the move (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`).
 const RESUBSCRIBE_PAUSE: Duration = Duration::from_millis(50);
+
+/// What a replica acknowledgement found (see
+/// [`ClientState::confirm_replicated_unless_reconnected`]).
+pub(crate) enum Replication {
+    /// Enough replicas have the write (or no acknowledgement is asked).
+    Confirmed,
+    /// A command connection was replaced between the write and its
+    /// `WAIT`: the answer says nothing about the write.
+    Reconnected,
+}
 
 /// Why a sharded subscription was not confirmed.
 pub(crate) enum ShardRefusal {
@@ -218,25 +228,59 @@ impl ClientState {
         }
     }
 
+    /// Where the command connections' reconnects stand: taken before a
+    /// write that [`ClientState::confirm_replicated`] is to confirm.
+    pub(crate) fn replication_mark(&self) -> ReconnectMark {
+        self.redis.reconnect_mark()
+    }
+
     /// With replica acknowledgement on, waits until enough replicas have
     /// every write this client sent so far (replication is one ordered
     /// stream, so that includes writes of others that came before).
-    pub(crate) async fn confirm_replicated(&self) -> Result<()> {
+    /// `since` is the [`ClientState::replication_mark`] taken before the
+    /// write: a reconnect after it leaves the write unconfirmed
+    /// ([`Error::NotReplicated`] with 0 acknowledged), since the `WAIT`
+    /// may have run on a connection, or a server, without it.
+    pub(crate) async fn confirm_replicated(&self, since: ReconnectMark) -> Result<()> {
+        match self.confirm_replicated_unless_reconnected(since).await? {
+            Replication::Confirmed => Ok(()),
+            Replication::Reconnected => Err(self.not_replicated(0)),
+        }
+    }
+
+    /// As [`ClientState::confirm_replicated`], but a reconnect since
+    /// `since` is told apart, for a caller that can write again on the
+    /// connection now in use and confirm that.
+    pub(crate) async fn confirm_replicated_unless_reconnected(
+        &self,
+        since: ReconnectMark,
+    ) -> Result<Replication> {
         let Some(acks) = self.config.replica_acks else {
-            return Ok(());
+            return Ok(Replication::Confirmed);
         };
         // Boxed like every Redis call here: WAIT on both lanes is a large
         // future, and `release()` would otherwise carry it inline (a
         // user's task that awaits `lock()` then `release()` would be
         // ~10 KiB for its whole wait).
-        let acked = Box::pin(self.redis.wait_replicas(acks.replicas, acks.timeout)).await?;
-        if acked < acks.replicas {
-            return Err(Error::NotReplicated {
-                acked,
-                wanted: acks.replicas,
-            });
+        let waited = Box::pin(self.redis.wait_replicas(since, acks.replicas, acks.timeout));
+        match waited.await? {
+            None => {
+                tracing::debug!(
+                    "fairlock: a command connection was replaced between a write and its WAIT"
+                );
+                Ok(Replication::Reconnected)
+            }
+            Some(acked) if acked < acks.replicas => Err(self.not_replicated(acked)),
+            Some(_) => Ok(Replication::Confirmed),
         }
-        Ok(())
+    }
+
+    /// [`Error::NotReplicated`] with `acked` acknowledgements.
+    pub(crate) fn not_replicated(&self, acked: u32) -> Error {
+        Error::NotReplicated {
+            acked,
+            wanted: self.config.replica_acks.map_or(0, |acks| acks.replicas),
+        }
     }
 
     /// Whether a message arrived on one of this process's grant channels.

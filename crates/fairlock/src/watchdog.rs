@@ -126,6 +126,7 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
         .iter()
         .map(|lock| renewal_due(lock, watchdog_lease))
         .collect();
+    let mark = state.replication_mark();
     let renewed = if locks
         .first()
         .is_some_and(|lock| lock.keys.permit_family().is_some())
@@ -158,10 +159,9 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
     };
     let result = match renewed {
         // A renewal enough replicas do not have may be lost in a fail-over.
-        Ok(statuses) if leases.iter().any(|&l| l > 0) => match state.confirm_replicated().await {
-            Ok(()) => Ok(statuses),
-            Err(error) => Err(error),
-        },
+        Ok(statuses) if leases.iter().any(|&l| l > 0) => {
+            state.confirm_replicated(mark).await.map(|()| statuses)
+        }
         other => other,
     };
     match result {

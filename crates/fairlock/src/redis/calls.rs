@@ -18,7 +18,7 @@ use tracing::Instrument;
 
 use super::errors::classify;
 use super::keeper::RESTART_PAUSE;
-use super::{Lane, RedisConnection};
+use super::{Lane, ReconnectMark, RedisConnection};
 use crate::error::{Error, Result};
 use crate::telemetry;
 
@@ -86,14 +86,23 @@ impl RedisConnection {
     }
 
     /// `WAIT replicas timeout` on both command lanes: how many replicas
-    /// acknowledged every write either lane sent before (the fewer of the
-    /// two answers; WAIT only covers its own connection's writes).
-    pub(crate) async fn wait_replicas(&self, replicas: u32, timeout: Duration) -> Result<u32> {
+    /// acknowledged every write either lane sent since `since` (the fewer
+    /// of the two answers; WAIT only covers its own connection's writes).
+    /// `None` if either connection was replaced since: the answer may then
+    /// come from a new connection, or another server, that never made
+    /// those writes (`reconnect_count.rs`).
+    pub(crate) async fn wait_replicas(
+        &self,
+        since: ReconnectMark,
+        replicas: u32,
+        timeout: Duration,
+    ) -> Result<Option<u32>> {
         let (waiters, holders) = tokio::join!(
             self.wait_replicas_on(&self.commands, replicas, timeout),
             self.wait_replicas_on(&self.holders, replicas, timeout),
         );
-        Ok(waiters?.min(holders?))
+        let acked = waiters?.min(holders?);
+        Ok((self.reconnect_mark() == since).then_some(acked))
     }
 
     async fn wait_replicas_on(

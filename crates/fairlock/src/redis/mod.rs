@@ -29,13 +29,16 @@
 //! `grant_endpoint.rs` says where fairlock's own grant connections go;
 //! `fred_pubsub.rs` is fred's subscriber where it still carries grants;
 //! `keeper.rs` restarts a fred connection task that ended; `errors.rs`
-//! turns fred's errors into fairlock's.
+//! turns fred's errors into fairlock's; `reconnect_count.rs` tells a
+//! `WAIT` answered on the write's connection from one answered after a
+//! reconnect.
 
 mod calls;
 mod errors;
 mod fred_pubsub;
 mod grant_endpoint;
 mod keeper;
+mod reconnect_count;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -55,10 +58,12 @@ use crate::task::BackgroundTask;
 use errors::{redis_error, with_certificate_hint};
 use grant_endpoint::{address, grant_tls, GrantPlace};
 use keeper::keep_connected;
+use reconnect_count::ReconnectCount;
 
 pub(crate) use errors::redact;
 pub(crate) use fred_pubsub::{Messages, Reconnects};
 pub(crate) use grant_endpoint::{check_tls_scheme, GrantEndpoint};
+pub(crate) use reconnect_count::ReconnectMark;
 
 /// Which command connection a call goes on (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +124,10 @@ pub(crate) struct RedisConnection {
     keepers: Mutex<Vec<BackgroundTask>>,
     /// Set by [`RedisConnection::quit`]: a cancelled call is then final.
     closing: AtomicBool,
+    /// With replica acknowledgement on, the command connections'
+    /// reconnects: a `WAIT` is not believed across one
+    /// (`reconnect_count.rs`).
+    reconnects: Option<ReconnectCount>,
 }
 
 impl RedisConnection {
@@ -187,6 +196,10 @@ impl RedisConnection {
             ),
         };
 
+        // Listening before `init`, like the grant endpoint.
+        let reconnects = config
+            .replica_acks
+            .map(|_| ReconnectCount::new(&[&commands, &holders]));
         let started = async {
             let commands_task = commands.init().await?;
             let holders_task = holders.init().await?;
@@ -255,6 +268,7 @@ impl RedisConnection {
                 .map(|calls| [Semaphore::new(calls), Semaphore::new(calls)]),
             keepers: Mutex::new(keepers),
             closing: AtomicBool::new(false),
+            reconnects,
         })
     }
 
@@ -292,6 +306,16 @@ impl RedisConnection {
         self.windows
             .as_ref()
             .map_or(0, |w| limit - w[lane.index()].available_permits())
+    }
+
+    /// Where the command connections' reconnects stand now; take it
+    /// before a write whose replication [`RedisConnection::wait_replicas`]
+    /// is to confirm. [`ReconnectMark::NONE`] without replica
+    /// acknowledgement.
+    pub(crate) fn reconnect_mark(&self) -> ReconnectMark {
+        self.reconnects
+            .as_ref()
+            .map_or(ReconnectMark::NONE, ReconnectCount::mark)
     }
 
     /// Whether the command connection is up right now (fred reconnects in
