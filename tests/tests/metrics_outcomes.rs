@@ -57,6 +57,31 @@ async fn a_timeout_cut_short_during_its_cancel_is_still_counted() {
     a.shutdown().await;
 }
 
+/// Nor is it a lost lease when its give-back finds it gone (here its
+/// 100 ms lease ran out during the 1 s `WAIT`; after a fail-over, the new
+/// primary may never have had it): nobody held it, so no lease-lost page.
+#[tokio::test]
+async fn an_unacknowledged_grant_found_gone_at_its_give_back_is_no_lost_lease() {
+    let metrics = LocalMetrics::install();
+    let server = server();
+    let mut config = fast_config(&server);
+    config.waiter_timeout = Duration::from_secs(3);
+    // No watchdog check during the WAIT: the give-back is what is counted.
+    config.watchdog_lease = Duration::from_secs(120);
+    config.replica_acks = Some(fairlock::ReplicaAcks::new(1, Duration::from_secs(1)));
+    let client = LockClient::with_config(config).await.expect("connect");
+    let refused = client
+        .lock_with("x", LockOptions::new().lease(Duration::from_millis(100)))
+        .await;
+    assert!(
+        matches!(refused, Err(Error::NotReplicated { .. })),
+        "{refused:?}"
+    );
+    client.shutdown().await;
+    assert_eq!(metrics.value(ACQUIRE_TOTAL, &[("outcome", "error")]), 1.0);
+    assert_eq!(metrics.total(LEASE_LOST_TOTAL), 0.0);
+}
+
 /// A grant the replicas did not acknowledge never reached the caller: it
 /// is an error, not an acquisition, and no hold is sampled for it.
 #[tokio::test]

@@ -52,7 +52,9 @@ impl ClientState {
     }
 
     /// Gives back a grant the replicas did not acknowledge: it never
-    /// reached the caller, so no hold is sampled for it.
+    /// reached the caller, so no hold is sampled for it, nor a lost lease
+    /// counted if it is gone already (after a fail-over, the new primary
+    /// may never have had it).
     pub(crate) async fn give_back_unacknowledged(
         self: &Arc<Self>,
         held: &Arc<HeldLock>,
@@ -60,10 +62,12 @@ impl ClientState {
         self.give_back_sampled(held, false).await
     }
 
+    /// Releases `held`; `delivered`: the grant reached its caller, whose
+    /// hold is sampled and whose lease, found gone, is counted lost.
     async fn give_back_sampled(
         self: &Arc<Self>,
         held: &Arc<HeldLock>,
-        sample_hold: bool,
+        delivered: bool,
     ) -> Result<()> {
         if !held.set_released() {
             // Released already (by `release_all`): nothing left to do.
@@ -85,10 +89,10 @@ impl ClientState {
             .await;
         unfinished.held = None;
         self.held.forget(&held.owner_id);
-        if sample_hold {
+        if delivered {
             held.telemetry.held_for(held.granted_at);
         }
-        if let Err(Error::NotOwner { .. }) = &result {
+        if let (true, Err(Error::NotOwner { .. })) = (delivered, &result) {
             // Counted once, whether this or an earlier check found it.
             held.lost_at_release();
         }
