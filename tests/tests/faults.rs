@@ -398,3 +398,42 @@ async fn a_draining_queue_costs_no_rechecks() {
         "{evalsha} script calls to drain {WAITERS} waiters"
     );
 }
+
+/// A primary demoted to a replica without its connections closing (a
+/// coordinated `FAILOVER`, an operator's `REPLICAOF`, a DNS name or
+/// virtual IP moved to the new primary) answers every write `READONLY` on
+/// the old connections, and the client does not reconnect on that answer
+/// (a stated limit: fred's reconnect-on-error mode answered one call with
+/// another's error when tried). What it owes its caller is a typed error
+/// at once, never a hang: lock and try_lock get `ReadOnly`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_demoted_without_closing_connections_answers_read_only() {
+    let old = server();
+    let new = server();
+    let proxy = switch_proxy::SwitchProxy::start(old.port()).await;
+    let mut config = fast_config(&old);
+    config.url = proxy.url();
+    let client = LockClient::with_config(config).await.expect("connect");
+    client
+        .lock("moved")
+        .await
+        .expect("lock on the primary")
+        .release()
+        .await
+        .expect("release");
+
+    proxy.switch_to(new.port());
+    old.cmd(&["REPLICAOF", "127.0.0.1", &new.port().to_string()])
+        .expect("REPLICAOF");
+    let refused = within("a lock after the demotion", client.lock("moved")).await;
+    assert!(
+        matches!(refused, Err(fairlock::Error::ReadOnly(_))),
+        "{refused:?}"
+    );
+    let refused = within("a try after the demotion", client.try_lock("moved")).await;
+    assert!(
+        matches!(refused, Err(fairlock::Error::ReadOnly(_))),
+        "{refused:?}"
+    );
+    client.shutdown().await;
+}
