@@ -450,3 +450,47 @@ async fn a_wait_answered_by_another_server_after_a_reconnect_is_not_an_acknowled
     );
     client.shutdown().await;
 }
+
+/// A `WAIT` that the server ends with an error (`-UNBLOCKED`: the
+/// sentinels demote a primary under a blocked `WAIT`, or `CLIENT UNBLOCK
+/// ... ERROR` as here) acknowledged nothing: the grant is given back and
+/// the acquire fails with `NotReplicated`, as for too few replicas, not
+/// with a generic Redis error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_ended_by_the_server_is_not_replicated() {
+    let server = fairlock_tests::server();
+    let client = unacknowledged_client(&server, Duration::from_secs(1)).await;
+    let locking = tokio::spawn({
+        let client = client.clone();
+        async move { client.lock("unblocked").await }
+    });
+    fairlock_tests::within("both WAITs to block, then end them", async {
+        let mut ended = 0;
+        while ended < 2 {
+            let list = server.cmd(&["CLIENT", "LIST"]).expect("CLIENT LIST");
+            for line in list.as_str().unwrap_or_default().lines() {
+                if line.contains("cmd=wait") && line.contains("flags=b") {
+                    let id = line
+                        .split_whitespace()
+                        .find_map(|f| f.strip_prefix("id="))
+                        .expect("id");
+                    let done = server
+                        .cmd(&["CLIENT", "UNBLOCK", id, "ERROR"])
+                        .expect("CLIENT UNBLOCK");
+                    ended += done.as_int().unwrap_or(0);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let result = fairlock_tests::within("the acquire", locking)
+        .await
+        .expect("task");
+    assert!(
+        matches!(result, Err(Error::NotReplicated { acked: 0, .. })),
+        "{result:?}"
+    );
+    fairlock_tests::wait_for_owner(&server, "unblocked", false).await;
+    client.shutdown().await;
+}

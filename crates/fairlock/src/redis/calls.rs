@@ -125,6 +125,9 @@ impl RedisConnection {
                     detail: format!("expected the number of replicas, got {other:?}"),
                 })),
             },
+            // The server ended the WAIT (a primary demoted under it, or
+            // CLIENT UNBLOCK): no replica is known to have anything.
+            Ok(Err(e)) if e.details().starts_with("UNBLOCKED") => Ok(0),
             Ok(Err(e)) => Err(classify(&e, "WAIT", self.command_timeout)),
             Err(_) => Err(Error::Timeout {
                 operation: "WAIT".to_owned(),
