@@ -96,7 +96,7 @@ impl Drop for SilentProxy {
 /// command: the command's name as a RESP bulk string. A script's text that
 /// merely mentions subscribers (every fairlock script does, in a comment)
 /// is not one.
-fn sends_subscribe(chunk: &[u8]) -> bool {
+pub(crate) fn sends_subscribe(chunk: &[u8]) -> bool {
     const NAMES: [&[u8]; 3] = [
         b"$9\r\nSUBSCRIBE\r\n",
         b"$10\r\nSSUBSCRIBE\r\n",

@@ -4,18 +4,28 @@
 //! server behind that address is replaced. The client reconnects to the
 //! same address and reaches the new server.
 
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::io::copy;
+use tokio::io::{copy, AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
+
+use crate::silent_proxy::sends_subscribe;
+
+/// One connection through the proxy: its copying task, and whether the
+/// client sent a `SUBSCRIBE` on it.
+struct Flow {
+    task: JoinHandle<()>,
+    subscribed: Arc<AtomicBool>,
+}
 
 /// The proxy; it stops, and closes what it carries, when dropped.
 pub struct SwitchProxy {
     port: u16,
     target: Arc<AtomicU16>,
-    flows: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    flows: Arc<Mutex<Vec<Flow>>>,
     accept: JoinHandle<()>,
 }
 
@@ -25,7 +35,7 @@ impl SwitchProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("local addr").port();
         let target = Arc::new(AtomicU16::new(target_port));
-        let flows: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let flows: Arc<Mutex<Vec<Flow>>> = Arc::default();
         let accept = tokio::spawn({
             let (target, flows) = (Arc::clone(&target), Arc::clone(&flows));
             async move {
@@ -34,17 +44,20 @@ impl SwitchProxy {
                     let Ok(server) = TcpStream::connect(("127.0.0.1", port)).await else {
                         continue;
                     };
-                    let flow = tokio::spawn(async move {
-                        let (mut from_client, mut to_client) = client.into_split();
+                    let subscribed = Arc::new(AtomicBool::new(false));
+                    let noted = Arc::clone(&subscribed);
+                    let task = tokio::spawn(async move {
+                        let (from_client, to_client) = client.into_split();
                         let (mut from_server, mut to_server) = server.into_split();
+                        let mut to_client = to_client;
                         // Either direction ending ends the flow; dropping
                         // the halves closes both sockets.
                         tokio::select! {
-                            _ = copy(&mut from_client, &mut to_server) => {}
+                            () = forward(from_client, &mut to_server, &noted) => {}
                             _ = copy(&mut from_server, &mut to_client) => {}
                         }
                     });
-                    flows.lock().expect("flows").push(flow);
+                    flows.lock().expect("flows").push(Flow { task, subscribed });
                 }
             }
         });
@@ -69,7 +82,47 @@ impl SwitchProxy {
     /// Closes every connection open through the proxy.
     pub fn cut(&self) {
         for flow in self.flows.lock().expect("flows").drain(..) {
-            flow.abort();
+            flow.task.abort();
+        }
+    }
+
+    /// How many connections open through the proxy (or closed by their
+    /// ends, not by [`SwitchProxy::cut`]) sent a `SUBSCRIBE`.
+    pub fn subscribed_connections(&self) -> usize {
+        self.flows
+            .lock()
+            .expect("flows")
+            .iter()
+            .filter(|flow| flow.subscribed.load(Ordering::SeqCst))
+            .count()
+    }
+
+    /// Closes the connections that subscribed (pub/sub), leaving the
+    /// others open.
+    pub fn cut_subscribers(&self) {
+        self.flows.lock().expect("flows").retain(|flow| {
+            let subscribed = flow.subscribed.load(Ordering::SeqCst);
+            if subscribed {
+                flow.task.abort();
+            }
+            !subscribed
+        });
+    }
+}
+
+/// Copies the client's bytes to the server, noting a `SUBSCRIBE`.
+async fn forward(mut from: OwnedReadHalf, to: &mut OwnedWriteHalf, subscribed: &AtomicBool) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if sends_subscribe(&buf[..n]) {
+            subscribed.store(true, Ordering::SeqCst);
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
         }
     }
 }

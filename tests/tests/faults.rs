@@ -437,3 +437,74 @@ async fn a_primary_demoted_without_closing_connections_answers_read_only() {
     );
     client.shutdown().await;
 }
+
+/// A grant connection opened again on a replica (behind Sentinel: the old
+/// primary a fail-over just demoted, which fred still names) hears grants
+/// passed on by replication, while the primary counts no listener and
+/// cuts each grant's lease to the waiter timeout: the waiter, told
+/// nothing of it, would believe its own lease and lose the lock early. So
+/// the connection must not subscribe on a replica; it waits for a
+/// primary, and meanwhile the heartbeat finds the grant and sets the
+/// waiter's own lease. Before, the waiter's lease in Redis was the 3 s
+/// waiter timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_connection_opened_again_on_a_replica_does_not_subscribe_there() {
+    let primary = server();
+    primary
+        .cmd(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"])
+        .expect("CONFIG SET");
+    let replica = server();
+    replica
+        .cmd(&["REPLICAOF", "127.0.0.1", &primary.port().to_string()])
+        .expect("REPLICAOF");
+    within("the replica to come online", async {
+        loop {
+            let info = primary.cmd(&["INFO", "replication"]).expect("INFO");
+            if info.as_str().unwrap_or_default().contains("state=online") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let proxy = switch_proxy::SwitchProxy::start(primary.port()).await;
+    let mut config = fast_config(&primary);
+    config.url = proxy.url();
+    config.waiter_timeout = Duration::from_secs(3);
+    let waiting_client = LockClient::with_config(config).await.expect("connect");
+    let holder = client(&primary).await;
+    let held = holder.lock("cut").await.expect("lock");
+    let waiting = tokio::spawn({
+        let client = waiting_client.clone();
+        async move {
+            client
+                .lock_with("cut", LockOptions::new().lease(Duration::from_secs(60)))
+                .await
+        }
+    });
+    wait_for_queue_len(&holder, "cut", 1).await;
+
+    // Only the grant connection is cut; it is opened again on the replica.
+    proxy.switch_to(replica.port());
+    proxy.cut_subscribers();
+    within("the grant connection to try the replica", async {
+        while proxy.subscribed_connections() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+
+    held.release().await.expect("release");
+    let guard = granted(waiting, "the waiter").await;
+    let pttl = primary
+        .cmd(&["PTTL", keys("cut").owner()])
+        .expect("PTTL")
+        .as_int()
+        .expect("PTTL");
+    assert!(
+        pttl > 10_000,
+        "the waiter's lease in Redis is {pttl} ms, not its own 60 s"
+    );
+    guard.release().await.expect("release");
+    waiting_client.shutdown().await;
+}

@@ -511,7 +511,10 @@ async fn subscribe_grants(state: &Arc<ClientState>) -> Result<BackgroundTask> {
     }
     if let Some(endpoint) = state.redis.grant_endpoint() {
         let connection =
-            GrantConnection::open(endpoint, &state.channel, state.config.connect_timeout)
+            // A client pointed at a replica connects as it always did (its
+            // writes get `ReadOnly`); only a connection opened again
+            // refuses one (`grant_connection.rs`).
+            GrantConnection::open(endpoint, &state.channel, state.config.connect_timeout, false)
                 .await
                 .map_err(|e| e.at_connect(&state.config.url, &state.channel))?;
         return Ok(spawn_grant_reader(Arc::clone(state), connection));

@@ -22,11 +22,18 @@
 //! fred's reconnect announcements). A fail-over may cut this connection
 //! (Sentinel kills the clients of the servers it reconfigures); it is then
 //! opened again at the primary fred names at that moment, which can still
-//! be the old one. Whenever fred names another server than the one it is
-//! subscribed on, it moves there at its next keep-alive check, once per
-//! heartbeat interval (`sentinel.rs` shows that without this check it stays
-//! on the old primary). Until then it still hears grants if it sits on a
-//! replica of the new primary, since Redis passes `PUBLISH` on to replicas.
+//! be the old one, now a replica: a connection opened again asks the
+//! server's role first (`HELLO`) and does not subscribe on a replica. There
+//! it would hear grants passed on by replication while the primary counted
+//! no listener and cut each grant's lease to the waiter TTL, unknown to the
+//! waiter; refused, it is tried again with its backoff, and meanwhile the
+//! heartbeat finds the grants and their waiters set their own leases
+//! (`faults.rs`:
+//! `a_grant_connection_opened_again_on_a_replica_does_not_subscribe_there`).
+//! Whenever fred names another server than the one it is subscribed on, it
+//! moves there at its next keep-alive check, once per heartbeat interval
+//! (`sentinel.rs` shows that without this check it stays on the old
+//! primary).
 //!
 //! The connection keeps itself up. When Redis has sent nothing for a
 //! heartbeat interval it sends `PING`; with no answer within the command
@@ -52,6 +59,13 @@ use crate::redis::{redact, GrantEndpoint};
 use crate::resp2::{self, Frame, Malformed};
 use crate::state::ClientState;
 use crate::task::{BackgroundTask, ShutdownSignal};
+
+/// What [`GrantConnection::open`] subscribes, and whether only on a
+/// primary.
+struct Subscribe<'a> {
+    channel: &'a str,
+    primary_only: bool,
+}
 
 /// The read buffer a connection starts with; it grows for a larger burst.
 const BUFFER: usize = 4 * 1024;
@@ -80,6 +94,8 @@ pub(crate) enum ConnectionError {
     Silent(Duration),
     /// Behind Sentinel, before fred has reached a primary.
     NoPrimary,
+    /// The server at the address is a replica (a primary just demoted).
+    Replica,
     /// Behind Sentinel, fred now uses another primary than the one this
     /// connection is subscribed on.
     Moved {
@@ -99,6 +115,7 @@ impl fmt::Display for ConnectionError {
             Self::Closed => write!(f, "Redis closed the connection"),
             Self::Silent(timeout) => write!(f, "no answer to PING within {timeout:?}"),
             Self::NoPrimary => write!(f, "no primary known yet"),
+            Self::Replica => write!(f, "the server there is a replica, not a primary"),
             Self::Moved { from, to } => write!(f, "the primary moved from {from} to {to}"),
         }
     }
@@ -146,15 +163,26 @@ impl GrantConnection {
     /// Connects, authenticates with the URL's credentials and subscribes
     /// `channel`, all within `timeout`. When this returns, Redis has
     /// confirmed the subscription: a grant published from then on is heard.
+    /// With `primary_only`, a server that says it is a replica is refused
+    /// ([`ConnectionError::Replica`]): a subscriber there hears grants
+    /// passed on by replication, but the primary counts no listener and
+    /// cuts each grant's lease to the waiter TTL, which the waiter would
+    /// not know of (found by the heartbeat instead, the waiter sets its
+    /// own lease).
     pub(crate) async fn open(
         endpoint: &GrantEndpoint,
         channel: &str,
         timeout: Duration,
+        primary_only: bool,
     ) -> Result<Self, ConnectionError> {
         let address = endpoint.address().ok_or(ConnectionError::NoPrimary)?;
+        let subscribe = Subscribe {
+            channel,
+            primary_only,
+        };
         tokio::time::timeout(
             timeout,
-            Self::open_unbounded(endpoint, address, Some(channel)),
+            Self::open_unbounded(endpoint, address, Some(subscribe)),
         )
         .await
         .map_err(|_| ConnectionError::TimedOut(timeout))?
@@ -181,7 +209,7 @@ impl GrantConnection {
     async fn open_unbounded(
         endpoint: &GrantEndpoint,
         address: String,
-        channel: Option<&str>,
+        subscribe: Option<Subscribe<'_>>,
     ) -> Result<Self, ConnectionError> {
         let stream = GrantStream::connect(&address, endpoint.tls()).await?;
         let mut connection = Self {
@@ -189,10 +217,27 @@ impl GrantConnection {
             stream,
             buf: Vec::with_capacity(BUFFER),
         };
-        // AUTH and SUBSCRIBE go in one write; their answers come in order.
+        let channel = subscribe.as_ref().map(|s| s.channel);
+        // HELLO (which says the server's role, and authenticates) or AUTH,
+        // and SUBSCRIBE go in one write; their answers come in order.
         let mut out = Vec::new();
-        let authenticating = endpoint.password.is_some();
+        let hello = subscribe.as_ref().is_some_and(|s| s.primary_only);
+        let authenticating = endpoint.password.is_some() && !hello;
         match (&endpoint.username, &endpoint.password) {
+            (user, Some(password)) if hello => {
+                let user = user.as_deref().unwrap_or("default");
+                resp2::command(
+                    &mut out,
+                    &[
+                        b"HELLO",
+                        b"2",
+                        b"AUTH",
+                        user.as_bytes(),
+                        password.as_bytes(),
+                    ],
+                )
+            }
+            _ if hello => resp2::command(&mut out, &[b"HELLO", b"2"]),
             (Some(user), Some(password)) => {
                 resp2::command(&mut out, &[b"AUTH", user.as_bytes(), password.as_bytes()])
             }
@@ -212,6 +257,19 @@ impl GrantConnection {
             connection
                 .answer(|frame| match frame {
                     Frame::Simple(_) => Ok(()),
+                    _ => Err(ConnectionError::Unexpected),
+                })
+                .await?;
+        }
+        if hello {
+            // Refused before its SUBSCRIBE's answer is read: the grants
+            // that subscription hears are never routed.
+            connection
+                .answer(|frame| match frame {
+                    Frame::Hello {
+                        role: Some(b"replica" | b"slave"),
+                    } => Err(ConnectionError::Replica),
+                    Frame::Hello { .. } => Ok(()),
                     _ => Err(ConnectionError::Unexpected),
                 })
                 .await?;
@@ -412,7 +470,10 @@ async fn reopen(state: &ClientState, shutdown: &mut ShutdownSignal) -> Option<Gr
             () = shutdown.requested() => return None,
             () = tokio::time::sleep(pause) => {}
         }
-        let open = GrantConnection::open(endpoint, &state.channel, state.config.connect_timeout);
+        // Only on a primary: opened again after a fail-over, the address
+        // may still name the demoted one.
+        let open =
+            GrantConnection::open(endpoint, &state.channel, state.config.connect_timeout, true);
         tokio::select! {
             () = shutdown.requested() => return None,
             opened = open => match opened {

@@ -37,6 +37,13 @@ pub(crate) enum Frame<'a> {
     /// A sharded subscription the server ended: `["sunsubscribe", channel,
     /// count]` (on a cluster, when the channel's slot left the node).
     Unsubscribed(&'a [u8]),
+    /// The answer to `HELLO 2`, a flat list of fields and values
+    /// beginning with `"server"`: the server's `role` ("master" or
+    /// "replica"), if it said.
+    Hello {
+        /// The value of the `role` field.
+        role: Option<&'a [u8]>,
+    },
     /// Any other frame (a PING's `["pong", ""]`, an integer, ...).
     Other,
 }
@@ -70,14 +77,19 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Option<(Frame<'_>, usize)>, Malformed>
         },
         b'*' => {
             let count = length(rest)?;
-            // The first three items, when they are bulk strings or integers.
+            // The first three items, when they are bulk strings or integers,
+            // and the item after a "role" (HELLO's answer).
             let mut items: [Option<&[u8]>; 3] = [None; 3];
+            let (mut role, mut after_role) = (None, false);
             for slot in 0..count.unwrap_or(0) {
                 let Some((item, end)) = value(buf, at, 1)? else {
                     return Ok(None);
                 };
                 if let Some(place) = items.get_mut(slot) {
                     *place = item;
+                }
+                if std::mem::replace(&mut after_role, item == Some(b"role")) {
+                    role = item;
                 }
                 at = end;
             }
@@ -91,6 +103,7 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Option<(Frame<'_>, usize)>, Malformed>
                 (Some(3), [Some(b"sunsubscribe"), Some(channel), Some(_)]) => {
                     Frame::Unsubscribed(channel)
                 }
+                (Some(_), [Some(b"server"), ..]) => Frame::Hello { role },
                 _ => Frame::Other,
             }
         }
@@ -196,6 +209,32 @@ mod tests {
         *3\r\n$10\r\nssubscribe\r\n$2\r\nsh\r\n:1\r\n\
         *3\r\n$8\r\nsmessage\r\n$2\r\nsh\r\n$4\r\nx 1 \r\n\
         *3\r\n$12\r\nsunsubscribe\r\n$2\r\nsh\r\n:0\r\n";
+
+    /// `HELLO 2`'s answer says the server's role; other arrays whose first
+    /// item is "server" without one give `None`.
+    #[test]
+    fn hello_says_the_role() {
+        let primary = b"*14\r\n$6\r\nserver\r\n$5\r\nredis\r\n$7\r\nversion\r\n$6\r\n7.0.15\r\n\
+            $5\r\nproto\r\n:2\r\n$2\r\nid\r\n:7\r\n$4\r\nmode\r\n$10\r\nstandalone\r\n\
+            $4\r\nrole\r\n$6\r\nmaster\r\n$7\r\nmodules\r\n*0\r\n";
+        assert_eq!(
+            all(primary),
+            [Frame::Hello {
+                role: Some(b"master".as_slice())
+            }]
+        );
+        let replica = b"*4\r\n$6\r\nserver\r\n$6\r\nvalkey\r\n$4\r\nrole\r\n$7\r\nreplica\r\n";
+        assert_eq!(
+            all(replica),
+            [Frame::Hello {
+                role: Some(b"replica".as_slice())
+            }]
+        );
+        assert_eq!(
+            all(b"*2\r\n$6\r\nserver\r\n$4\r\nrole\r\n"),
+            [Frame::Hello { role: None }]
+        );
+    }
 
     #[test]
     fn the_frames_of_a_grant_connection_are_read() {
