@@ -33,9 +33,13 @@ local now = now_us()
 local now_ms = math.floor(now / 1000)
 if not deadline or tonumber(deadline) <= now_ms then
   -- A release that comes after its lease ran out: the permit it held (and
-  -- any other that expired) goes on now, not at the next heartbeat.
-  expire_holders(now_ms)
-  grant_waiting(now, tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]))
+  -- any other that expired) goes on now, not at the next heartbeat. Not if
+  -- the caller is itself queued (an owner id of a waiter): the permit could
+  -- go to the caller, and a resend of this release would then free it.
+  if not redis.call('ZSCORE', KEYS[2], owner_id) then
+    expire_holders(now_ms)
+    grant_waiting(now, tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]))
+  end
   return {0}
 end
 redis.call('ZREM', KEYS[1], owner_id)

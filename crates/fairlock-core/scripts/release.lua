@@ -48,8 +48,10 @@ if holder ~= owner_id then
     return {1, 0, 0, '', 0, 0}
   end
   -- A release that comes after its lease ran out finds the lock free: it
-  -- goes to the next live waiter now, not at the next heartbeat.
-  if not holder then
+  -- goes to the next live waiter now, not at the next heartbeat. Not if
+  -- the caller is itself queued (an owner id of a waiter): the lock would
+  -- go to the caller, and a resend of this release would then free it.
+  if not holder and not redis.call('ZSCORE', KEYS[2], owner_id) then
     grant_next(ARGV[2], ARGV[3], tonumber(ARGV[4]), '')
   end
   return {0}

@@ -201,8 +201,12 @@ impl Case<'_> {
                 })?;
                 if self.model.holders.remove(&who).is_none() {
                     // Refused, but permits that ran out go on as at a
-                    // heartbeat.
-                    let (granted, _) = self.model.grant_waiting();
+                    // heartbeat (unless the caller itself waits).
+                    let (granted, _) = if self.model.queue.contains(&who) {
+                        (Vec::new(), 0)
+                    } else {
+                        self.model.grant_waiting()
+                    };
                     check(
                         reply == PermitReleaseReply::NotHolder,
                         format!("release by non-holder {who}: {reply:?}"),
