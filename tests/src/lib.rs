@@ -10,6 +10,7 @@ pub mod switch_proxy;
 
 use std::time::Duration;
 
+use fairlock::redlock::{RedLock, RedLockConfig};
 use fairlock::{ClientConfig, LockClient, LockGuard};
 use fairlock_core::{Acquire, AcquireMode, KeyPrefix, LockKeys, LockName, ScriptCall, Timings};
 use fairlock_metrics::PrometheusHandle;
@@ -47,6 +48,50 @@ pub fn server() -> RedisServer {
         Ok(server) => server,
         Err(error) => panic!("cannot start redis-server for the test: {error}"),
     }
+}
+
+/// Starts a redis-server that replicates `primary`, and waits (bounded)
+/// until the primary counts it online, so a `WAIT` there is answered.
+pub async fn online_replica_of(primary: &RedisServer) -> RedisServer {
+    // A full sync starts at once rather than after the default 5 s.
+    primary
+        .cmd(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"])
+        .expect("CONFIG SET");
+    let replica = server();
+    replica
+        .cmd(&["REPLICAOF", "127.0.0.1", &primary.port().to_string()])
+        .expect("REPLICAOF");
+    within("the replica to come online", async {
+        loop {
+            let info = primary.cmd(&["INFO", "replication"]).expect("INFO");
+            if info.as_str().unwrap_or_default().contains("state=online") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    replica
+}
+
+/// RedLock timings for tests over `urls`: short, with room for a loaded
+/// machine (a live primary slower than the call timeout does not vote,
+/// and one missing vote of three fails a lock), the delayed-restart rule
+/// off.
+pub fn redlock_config(urls: Vec<String>) -> RedLockConfig {
+    let mut config = RedLockConfig::new(urls);
+    config.connect_timeout = Duration::from_secs(3);
+    config.call_timeout = Duration::from_millis(900);
+    config.watchdog_lease = Duration::from_secs(3);
+    config.restart_delay = Duration::ZERO;
+    config
+}
+
+/// Connects a RedLock, failing the test if it cannot.
+pub async fn redlock_connect(config: RedLockConfig) -> RedLock {
+    RedLock::with_config(config)
+        .await
+        .expect("RedLock connects to the primaries")
 }
 
 /// A client with [`fast_config`].

@@ -450,23 +450,7 @@ async fn a_primary_demoted_without_closing_connections_answers_read_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_connection_opened_again_on_a_replica_does_not_subscribe_there() {
     let primary = server();
-    primary
-        .cmd(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"])
-        .expect("CONFIG SET");
-    let replica = server();
-    replica
-        .cmd(&["REPLICAOF", "127.0.0.1", &primary.port().to_string()])
-        .expect("REPLICAOF");
-    within("the replica to come online", async {
-        loop {
-            let info = primary.cmd(&["INFO", "replication"]).expect("INFO");
-            if info.as_str().unwrap_or_default().contains("state=online") {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    let replica = online_replica_of(&primary).await;
     let proxy = switch_proxy::SwitchProxy::start(primary.port()).await;
     let mut config = fast_config(&primary);
     config.url = proxy.url();

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use fairlock::redlock::{RedLock, RedLockConfig, RedLockOptions};
 use fairlock::{Error, PrimaryFailureKind};
 use fairlock_testkit::{IndependentPrimaries, RedisServer};
+use fairlock_tests::{redlock_config, redlock_connect};
 
 /// A hang guard for calls that must return on their own.
 const HANG: Duration = Duration::from_secs(20);
@@ -21,25 +22,7 @@ fn primaries(n: usize) -> IndependentPrimaries {
 /// Short timings; the delayed-restart rule off (tests that restart a
 /// primary turn it on).
 fn config(primaries: &IndependentPrimaries) -> RedLockConfig {
-    config_for(primaries.urls())
-}
-
-/// As [`config`], for any list of URLs.
-fn config_for(urls: Vec<String>) -> RedLockConfig {
-    let mut config = RedLockConfig::new(urls);
-    config.connect_timeout = Duration::from_secs(3);
-    // Room for a loaded machine: a live primary slower than the call
-    // timeout does not vote, and one missing vote of three fails a lock.
-    config.call_timeout = Duration::from_millis(900);
-    config.watchdog_lease = Duration::from_secs(3);
-    config.restart_delay = Duration::ZERO;
-    config
-}
-
-async fn connect(config: RedLockConfig) -> RedLock {
-    RedLock::with_config(config)
-        .await
-        .expect("RedLock connects to the primaries")
+    redlock_config(primaries.urls())
 }
 
 /// Invariant: with 5 primaries and 2 of them SIGKILLed half way through, no
@@ -54,7 +37,7 @@ async fn killing_a_minority_mid_run_never_gives_two_holders() {
     let mut servers = primaries(5);
     let mut clients = Vec::new();
     for _ in 0..CLIENTS {
-        clients.push(connect(config(&servers)).await);
+        clients.push(redlock_connect(config(&servers)).await);
     }
     let inside = Arc::new(AtomicUsize::new(0));
     let overlaps = Arc::new(AtomicUsize::new(0));
@@ -122,7 +105,7 @@ async fn killing_a_minority_mid_run_never_gives_two_holders() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_majority_fails_with_no_quorum_and_nothing_hangs() {
     let mut servers = primaries(3);
-    let redlock = connect(config(&servers)).await;
+    let redlock = redlock_connect(config(&servers)).await;
     let held = redlock.lock("report").await.expect("lock");
     assert!(held.validity() > Duration::ZERO);
     servers.kill(&[0, 2]);
@@ -197,7 +180,7 @@ async fn a_primary_restarted_without_persistence_does_not_vote_before_the_restar
     ruled.max_lease = DELAY;
     let lease = RedLockOptions::new().lease(DELAY);
     // Fresh servers are "recently restarted" too: wait until they are old.
-    let a = connect(ruled.clone()).await;
+    let a = redlock_connect(ruled.clone()).await;
     let deadline = Instant::now() + HANG;
     let held = loop {
         match a.try_lock_with("ledger", lease).await {
@@ -223,7 +206,7 @@ async fn a_primary_restarted_without_persistence_does_not_vote_before_the_restar
         .expect("free");
     servers.restart(1).expect("restart 1 empty");
     servers.restart(2).expect("restart 2 empty");
-    let b = connect(ruled).await;
+    let b = redlock_connect(ruled).await;
     let refused = b
         .try_lock_with("ledger", lease)
         .await
@@ -252,7 +235,7 @@ async fn a_primary_restarted_without_persistence_does_not_vote_before_the_restar
     // Without the rule, {1, 2} vote and make a second holder while A's
     // lease is valid: the hazard. Its token is still above A's (the clock
     // floor of the counters lost in the restarts).
-    let unruled = connect(config(&servers)).await;
+    let unruled = redlock_connect(config(&servers)).await;
     let second = unruled
         .try_lock_with("ledger", lease)
         .await
@@ -272,7 +255,7 @@ async fn a_primary_restarted_without_persistence_does_not_vote_before_the_restar
 async fn waiters_are_woken_by_releases_before_any_lease_ends() {
     const WAITERS_PER_CLIENT: usize = 2;
     let servers = primaries(3);
-    let holder_client = connect(config(&servers)).await;
+    let holder_client = redlock_connect(config(&servers)).await;
     let lease = RedLockOptions::new().lease(Duration::from_secs(30));
     let first = holder_client.lock_with("wake", lease).await.expect("lock");
     let first_lease_ends = Instant::now() + Duration::from_secs(30);
@@ -282,7 +265,7 @@ async fn waiters_are_woken_by_releases_before_any_lease_ends() {
     // call per primary), which is not a waiter's attempt.
     let mut clients = Vec::new();
     for _ in 0..2 {
-        clients.push(connect(config(&servers)).await);
+        clients.push(redlock_connect(config(&servers)).await);
     }
     let attempts_before = evalsha_calls(&servers);
     let granted = Arc::new(Mutex::new(Vec::new()));
@@ -384,7 +367,7 @@ async fn bad_input_and_ownership() {
         "{short_delay:?}"
     );
 
-    let redlock = connect(config(&servers)).await;
+    let redlock = redlock_connect(config(&servers)).await;
     let before = evalsha_calls(&servers);
     assert!(matches!(redlock.lock("").await, Err(Error::InvalidName(_))));
     let too_long = RedLockOptions::new().lease(Duration::from_secs(3600));
@@ -460,7 +443,7 @@ async fn bad_input_and_ownership() {
 async fn a_minority_down_at_start_is_picked_up_and_cancelled_waits_leave_nothing() {
     let mut servers = primaries(3);
     servers.kill(&[2]);
-    let redlock = connect(config(&servers)).await;
+    let redlock = redlock_connect(config(&servers)).await;
     assert_eq!(redlock.connected(), 2);
     let held = redlock.lock("late").await.expect("lock on 2 of 3");
     servers.restart(2).expect("restart primary 2");
@@ -470,7 +453,7 @@ async fn a_minority_down_at_start_is_picked_up_and_cancelled_waits_leave_nothing
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    let other = connect(config(&servers)).await;
+    let other = redlock_connect(config(&servers)).await;
     let waiting = tokio::time::timeout(Duration::from_millis(500), other.lock("late")).await;
     assert!(waiting.is_err(), "still waiting when dropped");
     let channel = "fairlock:redlock:{late}:released";
@@ -518,7 +501,7 @@ async fn an_unconfirmed_renewal_round_is_tried_again_within_the_validity() {
     let mut config = config(&servers);
     config.call_timeout = Duration::from_millis(300);
     config.watchdog_lease = Duration::from_secs(6);
-    let client = connect(config).await;
+    let client = redlock_connect(config).await;
     let guard = tokio::time::timeout(HANG, client.lock("stall"))
         .await
         .expect("no hang")
@@ -558,8 +541,8 @@ async fn a_stalled_primary_does_not_hold_up_the_waiters_of_other_locks() {
     // under 80 waiters must not cost a vote. The old one-at-a-time
     // subscriptions then take 80 x 1.8 s, far past the hang guard.
     let config = config(&servers);
-    let holder = connect(config.clone()).await;
-    let waiting = Arc::new(connect(config).await);
+    let holder = redlock_connect(config.clone()).await;
+    let waiting = Arc::new(redlock_connect(config).await);
     let mut guards = Vec::new();
     for i in 0..LOCKS {
         guards.push(
@@ -619,7 +602,7 @@ async fn one_server_listed_under_two_urls_is_refused() {
     let mut wrong = Vec::new();
     for (first, second) in cases {
         let urls = vec![first.clone(), b.url(), second.clone()];
-        match RedLock::with_config(config_for(urls.clone())).await {
+        match RedLock::with_config(redlock_config(urls.clone())).await {
             Err(Error::InvalidOptions(message))
                 if message.contains(&first) && message.contains(&second) => {}
             Ok(redlock) => {
@@ -673,7 +656,7 @@ async fn a_late_primary_that_is_another_listed_server_does_not_vote() {
         .port();
     let mut urls = servers.urls();
     urls.push(format!("redis://127.0.0.1:{port}"));
-    let redlock = connect(config_for(urls)).await;
+    let redlock = redlock_connect(redlock_config(urls)).await;
     assert_eq!(redlock.connected(), 2);
 
     let (forwarder, accepted) = forward(port, servers.servers()[0].port()).await;
@@ -748,7 +731,8 @@ async fn a_primary_url_that_does_not_parse_is_refused_before_any_primary_is_cont
             "redis://user:***@127.0.0.1:notaport",
         ),
     ] {
-        match RedLock::with_config(config_for(vec![bad.to_owned(), a.clone(), c.clone()])).await {
+        match RedLock::with_config(redlock_config(vec![bad.to_owned(), a.clone(), c.clone()])).await
+        {
             Err(Error::InvalidOptions(message)) => {
                 assert!(message.contains(named), "names the entry: {message}");
                 assert!(!message.contains("secret"), "redacted: {message}");

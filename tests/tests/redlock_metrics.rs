@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use fairlock::redlock::{RedLock, RedLockConfig, RedLockOptions};
+use fairlock::redlock::{RedLockConfig, RedLockOptions};
 use fairlock::Error;
 use fairlock_metrics::{
     ACQUIRE_TOTAL, HOLD_SECONDS, LEASE_LOST_TOTAL, LEASE_RENEWALS_TOTAL, WAIT_SECONDS,
@@ -78,21 +78,8 @@ fn primaries(n: usize) -> IndependentPrimaries {
     IndependentPrimaries::start(n).expect("start independent primaries")
 }
 
-/// As `tests/redlock.rs`: short timings, room for a loaded machine, the
-/// delayed-restart rule off.
 fn config(primaries: &IndependentPrimaries) -> RedLockConfig {
-    let mut config = RedLockConfig::new(primaries.urls());
-    config.connect_timeout = Duration::from_secs(3);
-    config.call_timeout = Duration::from_millis(900);
-    config.watchdog_lease = Duration::from_secs(3);
-    config.restart_delay = Duration::ZERO;
-    config
-}
-
-async fn connect(config: RedLockConfig) -> RedLock {
-    RedLock::with_config(config)
-        .await
-        .expect("RedLock connects to the primaries")
+    fairlock_tests::redlock_config(primaries.urls())
 }
 
 async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
@@ -111,8 +98,8 @@ async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> 
 async fn each_acquire_is_counted_once_as_its_outcome_with_its_wait() {
     let metrics = LocalMetrics::install();
     let servers = primaries(3);
-    let a = connect(config(&servers)).await;
-    let b = connect(config(&servers)).await;
+    let a = fairlock_tests::redlock_connect(config(&servers)).await;
+    let b = fairlock_tests::redlock_connect(config(&servers)).await;
     assert!(
         metrics.has_line(&format!("{LEASE_LOST_TOTAL} 0")),
         "the lost-lease counter exists at 0 from the start:\n{}",
@@ -193,7 +180,7 @@ async fn each_acquire_is_counted_once_as_its_outcome_with_its_wait() {
 async fn no_quorum_is_an_error_and_a_lease_that_ran_out_is_lost_once() {
     let metrics = LocalMetrics::install();
     let mut servers = primaries(3);
-    let redlock = connect(config(&servers)).await;
+    let redlock = fairlock_tests::redlock_connect(config(&servers)).await;
     let held = within("lock", redlock.lock("report")).await.expect("lock");
     servers.kill(&[0, 2]);
 
@@ -233,7 +220,7 @@ async fn no_quorum_is_an_error_and_a_lease_that_ran_out_is_lost_once() {
 async fn renewals_are_counted_per_lock_and_each_lost_lease_once() {
     let metrics = LocalMetrics::install();
     let servers = primaries(3);
-    let redlock = connect(config(&servers)).await;
+    let redlock = fairlock_tests::redlock_connect(config(&servers)).await;
     let watched = within("lock", redlock.lock("watched")).await.expect("lock");
     let kept = within("lock", redlock.lock("kept")).await.expect("lock");
     let fixed = within(
@@ -301,8 +288,8 @@ async fn waiters_of_a_closed_client_are_counted_as_cancelled() {
     const WAITERS: usize = 3;
     let metrics = LocalMetrics::install();
     let servers = primaries(3);
-    let holder = connect(config(&servers)).await;
-    let waiting = connect(config(&servers)).await;
+    let holder = fairlock_tests::redlock_connect(config(&servers)).await;
+    let waiting = fairlock_tests::redlock_connect(config(&servers)).await;
     let held = within("lock", holder.lock("x")).await.expect("lock");
     let kept = within("lock", waiting.lock("kept")).await.expect("lock");
     let tasks: Vec<_> = (0..WAITERS)
@@ -353,8 +340,10 @@ async fn waiters_of_a_closed_client_are_counted_as_cancelled() {
 async fn a_lock_label_names_the_lock_in_its_series() {
     let metrics = LocalMetrics::install();
     let servers = primaries(3);
-    let redlock =
-        connect(config(&servers).metrics_lock_label(fairlock::MetricsLockLabel::Name)).await;
+    let redlock = fairlock_tests::redlock_connect(
+        config(&servers).metrics_lock_label(fairlock::MetricsLockLabel::Name),
+    )
+    .await;
     let guard = within("lock", redlock.lock("report")).await.expect("lock");
     within("release", guard.release()).await.expect("release");
     assert!(

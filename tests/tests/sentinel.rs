@@ -394,23 +394,7 @@ async fn a_wait_answered_by_another_server_after_a_reconnect_is_not_an_acknowled
     let first = fairlock_tests::server();
     // The server the address moves to, with a live replica.
     let second = fairlock_tests::server();
-    let replica = fairlock_tests::server();
-    second
-        .cmd(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"])
-        .expect("CONFIG SET");
-    replica
-        .cmd(&["REPLICAOF", "127.0.0.1", &second.port().to_string()])
-        .expect("REPLICAOF");
-    fairlock_tests::within("the replica to come online", async {
-        loop {
-            let info = second.cmd(&["INFO", "replication"]).expect("INFO");
-            if info.as_str().unwrap_or_default().contains("state=online") {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    let _replica = fairlock_tests::online_replica_of(&second).await;
 
     let proxy = fairlock_tests::switch_proxy::SwitchProxy::start(first.port()).await;
     let config = ClientConfig::builder(proxy.url())
