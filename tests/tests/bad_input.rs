@@ -3,7 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use fairlock::{ClientConfig, Error, LockClient, LockOptions, MAX_INSPECT_WAITERS, MAX_NAME_BYTES};
+use fairlock::{
+    ClientConfig, Error, FencedOp, FencedScript, LockClient, LockOptions, MAX_INSPECT_WAITERS,
+    MAX_NAME_BYTES,
+};
 use fairlock_tests::*;
 
 /// Hang guard: a call that does not finish in this time fails the test.
@@ -87,12 +90,34 @@ async fn a_key_of_another_type_is_a_typed_error_and_stays_untouched() {
             "queue: a string",
             vec!["SET", &queue, "somebody else's data"],
         ),
+        // Shaped like "<owner id> <token>", but no owner id fairlock writes:
+        // once taken as a holder for ever (not even force_release could
+        // clear it: it refused the value as an owner id).
+        ("owner: `x 5`", vec!["SET", &owner, "x 5"]),
+        (
+            "owner: not UTF-8",
+            vec![
+                "EVAL",
+                "redis.call('SET', KEYS[1], string.char(255) .. ' 5')",
+                "1",
+                &owner,
+            ],
+        ),
+        (
+            "owner: a token beyond 64 bits",
+            vec!["SET", &owner, "0a.0b.5 99999999999999999999"],
+        ),
     ] {
         server.cmd(&["FLUSHALL"]).expect("flush");
         server.cmd(&plant).expect("plant");
         let before = dump(&server);
         for result in [
-            client.lock("typed").await.map(|_| ()),
+            // Bounded: a foreign value taken for a holder queued the
+            // caller behind it for ever.
+            tokio::time::timeout(NEVER, client.lock("typed"))
+                .await
+                .unwrap_or_else(|_| panic!("{role}: lock() waits behind a foreign value"))
+                .map(|_| ()),
             client.try_lock("typed").await.map(|_| ()),
             client.force_release("typed").await.map(|_| ()),
         ] {
@@ -305,4 +330,89 @@ async fn misnamed_keys_holders_and_options_are_refused_without_touching_redis() 
     assert_eq!(calls(&server, "evalsha"), 0, "nothing was sent to Redis");
     assert_eq!(calls(&server, "eval"), 0, "nothing was sent to Redis");
     assert_eq!(dump(&server), before, "Redis is unchanged");
+}
+
+/// A fence key holding a value fairlock did not write ("<token> <holder>")
+/// is another program's key (or a data key named by mistake): a fenced
+/// call is refused with `WrongType` and changes nothing. Once a value such
+/// as "hello" was read as token 0 and overwritten by the first write, and
+/// a data key holding "100" as token 100.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_key_fairlock_did_not_write_is_refused_untouched() {
+    let server = server();
+    let client = client(&server).await;
+    let guard = client.lock("fence-owner").await.expect("lock");
+    let script = FencedScript::new("return redis.call('SET', KEYS[1], ARGV[1])");
+    for planted in ["hello", "100", "12 holder extra", "12 "] {
+        server.cmd(&["FLUSHALL"]).expect("flush");
+        server.cmd(&["SET", "{r}:fence", planted]).expect("plant");
+        let before = dump(&server);
+        let write = client
+            .fenced_write("{r}:fence", "{r}:value", guard.token(), FencedOp::Set(b"x"))
+            .await;
+        assert!(
+            matches!(write, Err(Error::WrongType(_))),
+            "{planted:?}: {write:?}"
+        );
+        let eval = client
+            .fenced_eval(&script, "{r}:fence", &["{r}:value"], guard.token(), &["x"])
+            .await;
+        assert!(
+            matches!(eval, Err(Error::WrongType(_))),
+            "{planted:?}: {eval:?}"
+        );
+        assert_eq!(dump(&server), before, "{planted:?}: Redis changed");
+    }
+}
+
+/// A fenced write that Redis refuses (an increment of a value that is not
+/// an integer, or past the 64-bit range; a fenced script that raises an
+/// error) fails without recording its token: the resource's fence stays as
+/// it was. Once the token was recorded first, so a failed write still
+/// fenced out the holder that had written before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_write_redis_refuses_leaves_the_fence_as_it_was() {
+    let server = server();
+    let client = client(&server).await;
+    let guard = client.lock("fence-refused").await.expect("lock");
+    let raises = FencedScript::new("return redis.call('INCRBY', KEYS[1], 1)");
+    for planted in ["abc", "9223372036854775807"] {
+        server.cmd(&["FLUSHALL"]).expect("flush");
+        server.cmd(&["SET", "{r}:count", planted]).expect("plant");
+        let before = dump(&server);
+        let write = client
+            .fenced_write("{r}:fence", "{r}:count", guard.token(), FencedOp::IncrBy(1))
+            .await;
+        assert!(
+            matches!(write, Err(Error::ScriptFailed { .. })),
+            "{planted:?}: {write:?}"
+        );
+        let eval = client
+            .fenced_eval(
+                &raises,
+                "{r}:fence",
+                &["{r}:count"],
+                guard.token(),
+                &[] as &[&str],
+            )
+            .await;
+        assert!(
+            matches!(eval, Err(Error::ScriptFailed { .. })),
+            "{planted:?}: {eval:?}"
+        );
+        assert_eq!(dump(&server), before, "{planted:?}: Redis changed");
+    }
+    // The fence still works as before: the write goes through once the
+    // value is a number, and records the token.
+    server.cmd(&["SET", "{r}:count", "1"]).expect("plant");
+    let applied = client
+        .fenced_write("{r}:fence", "{r}:count", guard.token(), FencedOp::IncrBy(1))
+        .await
+        .expect("applied");
+    assert_eq!(applied, fairlock::Reply::Int(2));
+    assert!(server
+        .cmd(&["GET", "{r}:fence"])
+        .expect("GET")
+        .as_str()
+        .is_some());
 }

@@ -32,17 +32,20 @@ if ARGV[3] ~= 'set' and kind ~= 'none' and kind ~= expected then
     kind .. ' where a ' .. expected .. ' was expected')
 end
 
-local refused = fence_check()
+local refused, record = fence_check()
 if refused then return refused end
 
+local result
 if ARGV[3] == 'set' then
-  return {1, redis.call('SET', KEYS[2], ARGV[4])}
+  result = redis.call('SET', KEYS[2], ARGV[4])
 elseif ARGV[3] == 'hset' then
-  return {1, redis.call('HSET', KEYS[2], ARGV[4], ARGV[5])}
+  result = redis.call('HSET', KEYS[2], ARGV[4], ARGV[5])
 elseif ARGV[3] == 'get' then
-  return {1, redis.call('GET', KEYS[2])}
+  result = redis.call('GET', KEYS[2])
 elseif ARGV[3] == 'hget' then
-  return {1, redis.call('HGET', KEYS[2], ARGV[4])}
+  result = redis.call('HGET', KEYS[2], ARGV[4])
 else
-  return {1, redis.call('INCRBY', KEYS[2], ARGV[4])}
+  result = redis.call('INCRBY', KEYS[2], ARGV[4])
 end
+record()
+return {1, result}

@@ -128,8 +128,11 @@ pub fn decode_fenced(name: &'static str, reply: Reply) -> Result<FencedReply, Pr
 ///
 /// The body is ordinary Redis Lua: it sees its own keys as `KEYS[1..]` and
 /// its own arguments as `ARGV[1..]`; fairlock passes the fence key, the
-/// token and the holder id in front of them and checks them before the body runs. Whatever
-/// the body returns becomes [`FencedReply::Applied`].
+/// token and the holder id in front of them and checks them before the body
+/// runs. Whatever the body returns becomes [`FencedReply::Applied`]; the
+/// token is recorded after the body has returned, so a body that raises an
+/// error leaves the fence as it was (but what it wrote before the error
+/// stays: Redis does not roll a script back).
 ///
 /// ```
 /// let script = fairlock_core::FencedScript::new(
@@ -147,9 +150,9 @@ impl FencedScript {
     /// Wraps `body` with the fence check.
     pub fn new(body: &str) -> Self {
         let source = format!(
-            "{}\nlocal refused = fence_check()\nif refused then return refused end\n\
+            "{}\nlocal refused, fence_record = fence_check()\nif refused then return refused end\n\
              local KEYS = {{unpack(KEYS, 2)}}\nlocal ARGV = {{unpack(ARGV, 3)}}\n\
-             return {{1, (function()\n{}\nend)()}}\n",
+             local result = (function()\n{}\nend)()\nfence_record()\nreturn {{1, result}}\n",
             include_str!("../scripts/includes/fence_check.lua"),
             body
         );

@@ -144,10 +144,13 @@ pub enum Error {
     NoPermission(String),
 
     /// A script failed inside Redis with an error of its own (not one of
-    /// the errors above). From a fairlock script it should not happen:
-    /// report it, with the message, as a bug. From a fenced user script
-    /// ([`crate::FencedScript`]) it is that script's error.
-    #[error("script {script} failed in Redis: {detail}; in a fairlock script this is a bug, please report it with this message (in a fenced user script, fix the script)")]
+    /// the errors above). From a fairlock lock script it should not happen:
+    /// report it, with the message, as a bug. From a fenced write it is the
+    /// write Redis refused (`IncrBy` on a value that is not an integer, or
+    /// past the 64-bit range), and from a fenced user script
+    /// ([`crate::FencedScript`]) that script's error: the token was not
+    /// recorded.
+    #[error("script {script} failed in Redis: {detail}; in a fairlock lock script this is a bug, please report it with this message (in a fenced write, the target's value refused the operation; in a fenced user script, fix the script)")]
     ScriptFailed {
         /// The script that failed.
         script: String,

@@ -73,6 +73,18 @@ local function parse_owner_id(owner_id)
   return tag, tonumber(lease), lease
 end
 
+-- An owner value "<owner id> <token>" as fairlock writes it: an owner id
+-- as the client makes them (at most 128 bytes, as OwnerId::is_well_formed
+-- takes them) and a token of at most 18 digits (below 2^63). Anything else
+-- is another program's value, never a holder: "x 5" taken for one queued
+-- waiters behind it for ever, and force_release refused its owner id.
+local function owner_fields(value)
+  local owner_id, token = string.match(value, '^(%x+%.%x+%.[1-9]%d*) (%d+)$')
+  if owner_id and #owner_id <= 128 and #token <= 18 then
+    return owner_id, token
+  end
+end
+
 -- The owner value "<owner id> <token>": its owner id and token, and whether
 -- fairlock wrote it (false for a value another program wrote, which is
 -- returned whole as the owner id).
@@ -80,13 +92,13 @@ local function parse_owner(value)
   if not value then
     return false, 0, true
   end
-  local owner_id, token = string.match(value, '^(%S+) (%d+)$')
+  local owner_id, token = owner_fields(value)
   return owner_id or value, tonumber(token) or 0, owner_id ~= nil
 end
 
 -- An owner value fairlock did not write (another program uses the key).
 local function foreign_owner(value)
-  return value and not string.match(value, '^%S+ %d+$')
+  return value and not owner_fields(value)
 end
 
 local function foreign_owner_error()

@@ -5,8 +5,11 @@
 -- that carried it. ARGV[1] is the caller's token, ARGV[2] its holder id.
 -- A token older than the newest is refused. An equal token is accepted
 -- only from the same holder: two holders can never both write with one
--- token. A newer token is recorded and may go ahead. Returns nil when the
--- operation may go ahead, or the reply to send back.
+-- token. A newer token may go ahead. Returns the reply to send back when
+-- refused; else nil and the function that records the token, called once
+-- the operation has succeeded: an operation Redis refuses (an INCRBY of a
+-- value that is no integer) raises before it, and leaves the fence as it
+-- was (a script is not rolled back: a record written first stayed).
 local function fence_check()
   local token = tonumber(ARGV[1])
   if not token or token < 0 or string.find(ARGV[1], '^%d+$') == nil then
@@ -23,14 +26,23 @@ local function fence_check()
   end
   local newest, holder = 0, ''
   if stored then
-    local t, h = string.match(stored, '^(%d+) ?(%S*)$')
-    newest, holder = tonumber(t) or 0, h or ''
+    -- Only a record fairlock wrote: another value ("hello", or a data key
+    -- named by mistake holding "100") was once read as a token and
+    -- overwritten.
+    local t, h = string.match(stored, '^(%d+) (%S+)$')
+    if not t or #t > 18 then
+      return redis.error_reply('WRONGTYPE fairlock fence key ' .. KEYS[1] ..
+        ' holds a value fairlock did not write (not "<token> <holder>"); another program uses this key')
+    end
+    newest, holder = tonumber(t), h
   end
   if token < newest or (token == newest and holder ~= ARGV[2]) then
     return {0, newest}
   end
-  if token > newest then
-    redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[2])
+  local fence, record, newer = KEYS[1], ARGV[1] .. ' ' .. ARGV[2], token > newest
+  return nil, function()
+    if newer then
+      redis.call('SET', fence, record)
+    end
   end
-  return nil
 end
