@@ -254,6 +254,111 @@ async fn a_client_survives_an_ask_redirect_and_its_waiters_are_granted() {
     assert!(token > holder_token);
 }
 
+/// A lock held with nobody queued has its owner and seq keys but no queue:
+/// while its slot migrates and those keys are still on the source, the
+/// source answers a call with all the lock's keys `TRYAGAIN` (Redis 7: some
+/// keys there, some not), not `ASK`. fred 10.1 returns that as an error;
+/// the release is sent again until the migration is done and frees the
+/// lock. Before, it failed at once with that error and the lock stayed
+/// held for its whole lease (60 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_meets_a_slot_migration_frees_the_lock() {
+    let cluster = RedisCluster::start().expect("cluster");
+    let clients = [
+        cluster_client(&cluster).await,
+        cluster_client(&cluster).await,
+    ];
+    let name = lock_names_on_every_primary(&cluster).remove(0);
+    let slot = lock_slot(&name);
+    let to = cluster
+        .other_primary(&cluster.slot_owner(slot).expect("owner"))
+        .expect("another primary");
+    // A fixed lease longer than the test: only the release frees the lock.
+    let holder = clients[0]
+        .lock_with(&name, LockOptions::new().lease(Duration::from_secs(60)))
+        .await
+        .expect("holder");
+    let holder_token = holder.token();
+
+    let from = cluster
+        .begin_slot_migration(slot, &to)
+        .expect("begin migration");
+    let release = tokio::spawn(holder.release());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster
+        .move_slot_keys(slot, &from, &to)
+        .expect("move the lock's keys");
+    cluster
+        .finish_slot_migration(slot, &from, &to)
+        .expect("finish migration");
+    release
+        .await
+        .expect("task")
+        .expect("a release that met the migration succeeds once it is done");
+
+    let state = clients[1].inspect(&name).await.expect("inspect");
+    assert_eq!(state.owner, None, "the lock is free: {state:?}");
+    let guard = clients[1]
+        .try_lock(&name)
+        .await
+        .expect("try_lock")
+        .expect("nobody holds the lock");
+    assert!(guard.token() > holder_token);
+    guard.release().await.expect("release");
+}
+
+/// As above, for the calls that read a held lock or queue on it: the
+/// holder's `is_held` and another client's `try_lock`, sent while the
+/// lock's keys are still on the source, are answered `TRYAGAIN` and sent
+/// again until the migration is done. Before, both failed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_on_a_held_lock_are_sent_again_across_a_slot_migration() {
+    let cluster = RedisCluster::start().expect("cluster");
+    let clients = [
+        cluster_client(&cluster).await,
+        cluster_client(&cluster).await,
+    ];
+    let name = lock_names_on_every_primary(&cluster).remove(0);
+    let slot = lock_slot(&name);
+    let to = cluster
+        .other_primary(&cluster.slot_owner(slot).expect("owner"))
+        .expect("another primary");
+    let holder = Arc::new(
+        clients[0]
+            .lock_with(&name, LockOptions::new().lease(Duration::from_secs(60)))
+            .await
+            .expect("holder"),
+    );
+
+    let from = cluster
+        .begin_slot_migration(slot, &to)
+        .expect("begin migration");
+    let held = {
+        let holder = Arc::clone(&holder);
+        tokio::spawn(async move { holder.is_held().await })
+    };
+    let other = {
+        let (client, name) = (clients[1].clone(), name.clone());
+        tokio::spawn(async move { client.try_lock(&name).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster
+        .move_slot_keys(slot, &from, &to)
+        .expect("move the lock's keys");
+    cluster
+        .finish_slot_migration(slot, &from, &to)
+        .expect("finish migration");
+    let (held, other) = (held.await.expect("task"), other.await.expect("task"));
+    assert!(
+        matches!((&held, &other), (Ok(true), Ok(None))),
+        "is_held and try_lock that met the migration succeed once it is done: \
+         {held:?}, {other:?}"
+    );
+
+    let holder = Arc::try_unwrap(holder).expect("the only guard");
+    holder.release().await.expect("release");
+}
+
 /// A primary fail-over mid-wait: the promoted replica has the queue (the
 /// manual fail-over waits for it to catch up); waiters follow it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

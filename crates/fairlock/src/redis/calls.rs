@@ -1,5 +1,6 @@
 //! The calls the command lanes send: lock scripts by `EVALSHA` (loaded
-//! again after `NOSCRIPT`, sent again after fred could not route them),
+//! again after `NOSCRIPT`, sent again after fred could not route them or a
+//! cluster node answered `TRYAGAIN` or `CLUSTERDOWN`),
 //! batched renewals and heartbeats, `WAIT` and `CONFIG GET`. Every call
 //! ends within the command timeout.
 
@@ -347,16 +348,21 @@ impl RedisConnection {
 /// task stopped under it) or could not route it (fred 10.1 gives up on a
 /// key whose slot is in migration, see [`keep_connected`](super::keeper::keep_connected): with a routing
 /// error when its router ends, or, when the router lives on, with
-/// [`WRITE_ATTEMPTS_USED`] once every write attempt met an `ASK`). Either
-/// way the script did not run, or ran and is safe to run again.
+/// [`WRITE_ATTEMPTS_USED`] once every write attempt met an `ASK`), or the
+/// node refused it before running it (see [`NOT_RUN`]). Either way the
+/// script did not run, or ran and is safe to run again.
 fn resendable(error: &Error) -> bool {
     match error {
         Error::Closed => true,
-        Error::Redis { source, .. } => match source.kind() {
-            ErrorKind::Routing => true,
-            ErrorKind::Unknown => source.details() == WRITE_ATTEMPTS_USED,
-            _ => false,
-        },
+        Error::Redis { source, .. } => {
+            let code = source.details().split_whitespace().next();
+            match source.kind() {
+                ErrorKind::Routing => true,
+                _ if code.is_some_and(|code| NOT_RUN.contains(&code)) => true,
+                ErrorKind::Unknown => source.details() == WRITE_ATTEMPTS_USED,
+                _ => false,
+            }
+        }
         _ => false,
     }
 }
@@ -364,6 +370,18 @@ fn resendable(error: &Error) -> bool {
 /// fred 10.1's answer to a command whose write attempts (3 by default) are
 /// used up, each on a lost connection or a redirect (`ASK`).
 const WRITE_ATTEMPTS_USED: &str = "Too many failed write attempts.";
+
+/// Error codes a cluster node answers instead of running a command, which
+/// fred 10.1 hands back as they are: `TRYAGAIN` (since Redis 7.0; kind
+/// `Unknown`) for a call whose keys are only partly on the node while their
+/// slot migrates, until they have all moved (a lock seldom has all its
+/// keys: one held with nobody queued has no queue, so its release,
+/// `is_held` and other clients' acquires meet this), and `CLUSTERDOWN`
+/// while the cluster is down or the slot unserved (fred reconnects and
+/// sends the call again itself, and returns the answer, kind `Cluster`, when
+/// its last write attempt meets one too). Redis gives both before the
+/// command runs.
+const NOT_RUN: [&str; 2] = ["TRYAGAIN", "CLUSTERDOWN"];
 
 /// The Redis type of each lock key, in script order (see
 /// [`LockKeys`]): owner, queue, alive, seq, freed.
@@ -423,8 +441,9 @@ mod tests {
     /// migration are sent again: the router ending (`Routing`), too many
     /// redirections (`Routing`), and a command that used up its write
     /// attempts on `ASK` answers (`Unknown`, which a CI run met: the
-    /// call failed in `cluster.rs`'s ASK test instead of being sent again).
-    /// Other errors (an error reply, a timeout) are not.
+    /// call failed in `cluster.rs`'s ASK test instead of being sent again),
+    /// and a node's `TRYAGAIN` or `CLUSTERDOWN` answer. Other errors (an
+    /// error reply, a timeout) are not.
     #[test]
     fn calls_that_met_a_migrating_slot_are_sent_again() {
         use fred::error::{Error as FredError, ErrorKind};
@@ -440,6 +459,17 @@ mod tests {
         assert!(resendable(&from_fred(
             ErrorKind::Unknown,
             "Too many failed write attempts."
+        )));
+        // Answered in place of running the script: a slot migration with
+        // the lock's keys partly moved (as `cluster.rs`'s release test met
+        // it), a cluster down.
+        assert!(resendable(&from_fred(
+            ErrorKind::Unknown,
+            "TRYAGAIN Multiple keys request during rehashing of slot"
+        )));
+        assert!(resendable(&from_fred(
+            ErrorKind::Cluster,
+            "CLUSTERDOWN The cluster is down"
         )));
         assert!(!resendable(&from_fred(ErrorKind::Unknown, "ERR something")));
         assert!(!resendable(&from_fred(
