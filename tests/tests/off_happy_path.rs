@@ -722,6 +722,94 @@ async fn a_broken_lock_does_not_stop_the_heartbeat_of_the_others() {
     drop(bad);
 }
 
+/// Owner values another program wrote that the heartbeat's reply cannot
+/// carry as an owner id and token (one that is not UTF-8, one whose token
+/// does not fit in 64 bits) do not stop the batched heartbeat from serving
+/// the process's other locks. The script returns the holder byte for byte
+/// and the token as Lua read it (an out-of-range number reaches the client
+/// as -2^63); the client used to refuse the whole batch's reply for either
+/// (a protocol error, not WRONGTYPE, so not even beaten lock by lock),
+/// every round, so a grant on another lock of the batch whose message was
+/// lost was never delivered: here `lock("beat:b")` hung for good. The locks
+/// with the foreign values are served as well: each is held, and its
+/// waiter gets it once the value is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_owner_values_do_not_stop_the_heartbeat_of_the_others() {
+    let server = server();
+    let holders = client(&server).await;
+    let waiters = client(&server).await;
+    let sixty = LockOptions::new().lease(Duration::from_secs(60));
+    // Each foreign value, written over the owner key keeping its TTL.
+    let foreign = [
+        ("beat:binary", "string.char(255) .. ' 1'"),
+        ("beat:huge-token", "'x 99999999999999999999'"),
+    ];
+    let mut held = Vec::new();
+    let mut foreign_waiters = Vec::new();
+    for (name, _) in foreign {
+        held.push(holders.lock_with(name, sixty).await.expect("holder"));
+        foreign_waiters.push((name, spawn_lock(&waiters, name)));
+        wait_for_queue_len(&waiters, name, 1).await;
+    }
+    held.push(holders.lock_with("beat:b", sixty).await.expect("holder"));
+    let waiter_b = spawn_lock(&waiters, "beat:b");
+    wait_for_queue_len(&waiters, "beat:b", 1).await;
+    for (name, value) in foreign {
+        let script = format!("return redis.call('SET', KEYS[1], {value}, 'KEEPTTL')");
+        server
+            .cmd(&["EVAL", &script, "1", keys(name).owner()])
+            .expect("plant a foreign owner value");
+    }
+
+    // B is released to its waiter with a grant message that reaches
+    // nobody: only the heartbeat can tell the waiter.
+    let owner = owner_in_redis(&server, "beat:b").expect("B is held");
+    let owner_id = owner.split(' ').next().expect("owner id").to_owned();
+    let timings = Timings::default();
+    let released = raw(
+        &server,
+        "beat:b",
+        &Release {
+            owner_id: &owner_id,
+            timings: &timings,
+            channel_prefix: "test:nobody:",
+            reply_to: "",
+        },
+    );
+    assert!(
+        matches!(
+            released,
+            ReleaseReply::Released {
+                handed_to: Some(_),
+                ..
+            }
+        ),
+        "handed on: {released:?}"
+    );
+    // A liveness bound, not a speed one: the heartbeat runs every 100 ms.
+    let guard_b = match tokio::time::timeout(Duration::from_secs(10), waiter_b).await {
+        Ok(Ok(Ok(guard))) => guard,
+        Ok(Ok(Err(error))) => panic!("B's waiter: {error}"),
+        Ok(Err(join)) => panic!("B's waiter task: {join}"),
+        Err(_) => panic!("B's waiter never learnt of its grant: the heartbeat is stuck"),
+    };
+    guard_b.release().await.expect("release B");
+
+    // Past a waiter timeout, the foreign values' waiters still wait, and
+    // once a value is gone its waiter gets the lock.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for (name, waiter) in foreign_waiters {
+        assert!(!waiter.is_finished(), "{name}'s waiter ended: {waiter:?}");
+        server.cmd(&["DEL", keys(name).owner()]).expect("DEL owner");
+        granted(waiter, name)
+            .await
+            .release()
+            .await
+            .expect("release");
+    }
+    drop(held);
+}
+
 /// At connect, a server that can evict lock keys is reported, or refused
 /// when the configuration says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

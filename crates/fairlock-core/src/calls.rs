@@ -401,6 +401,14 @@ impl<'a> Heartbeat<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeartbeatReply {
     /// The holder after the call and its token, if the lock is held.
+    ///
+    /// The script returns an owner value another program wrote as it
+    /// finds it, and the reply takes it without failing, so that one such
+    /// lock cannot spoil the reply of a whole [`HeartbeatBatch`]: a holder
+    /// that is not UTF-8 comes lossily, a token past 2^63 (which Redis
+    /// sends as -2^63) as 0. Neither is an owner value fairlock wrote
+    /// (owner ids are ASCII, tokens far below 2^63): the lock is held by
+    /// somebody who is no waiter of this process.
     pub holder: Option<(String, u64)>,
     /// Whether the probe is queued.
     pub probe_queued: bool,
@@ -424,10 +432,13 @@ impl ScriptCall for Heartbeat<'_> {
 }
 
 impl HeartbeatReply {
-    /// One lock's five fields of a heartbeat reply.
+    /// One lock's five fields of a heartbeat reply; a foreign owner value
+    /// is read as [`HeartbeatReply::holder`] says.
     fn read(f: &mut Fields) -> Result<Self, ProtocolError> {
-        let holder = f.string()?;
-        let token = f.uint()?;
+        let holder = f.lossy_string()?;
+        // Lua reads a token of more digits than fit as a float, which
+        // Redis sends as -2^63: only a foreign value has one.
+        let token = u64::try_from(f.int()?).unwrap_or(0);
         Ok(Self {
             holder: (!holder.is_empty()).then_some((holder, token)),
             probe_queued: f.int()? == 1,
@@ -737,6 +748,66 @@ mod tests {
         };
         assert_eq!(batch.args(), ["m.t.5 30"]);
         assert_eq!(batch.keys(), ["k"]);
+    }
+
+    /// One lock's holder that another program wrote (not UTF-8, or with a
+    /// token past 2^63, which Lua hands Redis as -2^63) does not spoil
+    /// the reply for the batch: it reads as a holder that is nobody's,
+    /// and the other locks' entries as they are.
+    #[test]
+    fn a_foreign_holder_does_not_spoil_a_heartbeat_batch() {
+        use crate::keys::{KeyPrefix, LockName};
+        let names = ["binary", "huge", "ours"]
+            .map(|name| LockKeys::new(&KeyPrefix::default(), &LockName::new(name).unwrap()));
+        let timings = Timings::default();
+        let batch = HeartbeatBatch {
+            tag: "ff",
+            timings: &timings,
+            channel_prefix: "p:",
+            items: names
+                .iter()
+                .map(|keys| HeartbeatItem { keys, probe: "" })
+                .collect(),
+        };
+        let reply = Reply::Array(vec![
+            Reply::Bytes(vec![0xff]),
+            Reply::Int(1),
+            Reply::Int(0),
+            Reply::Int(0),
+            Reply::Int(0),
+            Reply::Str("x".into()),
+            Reply::Int(i64::MIN),
+            Reply::Int(1),
+            Reply::Int(2),
+            Reply::Int(1),
+            Reply::Str("a.ff.5".into()),
+            Reply::Int(7),
+            Reply::Int(1),
+            Reply::Int(0),
+            Reply::Int(0),
+        ]);
+        let replies = batch.decode(reply).expect("the batch's reply");
+        let holders: Vec<_> = replies.iter().map(|r| r.holder.clone()).collect();
+        assert_eq!(
+            holders,
+            [
+                Some(("\u{fffd}".to_owned(), 1)),
+                Some(("x".to_owned(), 0)),
+                Some(("a.ff.5".to_owned(), 7)),
+            ]
+        );
+        assert!(replies[1].probe_queued);
+        assert_eq!(
+            replies[1].purged,
+            Purged {
+                dropped: 2,
+                more: true
+            }
+        );
+        assert!(replies[2].probe_queued);
+        // The reply's shape is still checked.
+        let short = Reply::Array(vec![Reply::Int(0); 10]);
+        assert!(batch.decode(short).is_err());
     }
 
     #[test]

@@ -114,6 +114,19 @@ impl Fields {
         }
     }
 
+    /// A string field that may carry a value another program wrote: text
+    /// as it is, a value that is not UTF-8 lossily (U+FFFD for each
+    /// invalid sequence), nil as "". Only for a field whose exact bytes
+    /// matter to nobody unless they are text fairlock wrote.
+    pub(crate) fn lossy_string(&mut self) -> Result<String, ProtocolError> {
+        match self.items.next() {
+            Some(Reply::Bytes(bytes)) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
+            Some(Reply::Str(text)) => Ok(text),
+            Some(Reply::Nil) => Ok(String::new()),
+            other => Err(self.error(format!("expected a string, got {other:?}"))),
+        }
+    }
+
     pub(crate) fn next(&mut self) -> Option<Reply> {
         self.items.next()
     }

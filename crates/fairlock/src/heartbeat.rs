@@ -135,8 +135,12 @@ async fn beat_lane(state: &Arc<ClientState>, locks: Vec<LockWaiters>, clustered:
 /// One heartbeat call for `locks` (all in one slot). If the call fails
 /// because of one lock's keys (a key of a foreign type), each lock is
 /// tried on its own, so one broken lock cannot stop the others' waiters
-/// from being kept alive. Any other failure (Redis down, a timeout) would
-/// fail each lock alike: the next round retries the batch.
+/// from being kept alive. An owner value another program wrote in place
+/// (a string, so the script runs) fails nothing: the reply carries it for
+/// its own lock only, as a holder that is nobody here (see
+/// [`HeartbeatReply::holder`]). Any other failure (Redis down, a timeout, a
+/// reply of the wrong shape) would fail each lock alike: the next round
+/// retries the batch.
 async fn beat_locks(state: &Arc<ClientState>, locks: Vec<LockWaiters>) {
     match heartbeat_call(state, &locks).await {
         Ok(replies) => {
