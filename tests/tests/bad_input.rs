@@ -119,6 +119,7 @@ async fn a_key_of_another_type_is_a_typed_error_and_stays_untouched() {
                 .unwrap_or_else(|_| panic!("{role}: lock() waits behind a foreign value"))
                 .map(|_| ()),
             client.try_lock("typed").await.map(|_| ()),
+            client.inspect("typed").await.map(|_| ()),
             client.force_release("typed").await.map(|_| ()),
         ] {
             assert!(
