@@ -10,6 +10,10 @@
 -- ARGV[5] reply_to        tag of the calling process, or "": a new owner of
 --                         that process is not sent a message; the caller
 --                         wakes it from this reply
+-- ARGV[6] "again"         (optional) a release sent again after its first
+--                         send was answered released: where the caller no
+--                         longer owns the lock it answers released, not
+--                         {0} (see below)
 --
 -- Replies:
 --   {1, dropped, more, next, token, unheard}
@@ -45,6 +49,16 @@ if holder ~= owner_id then
     -- so that a WAIT on the resending connection, which may be a new one
     -- after a reconnect, covers the release it stands for.
     redis.call('SET', KEYS[5], owner_id, 'PX', ARGV[2])
+    return {1, 0, 0, '', 0, 0}
+  end
+  if ARGV[6] == 'again' then
+    -- Answered released once already: the next holders may have released
+    -- since and replaced the record above. A write that changes no value
+    -- (the counter, renewed at every grant, gets its idle TTL again), so
+    -- that a WAIT after this covers the state this server is in.
+    if redis.call('PEXPIRE', KEYS[4], ARGV[2]) == 0 then
+      redis.call('SET', KEYS[5], owner_id, 'PX', ARGV[2])
+    end
     return {1, 0, 0, '', 0, 0}
   end
   -- A release that comes after its lease ran out finds the lock free: it

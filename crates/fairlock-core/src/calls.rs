@@ -237,6 +237,35 @@ pub struct Release<'a> {
     pub reply_to: &'a str,
 }
 
+/// A [`Release`] sent again after its first send was answered
+/// [`ReleaseReply::Released`] on a connection since replaced (with replica
+/// acknowledgement on, the `WAIT` that followed it counts nothing of a new
+/// connection). The release ran where it was answered; sent again, it
+/// releases the grant if the server now written to still has it, and
+/// otherwise answers released (not [`ReleaseReply::NotOwner`]: the next
+/// holders may have released since, replacing the record of this release)
+/// after a write that changes no value (the lock's counter gets its idle
+/// TTL again), so a `WAIT` after it covers this server's state. Use it
+/// only for a release already answered released: for any other it would
+/// hide a lease that ran out.
+#[derive(Debug, Clone)]
+pub struct ReleaseAgain<'a>(pub Release<'a>);
+
+impl ScriptCall for ReleaseAgain<'_> {
+    const SCRIPT: &'static Script = &RELEASE;
+    type Output = ReleaseReply;
+
+    fn args(&self) -> Vec<String> {
+        let mut args = self.0.args();
+        args.push("again".to_owned());
+        args
+    }
+
+    fn decode(reply: Reply) -> Result<ReleaseReply, ProtocolError> {
+        Release::decode(reply)
+    }
+}
+
 /// A grant a release made: the waiter that now holds, its fencing token,
 /// and whether its grant message reached nobody.
 #[derive(Debug, Clone, PartialEq, Eq)]

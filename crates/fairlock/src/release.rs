@@ -12,7 +12,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use fairlock_core::{LockKeys, Release, ReleaseReply};
+use fairlock_core::{LockKeys, Release, ReleaseAgain, ReleaseReply};
 
 use crate::error::{Error, Result};
 use crate::held::HeldLock;
@@ -34,12 +34,16 @@ impl ClientState {
             }
             Replication::Reconnected => {
                 // A command connection was replaced between the release
-                // and its WAIT: sent again where the client writes now.
-                // That server releases the grant if it still has it, or
-                // writes its record of this release again (release.lua);
-                // WAIT then covers either write.
+                // and its WAIT: sent again where the client writes now,
+                // as a release already answered released. That server
+                // releases the grant if it still has it, or makes a write
+                // that changes no value (release.lua); WAIT then covers
+                // either. Sent as a plain release, it was refused once the
+                // next holders had released too (NotOwner for a release
+                // that ran).
                 let mark = self.replication_mark();
-                self.release_owner_id(held.name.as_str(), &held.keys, &held.owner_id)
+                let _in_flight = InFlight::new(&self.releases);
+                self.release_counted(held.name.as_str(), &held.keys, &held.owner_id, true)
                     .await?;
                 self.confirm_replicated(mark).await
             }
@@ -109,7 +113,7 @@ impl ClientState {
         owner_id: &str,
     ) -> Result<()> {
         let _in_flight = InFlight::new(&self.releases);
-        self.release_owner_id_counted(name, keys, owner_id).await
+        self.release_counted(name, keys, owner_id, false).await
     }
 
     /// Releases of this process whose reply has not come back yet.
@@ -117,27 +121,31 @@ impl ClientState {
         self.releases.load(Ordering::SeqCst)
     }
 
-    async fn release_owner_id_counted(
+    /// `again`: a lock release already answered released, sent again
+    /// ([`ReleaseAgain`]).
+    async fn release_counted(
         self: &Arc<Self>,
         name: &str,
         keys: &Arc<LockKeys>,
         owner_id: &str,
+        again: bool,
     ) -> Result<()> {
         if keys.permit_family().is_some() {
             return self.release_permit(name, keys, owner_id).await;
         }
-        let reply = self
-            .run_while_closing(
-                Lane::Holders,
-                keys,
-                &Release {
-                    owner_id,
-                    timings: &self.timings,
-                    channel_prefix: &self.channel_prefix(keys),
-                    reply_to: &self.tag,
-                },
-            )
-            .await?;
+        let release = Release {
+            owner_id,
+            timings: &self.timings,
+            channel_prefix: &self.channel_prefix(keys),
+            reply_to: &self.tag,
+        };
+        let reply = if again {
+            self.run_while_closing(Lane::Holders, keys, &ReleaseAgain(release))
+                .await?
+        } else {
+            self.run_while_closing(Lane::Holders, keys, &release)
+                .await?
+        };
         match reply {
             ReleaseReply::Released { handed_to, purged } => {
                 self.after_purge(keys, purged);
