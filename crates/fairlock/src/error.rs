@@ -17,7 +17,10 @@ pub enum Error {
     #[error("invalid lock name: {0}")]
     InvalidName(#[from] NameError),
 
-    /// An option was out of range; Redis was not touched.
+    /// An option was out of range; Redis was not touched. One exception:
+    /// a RedLock lease found too short once a majority was won (the
+    /// attempt took longer than the lease less its drift allowance); the
+    /// votes it won were given back.
     #[error("invalid option: {0}")]
     InvalidOptions(String),
 

@@ -232,12 +232,18 @@ fn check_url(index: usize, url: &str) -> Result<String> {
         ))
     })?;
     check_tls_scheme(url, &format!("{} (RedLock primary {index})", redact(url)))?;
-    Ok(match &parsed.server {
+    match &parsed.server {
         ServerConfig::Centralized { server } => {
-            format!("{}:{}", server.host.to_ascii_lowercase(), server.port)
+            Ok(format!("{}:{}", server.host.to_ascii_lowercase(), server.port))
         }
-        _ => url.trim().to_ascii_lowercase(),
-    })
+        // A Sentinel group fails over asynchronously, which is what RedLock's
+        // independent primaries exist to avoid; a cluster is one primary per
+        // slot, not one vote.
+        _ => Err(Error::InvalidOptions(format!(
+            "RedLock primary {index} ({}) is not a single server: RedLock needs independent standalone primaries (redis://host:port), not a Sentinel group or a cluster",
+            redact(url)
+        ))),
+    }
 }
 
 fn check(what: &str, value: Duration, min: Duration) -> Result<()> {
@@ -333,6 +339,18 @@ mod tests {
         let message = refused(["redis://a:1", "redis://b:1", "rediss://u:secret@c:1"]);
         assert!(message.contains("rediss://u:***@c:1"), "{message}");
         assert!(message.contains("`tls` feature"), "{message}");
+    }
+
+    #[test]
+    fn a_sentinel_group_or_a_cluster_is_no_primary() {
+        for url in [
+            "redis-sentinel://u:secret@s:26379/0?sentinelServiceName=m",
+            "redis-cluster://u:secret@c:7000",
+        ] {
+            let message = refused(["redis://a:1", url, "redis://b:1"]);
+            assert!(message.contains("not a single server"), "{message}");
+            assert!(!message.contains("secret"), "{message}");
+        }
     }
 
     #[test]
