@@ -2,12 +2,14 @@
 //! another and cut every connection it carries: what a client behind one
 //! address (a virtual IP, a DNS name, a load balancer) sees when the
 //! server behind that address is replaced. The client reconnects to the
-//! same address and reaches the new server.
+//! same address and reaches the new server. It can also hold back every
+//! reply for a while: a slow network, or a server slow to answer.
 
-use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use tokio::io::{copy, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -25,6 +27,7 @@ struct Flow {
 pub struct SwitchProxy {
     port: u16,
     target: Arc<AtomicU16>,
+    reply_delay_ms: Arc<AtomicU64>,
     flows: Arc<Mutex<Vec<Flow>>>,
     accept: JoinHandle<()>,
 }
@@ -35,9 +38,11 @@ impl SwitchProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("local addr").port();
         let target = Arc::new(AtomicU16::new(target_port));
+        let reply_delay_ms = Arc::new(AtomicU64::new(0));
         let flows: Arc<Mutex<Vec<Flow>>> = Arc::default();
         let accept = tokio::spawn({
             let (target, flows) = (Arc::clone(&target), Arc::clone(&flows));
+            let reply_delay_ms = Arc::clone(&reply_delay_ms);
             async move {
                 while let Ok((client, _)) = listener.accept().await {
                     let port = target.load(Ordering::SeqCst);
@@ -46,6 +51,7 @@ impl SwitchProxy {
                     };
                     let subscribed = Arc::new(AtomicBool::new(false));
                     let noted = Arc::clone(&subscribed);
+                    let delay = Arc::clone(&reply_delay_ms);
                     let task = tokio::spawn(async move {
                         let (from_client, to_client) = client.into_split();
                         let (mut from_server, mut to_server) = server.into_split();
@@ -54,7 +60,7 @@ impl SwitchProxy {
                         // the halves closes both sockets.
                         tokio::select! {
                             () = forward(from_client, &mut to_server, &noted) => {}
-                            _ = copy(&mut from_server, &mut to_client) => {}
+                            () = reply(&mut from_server, &mut to_client, &delay) => {}
                         }
                     });
                     flows.lock().expect("flows").push(Flow { task, subscribed });
@@ -64,6 +70,7 @@ impl SwitchProxy {
         SwitchProxy {
             port,
             target,
+            reply_delay_ms,
             flows,
             accept,
         }
@@ -77,6 +84,13 @@ impl SwitchProxy {
     /// New connections go to `target_port` from now on.
     pub fn switch_to(&self, target_port: u16) {
         self.target.store(target_port, Ordering::SeqCst);
+    }
+
+    /// Holds back each reply (each read from the server) this long before
+    /// passing it on, on every connection, open or new.
+    pub fn delay_replies(&self, delay: Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.reply_delay_ms.store(ms, Ordering::SeqCst);
     }
 
     /// Closes every connection open through the proxy.
@@ -120,6 +134,25 @@ async fn forward(mut from: OwnedReadHalf, to: &mut OwnedWriteHalf, subscribed: &
         };
         if sends_subscribe(&buf[..n]) {
             subscribed.store(true, Ordering::SeqCst);
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Copies the server's bytes to the client, each read held back by the
+/// delay set then.
+async fn reply(from: &mut OwnedReadHalf, to: &mut OwnedWriteHalf, delay_ms: &AtomicU64) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let delay = delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;

@@ -205,7 +205,6 @@ impl RedisConnection {
             .into_iter()
             .map(|arg| Value::Bytes(arg.into()))
             .collect();
-        let started = Instant::now();
         // A place in the lane's window, for the whole call (resends
         // included), waited for at most the command timeout.
         let _place = match &self.windows {
@@ -227,23 +226,38 @@ impl RedisConnection {
             }
             None => None,
         };
-        let result = loop {
-            let result = self
-                .eval_once_loaded(self.lane(lane), script, &keys, &args)
-                .instrument(span.clone())
-                .await;
-            match result {
-                Err(ref error)
-                    if resend
-                        && resendable(error)
-                        && !self.closing.load(Ordering::SeqCst)
-                        && started.elapsed() + RESTART_PAUSE < self.command_timeout =>
-                {
-                    tokio::time::sleep(RESTART_PAUSE).await;
+        // One deadline for the call in Redis, whatever it takes: a script
+        // load (three round trips) and resends included. Each step once had
+        // the whole command timeout: a call needing its script loaded
+        // behind slow replies took three times it.
+        let in_redis = Instant::now();
+        let calls = async {
+            loop {
+                let result = self
+                    .eval_once_loaded(self.lane(lane), script, &keys, &args)
+                    .instrument(span.clone())
+                    .await;
+                match result {
+                    Err(ref error)
+                        if resend
+                            && resendable(error)
+                            && !self.closing.load(Ordering::SeqCst)
+                            && in_redis.elapsed() + RESTART_PAUSE < self.command_timeout =>
+                    {
+                        tokio::time::sleep(RESTART_PAUSE).await;
+                    }
+                    result => break result,
                 }
-                result => break result,
             }
         };
+        let result = tokio::time::timeout(self.command_timeout + SLACK, calls)
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::Timeout {
+                    operation: script.name.to_owned(),
+                    timeout: self.command_timeout,
+                })
+            });
         if let Err(error) = &result {
             span.in_scope(|| telemetry::span_failed(error));
         }
