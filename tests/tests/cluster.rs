@@ -655,6 +655,77 @@ async fn after_a_manual_failover_a_grant_keeps_the_waiters_own_lease() {
     granted.release().await.expect("release");
 }
 
+/// A waiter already queued at a `CLUSTER FAILOVER`: the demoted primary
+/// ends the process's sharded subscription (`sunsubscribe`) and the
+/// process subscribes the slot again at once, at the node its slot map
+/// names. That map, fred's, was still the one from before the fail-over:
+/// the subscription went back to the demoted primary (a replica, which
+/// still hears the slot's messages), the new primary's grant was counted
+/// unheard and its lease cut to the releasing process's waiter TTL, while
+/// the waiter took it for its own 60 s [the lease in Redis was ≤ 1 s].
+/// The map is now refreshed before subscribing again after a
+/// `sunsubscribe`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_queued_before_a_manual_failover_keeps_its_own_lease() {
+    let cluster = RedisCluster::start().expect("cluster");
+    let holder_client = cluster_client(&cluster).await;
+    // A heartbeat a minute away: only the subscription's end can move it.
+    let waiter_client = pubsub_only_client(&cluster.url()).await;
+    let name = lock_names_on_every_primary(&cluster).remove(0);
+    let slot = lock_slot(&name);
+    let holder = holder_client.lock(&name).await.expect("holder");
+    let waiter = {
+        let waiter_client = waiter_client.clone();
+        let name = name.clone();
+        tokio::spawn(async move {
+            waiter_client
+                .lock_with(&name, LockOptions::new().lease(Duration::from_secs(60)))
+                .await
+        })
+    };
+    let deadline = std::time::Instant::now() + LONG;
+    while holder_client
+        .inspect(&name)
+        .await
+        .expect("inspect")
+        .queue_len
+        < 1
+    {
+        assert!(std::time::Instant::now() < deadline, "the waiter queues");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let primary = cluster.slot_owner(slot).expect("owner");
+    let promoted = cluster.failover(&primary).expect("failover");
+    // Until the waiter's process has subscribed the slot again somewhere
+    // other than where it first did (a set-up wait, not a measure).
+    let deadline = std::time::Instant::now() + LONG;
+    while !waiter_client
+        .grants_subscribed_at()
+        .iter()
+        .any(|at| *at != primary)
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    holder.release().await.expect("release");
+    let granted = tokio::time::timeout(LONG, waiter)
+        .await
+        .expect("granted")
+        .expect("task")
+        .expect("lock");
+    let owner_key = fairlock_tests::keys(&name).owner().to_owned();
+    let left = cluster
+        .node(&promoted)
+        .expect("node")
+        .cmd_ok(&["PTTL", &owner_key])
+        .expect("PTTL")
+        .as_int()
+        .expect("int");
+    assert!(left > 45_000, "the grant's lease is {left} ms, asked 60 s");
+    granted.release().await.expect("release");
+}
+
 /// A node that stops answering holds up the heartbeat of its own slots
 /// only. Here one primary pauses its clients' writes (`CLIENT PAUSE`) for
 /// longer than the waiter timeout while a process waits on a lock there

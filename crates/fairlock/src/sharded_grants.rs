@@ -445,7 +445,7 @@ fn spawn_node_reader(state: Arc<ClientState>, node: NodeReader) -> BackgroundTas
 /// Handles a frame other than a grant: the answer to the oldest request
 /// awaited (a subscription's, or a keep-alive `PING`'s, whose answer is
 /// only taken off the line), or the end of a subscription.
-fn answer(state: &ClientState, awaiting: &Awaiting, frame: Frame<'_>) {
+fn answer(state: &Arc<ClientState>, awaiting: &Awaiting, frame: Frame<'_>) {
     let reply = match frame {
         // `["pong", ""]` once subscribed, `+PONG` before.
         Frame::Subscribed(_) | Frame::Other | Frame::Simple(_) => Ok(()),
@@ -457,7 +457,7 @@ fn answer(state: &ClientState, awaiting: &Awaiting, frame: Frame<'_>) {
             // heartbeat subscribes the slots waited in again where they
             // are now, and the next enqueue in this slot subscribes it.
             state.forget_slots([fairlock_core::key_slot(channel)]);
-            state.heartbeat_now.notify_one();
+            resubscribe_where_slots_are(state);
             return;
         }
         _ => return,
@@ -469,4 +469,27 @@ fn answer(state: &ClientState, awaiting: &Awaiting, frame: Frame<'_>) {
     if let Some(Some(done)) = next {
         let _ = done.send(reply);
     }
+}
+
+/// Asks the heartbeat for a round (which subscribes every slot waited in
+/// again) once fred's slot map is read again. fred refreshes its map only
+/// on a `MOVED` or a reconnect, and a node that ended a subscription after
+/// a `CLUSTER FAILOVER` is a replica that still accepts `SSUBSCRIBE` and
+/// hears the slot's messages, while the new primary's grant counts no
+/// listener and has its lease cut to the waiter TTL: with the old map, the
+/// subscription went straight back to it (`cluster.rs`:
+/// `a_waiter_queued_before_a_manual_failover_keeps_its_own_lease`). One
+/// refresh at a time: the slots a fail-over moves end together.
+fn resubscribe_where_slots_are(state: &Arc<ClientState>) {
+    if state.refreshing_slot_map.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let refreshing = Arc::clone(state);
+    drop(state.spawn_cleanup(async move {
+        if let Err(error) = refreshing.redis.refresh_slot_map().await {
+            tracing::debug!(%error, "fairlock could not read the cluster's slot map again; subscribing with the one it has");
+        }
+        refreshing.refreshing_slot_map.store(false, Ordering::SeqCst);
+        refreshing.heartbeat_now.notify_one();
+    }));
 }

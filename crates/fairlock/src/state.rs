@@ -104,6 +104,9 @@ pub(crate) struct ClientState {
     key_cache: KeyCache,
     /// Asks the heartbeat for a round now (after a reconnect or lost messages).
     pub(crate) heartbeat_now: Notify,
+    /// On a cluster: a refresh of fred's slot map is on its way (after a
+    /// node ended a sharded subscription, `sharded_grants.rs`).
+    pub(crate) refreshing_slot_map: AtomicBool,
     /// The servers fairlock's own grant connections are open to now
     /// (`grant_connection.rs` and `sharded_grants.rs` keep it); empty while
     /// they are being opened and when fred's subscriber carries the grants
@@ -144,6 +147,7 @@ impl ClientState {
             grant_rates: GrantRates::default(),
             key_cache: KeyCache::default(),
             heartbeat_now: Notify::new(),
+            refreshing_slot_map: AtomicBool::new(false),
             grants_at: Mutex::default(),
             shard_requests: OnceLock::new(),
             runtime: Handle::current(),

@@ -291,6 +291,13 @@ impl RedisConnection {
         routing.get_server(slot).map(address)
     }
 
+    /// Reads the cluster's slot map again (`CLUSTER SLOTS`), within the
+    /// command timeout: fred refreshes it only on a `MOVED` or a reconnect.
+    pub(crate) async fn refresh_slot_map(&self) -> Result<()> {
+        self.bounded("CLUSTER SLOTS", Box::pin(self.commands.sync_cluster()))
+            .await
+    }
+
     /// Where fairlock's own grant connection is to connect, when it carries
     /// the subscription instead of fred's subscriber.
     pub(crate) fn grant_endpoint(&self) -> Option<&GrantEndpoint> {
