@@ -52,7 +52,8 @@ if queued or holds then
   redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[3]))
 end
 
--- Processes whose deadline passed are dead: forget a bounded batch.
+-- Processes whose deadline passed are dead, and releases past their time
+-- are forgotten: remove a bounded batch.
 local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. now_ms, 'LIMIT', 0, 32)
 if #dead > 0 then
   redis.call('ZREM', KEYS[3], unpack(dead))

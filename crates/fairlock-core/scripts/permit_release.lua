@@ -7,6 +7,9 @@
 -- ARGV[2] idle_ms         TTL of the seq key
 -- ARGV[3] channel_prefix  waiters are woken on channel_prefix .. client tag
 -- ARGV[4] waiter_ttl_ms   lease of a grant whose message reached nobody
+-- ARGV[5] remember_ms     how long the release is remembered (alive holds
+--                         owner id -> server ms it is forgotten at), so that
+--                         a resend of it is recognised
 --
 -- Replies:
 --   {1, dropped, more, owner_id_1, token_1, unheard_1, ...}  released; the
@@ -17,21 +20,60 @@
 --                (whoever wakes it must set its lease); more: 1 if
 --                entries are left to look at (the client goes on with
 --                heartbeat calls)
---   {0}          refused: the caller holds no live permit; permits that
---                expired leases freed go to live waiters that now fit,
---                woken by message, as a heartbeat would
+--   {0}          refused: the caller holds no live permit and no release
+--                of it is remembered (its lease ran out, or it never
+--                held); permits that expired leases freed go to live
+--                waiters that now fit, woken by message, as a heartbeat
+--                would
 --
--- Holder-only. A resent release finds no permit and answers {0}; it never
--- touches a later holder.
+-- Holder-only. Idempotent: a resent release (fred and the client send a
+-- call again when its connection dropped after it was written) finds the
+-- record of the release that ran and answers {1, 0, 0}: released, nothing
+-- handed on by this run (the first run's grants were published), and
+-- nothing changed but the record's deadline. It never touches a later
+-- holder.
+--
+-- Cost with nobody waiting: 12 commands while earlier releases are still
+-- remembered, 13 on a fresh set, 14 when expired records are removed and
+-- alive's TTL is extended (under a steady stream of releases one record
+-- expires per release and the TTL is extended once per remember_ms: 13);
+-- 22 to hand the permit to a waiter of another process. Remembering costs
+-- a ZADD and a PTTL, and a ZREM and a PEXPIRE when due: without it a
+-- release ran 10 and 20 (permit_model.rs: commands_per_permit_release).
 
 local owner_id = ARGV[1]
-local deadline = read_key(1, 'ZSCORE', owner_id)
-read_key(2, 'ZCARD')
-read_key(3, 'ZCARD')
-read_key(5, 'HGET', 'limit')
+local remember_ms = tonumber(ARGV[5])
 local now = now_us()
 local now_ms = math.floor(now / 1000)
+local deadline = read_key(1, 'ZSCORE', owner_id)
+read_key(2, 'ZCARD')
+-- The type check of alive also finds the entries whose deadline passed (dead
+-- processes, forgotten releases): at most two are removed per release, one
+-- more than each release adds, so records never pile up even when no
+-- heartbeat runs (nobody waits).
+local stale = read_key(3, 'ZRANGEBYSCORE', '-inf', '(' .. digits(now_ms), 'LIMIT', 0, 2)
+read_key(5, 'HGET', 'limit')
+
+-- Records the release of `owner_id` until remember_ms from now. alive is
+-- kept at least that long; when it is extended, to twice that, so the
+-- releases that follow within remember_ms need no PEXPIRE.
+local function remember()
+  redis.call('ZADD', KEYS[3], digits(now_ms + remember_ms), owner_id)
+  local ttl = redis.call('PTTL', KEYS[3])
+  if ttl == -1 or ttl < remember_ms then
+    redis.call('PEXPIRE', KEYS[3], 2 * remember_ms)
+  end
+end
+
 if not deadline or tonumber(deadline) <= now_ms then
+  local released = tonumber(redis.call('ZSCORE', KEYS[3], owner_id))
+  if released and released >= now_ms then
+    -- A resend. The record is written again (a later deadline) so that a
+    -- WAIT on the resending connection, which may be a new one after a
+    -- reconnect, covers the release it stands for.
+    remember()
+    return {1, 0, 0}
+  end
   -- A release that comes after its lease ran out: the permit it held (and
   -- any other that expired) goes on now, not at the next heartbeat. Not if
   -- the caller is itself queued (an owner id of a waiter): the permit could
@@ -44,6 +86,10 @@ if not deadline or tonumber(deadline) <= now_ms then
 end
 redis.call('ZREM', KEYS[1], owner_id)
 redis.call('HDEL', KEYS[5], owner_id)
+if #stale > 0 then
+  redis.call('ZREM', KEYS[3], unpack(stale))
+end
+remember()
 expire_holders(now_ms)
 local granted, dropped, more = grant_waiting(now, tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]))
 local reply = {1, dropped, more and 1 or 0}

@@ -128,19 +128,27 @@ pub struct PermitRelease<'a> {
     pub timings: &'a Timings,
     /// Where waiters are woken.
     pub channel_prefix: &'a str,
+    /// How long the set remembers this release (in its `alive` key), so
+    /// that the same release sent again is answered
+    /// [`PermitReleaseReply::Released`] and changes nothing. It must cover
+    /// the time in which a resend can still arrive (the client gives a few
+    /// command timeouts); each release in that time costs an entry.
+    pub remember_ms: u64,
 }
 
 /// What [`PermitRelease`] answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PermitReleaseReply {
-    /// The permit was given back.
+    /// The permit was given back, by this call or (a resend) by the same
+    /// release run before; a resend hands nothing on.
     Released {
         /// The waiters that hold a permit by this release.
         granted: Vec<Handoff>,
         /// Dead waiters removed on the way.
         purged: Purged,
     },
-    /// The caller held no live permit. Nothing of the caller's changed;
+    /// The caller held no live permit and has no release remembered (its
+    /// lease ran out, or it never held). Nothing of the caller's changed;
     /// permits that ran out went to the live waiters that now fit, as at a
     /// heartbeat.
     NotHolder,
@@ -156,6 +164,7 @@ impl crate::ScriptCall for PermitRelease<'_> {
             self.timings.idle_ms.to_string(),
             self.channel_prefix.to_owned(),
             self.timings.waiter_ttl_ms.to_string(),
+            self.remember_ms.to_string(),
         ]
     }
 

@@ -13,7 +13,7 @@
 //! |---|---|---|
 //! | `<prefix>{<name>}:<family>:holders` | zset | holder owner id → lease deadline (server ms) |
 //! | `<prefix>{<name>}:<family>:queue` | zset | waiter owner id → ticket |
-//! | `<prefix>{<name>}:<family>:alive` | zset | client tag → heartbeat deadline (server ms) |
+//! | `<prefix>{<name>}:<family>:alive` | zset | client tag → heartbeat deadline (server ms); released owner id → when its release is forgotten (server ms), so a resent release is recognised |
 //! | `<prefix>{<name>}:<family>:seq` | string | the last token or ticket issued |
 //! | `<prefix>{<name>}:<family>:grants` | hash | holder owner id → fencing token; `limit` → the latest permit count |
 

@@ -21,11 +21,15 @@
 //! (`ZADD alive 1 <tag>`) and an expiry a lease deadline of 1
 //! (`ZADD holders XX 1 <owner id>`).
 //!
+//! A release that ran is remembered (owner ids are reused across steps
+//! here, so a later release by the same owner id that does not hold is
+//! the resend case): it answers released and changes nothing.
+//!
 //! `FAIRLOCK_MODEL_CASES` sets the number of cases (default 300).
 
 mod support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use fairlock_core::{
     AcquireMode, AcquireReply, CancelReply, KeyPrefix, LockKeys, LockName, PermitAcquire,
@@ -36,7 +40,7 @@ use fairlock_testkit::{RedisServer, Resp};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
-use support::{load_scripts, run_script};
+use support::{commandstats, load_scripts, run_script};
 
 const TIMINGS: Timings = Timings {
     waiter_ttl_ms: 60_000,
@@ -44,6 +48,9 @@ const TIMINGS: Timings = Timings {
     idle_ms: 900_000,
 };
 const LEASE_MS: u64 = 60_000;
+/// How long a release is remembered: as long as a lease, so no record
+/// expires within a case.
+const REMEMBER_MS: u64 = 60_000;
 const MEMBERS: usize = 6;
 const PROCESSES: usize = 3;
 const CHANNEL_PREFIX: &str = "model:notify:";
@@ -100,6 +107,9 @@ struct Model {
     limit: Option<u32>,
     /// The newest token seen.
     last_token: u64,
+    /// Owner ids whose release ran: the set remembers them (longer than a
+    /// case lasts), and their release run again answers released.
+    released: BTreeSet<usize>,
 }
 
 impl Model {
@@ -198,7 +208,23 @@ impl Case<'_> {
                     owner_id: &self.owner_ids[who],
                     timings: &TIMINGS,
                     channel_prefix: CHANNEL_PREFIX,
+                    remember_ms: REMEMBER_MS,
                 })?;
+                if !self.model.holders.contains_key(&who) && self.model.released.contains(&who) {
+                    // A resend of a release that ran: released, nothing
+                    // handed on, nothing changed.
+                    return check(
+                        reply
+                            == PermitReleaseReply::Released {
+                                granted: Vec::new(),
+                                purged: Purged {
+                                    dropped: 0,
+                                    more: false,
+                                },
+                            },
+                        format!("release by {who} again: {reply:?}"),
+                    );
+                }
                 if self.model.holders.remove(&who).is_none() {
                     // Refused, but permits that ran out go on as at a
                     // heartbeat (unless the caller itself waits).
@@ -213,6 +239,7 @@ impl Case<'_> {
                     )?;
                     return self.bind_new_grants(&granted);
                 }
+                self.model.released.insert(who);
                 let (granted, dropped) = self.model.grant_waiting();
                 let PermitReleaseReply::Released {
                     granted: got,
@@ -464,6 +491,7 @@ fn run_case(
             alive: [false; PROCESSES],
             limit: None,
             last_token: 0,
+            released: BTreeSet::new(),
         },
     };
     for (i, &op) in ops.iter().enumerate() {
@@ -493,6 +521,233 @@ fn permit_scripts_follow_the_model() {
     if let Err(failure) = result {
         panic!("{failure}");
     }
+}
+
+/// Runs one permit script call on `keys`.
+fn call_on<C: ScriptCall>(server: &RedisServer, keys: &LockKeys, call: &C) -> C::Output {
+    let all: Vec<&str> = keys.all().iter().map(String::as_str).collect();
+    let reply = run_script(server, C::SCRIPT, &all, &call.args())
+        .unwrap_or_else(|error| panic!("{}: {error}", C::SCRIPT.name()));
+    C::decode(reply).expect("a reply the call type reads")
+}
+
+/// What a permit set holds: holders and queue with their scores, the grants
+/// hash, the counter, and the members of `alive` (their scores are
+/// deadlines a resend may move, as a lock's resend rewrites `freed`).
+fn permit_set_state(server: &RedisServer, keys: &LockKeys) -> Vec<String> {
+    let [holders, queue, alive, seq, grants] = keys.all();
+    [
+        server.cmd(&["ZRANGE", holders, "0", "-1", "WITHSCORES"]),
+        server.cmd(&["ZRANGE", queue, "0", "-1", "WITHSCORES"]),
+        server.cmd(&["ZRANGE", alive, "0", "-1"]),
+        server.cmd(&["GET", seq]),
+        server.cmd(&["HGETALL", grants]),
+    ]
+    .into_iter()
+    .map(|resp| format!("{:?}", resp.expect("read")))
+    .collect()
+}
+
+/// A permit release can reach Redis twice: fred and fairlock's own call
+/// layer send a call again when its connection dropped after it was
+/// written but before its reply came. The second run must answer
+/// released, as the first did, and change nothing: not hand the permit on
+/// again, not touch the holder it went to. Before the fix the second run
+/// answered `{0}` (NotHolder), which the client turns into
+/// `Error::NotOwner` and a lost lease.
+#[test]
+fn a_permit_release_run_twice_answers_released_and_changes_nothing() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let keys = LockKeys::permits(
+        &KeyPrefix::default(),
+        &LockName::new("resent").expect("name"),
+        PermitFamily::Semaphore,
+    );
+    let owner = |who: usize| {
+        PermitOwnerId::new(
+            &format!("{:032x}", who + 1),
+            &tag(who),
+            LEASE_MS,
+            PermitRequest::Shared(1),
+        )
+        .as_str()
+        .to_owned()
+    };
+    let (first, second) = (owner(0), owner(1));
+    let acquire = |owner_id: &str| {
+        call_on(
+            &server,
+            &keys,
+            &PermitAcquire {
+                owner_id,
+                mode: AcquireMode::Wait,
+                timings: &TIMINGS,
+                channel_prefix: CHANNEL_PREFIX,
+            },
+        )
+    };
+    let release = |owner_id: &str| {
+        call_on(
+            &server,
+            &keys,
+            &PermitRelease {
+                owner_id,
+                timings: &TIMINGS,
+                channel_prefix: CHANNEL_PREFIX,
+                remember_ms: REMEMBER_MS,
+            },
+        )
+    };
+    let nothing_more = PermitReleaseReply::Released {
+        granted: Vec::new(),
+        purged: Purged {
+            dropped: 0,
+            more: false,
+        },
+    };
+
+    assert!(matches!(acquire(&first), AcquireReply::Granted { .. }));
+    assert!(matches!(acquire(&second), AcquireReply::Queued { .. }));
+    let handed_on = release(&first);
+    let PermitReleaseReply::Released { granted, .. } = &handed_on else {
+        panic!("the holder's release: {handed_on:?}");
+    };
+    assert_eq!(granted.len(), 1, "the permit goes to the waiter");
+    assert_eq!(granted[0].owner_id, second);
+    let state = permit_set_state(&server, &keys);
+    assert_eq!(release(&first), nothing_more, "the same release run again");
+    assert_eq!(
+        permit_set_state(&server, &keys),
+        state,
+        "the release run again changed the permit set"
+    );
+
+    // The last holder's release, run twice, leaves the set free.
+    assert_eq!(release(&second), nothing_more);
+    let state = permit_set_state(&server, &keys);
+    assert_eq!(release(&second), nothing_more, "the last release run again");
+    assert_eq!(permit_set_state(&server, &keys), state);
+
+    // An owner id that never held is still refused.
+    assert_eq!(release(&owner(2)), PermitReleaseReply::NotHolder);
+}
+
+/// Commands Redis ran since `CONFIG RESETSTAT`, those inside scripts
+/// counted and the script calls themselves not.
+fn commands_run(server: &RedisServer) -> u64 {
+    commandstats(server)
+        .iter()
+        .filter(|(name, _)| {
+            !["eval", "script|", "config|", "info"]
+                .iter()
+                .any(|wrapper| name.starts_with(wrapper))
+        })
+        .map(|(_, stat)| stat.calls)
+        .sum()
+}
+
+/// What a permit release costs in Redis commands (run inside the script),
+/// in four cases: the first release on a fresh set; the next one soon
+/// after (the last release is still remembered, and alive lives long
+/// enough); one after the remembered releases expired (they are pruned,
+/// alive's TTL is extended), as under a steady stream of releases; and a
+/// release that hands the permit to a waiter of another process.
+#[test]
+fn commands_per_permit_release() {
+    const REMEMBER_MS: u64 = 1_000;
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let keys = LockKeys::permits(
+        &KeyPrefix::default(),
+        &LockName::new("cost").expect("name"),
+        PermitFamily::Semaphore,
+    );
+    let owner = |n: usize| {
+        PermitOwnerId::new(
+            &format!("{:032x}", n + 1),
+            &tag(n % PROCESSES),
+            LEASE_MS,
+            PermitRequest::Shared(1),
+        )
+        .as_str()
+        .to_owned()
+    };
+    let acquire = |owner_id: &str| {
+        call_on(
+            &server,
+            &keys,
+            &PermitAcquire {
+                owner_id,
+                mode: AcquireMode::Wait,
+                timings: &TIMINGS,
+                channel_prefix: CHANNEL_PREFIX,
+            },
+        )
+    };
+    let release = |owner_id: &str| {
+        call_on(
+            &server,
+            &keys,
+            &PermitRelease {
+                owner_id,
+                timings: &TIMINGS,
+                channel_prefix: CHANNEL_PREFIX,
+                remember_ms: REMEMBER_MS,
+            },
+        )
+    };
+    let measured = |owner_id: &str| {
+        server.cmd(&["CONFIG", "RESETSTAT"]).expect("RESETSTAT");
+        let reply = release(owner_id);
+        let commands = commands_run(&server);
+        (reply, commands)
+    };
+    // Loads the script, so no SCRIPT LOAD is counted.
+    acquire(&owner(9));
+    release(&owner(9));
+    server.cmd(&["FLUSHALL"]).expect("FLUSHALL");
+
+    let mut costs = Vec::new();
+    acquire(&owner(0));
+    costs.push(("fresh", measured(&owner(0))));
+    acquire(&owner(1));
+    costs.push(("remembered", measured(&owner(1))));
+    std::thread::sleep(std::time::Duration::from_millis(REMEMBER_MS + 100));
+    acquire(&owner(2));
+    costs.push(("pruning", measured(&owner(2))));
+    let alive = server
+        .cmd(&["ZRANGE", keys.alive(), "0", "-1"])
+        .expect("ZRANGE");
+    assert_eq!(
+        format!("{alive:?}"),
+        format!(
+            "{:?}",
+            Resp::Array(Some(vec![Resp::Bulk(Some(owner(2).into_bytes()))]))
+        ),
+        "the expired records were removed, the new one kept"
+    );
+    acquire(&owner(3));
+    acquire(&owner(4));
+    costs.push(("handoff", measured(&owner(3))));
+    eprintln!("commands per permit release: {costs:?}");
+    for (case, (reply, _)) in &costs {
+        assert!(
+            matches!(reply, PermitReleaseReply::Released { .. }),
+            "{case}: {reply:?}"
+        );
+    }
+    let counts: Vec<(&str, u64)> = costs.iter().map(|(case, (_, n))| (*case, *n)).collect();
+    assert_eq!(
+        counts,
+        [
+            ("fresh", 13),
+            ("remembered", 12),
+            ("pruning", 14),
+            ("handoff", 22)
+        ],
+        "commands per permit release; update permit_release.lua's header"
+    );
 }
 
 #[test]

@@ -36,8 +36,24 @@ impl ClientState {
         .to_owned()
     }
 
+    /// How long a permit set remembers a release of this process, so that
+    /// the same release sent again answers released: four command
+    /// timeouts. A resend comes within that: the call layer and fred send
+    /// a call again within the command timeout, a release whose caller
+    /// stopped waiting is sent again at once in a cleanup task, and with
+    /// `replica_acks` a release is sent again after its `WAIT` (at most
+    /// half a command timeout, plus one). At least 1 s, and no longer than
+    /// an idle set keeps its keys.
+    fn release_memory_ms(&self) -> u64 {
+        u64::try_from(self.config.command_timeout.as_millis().saturating_mul(4))
+            .unwrap_or(u64::MAX)
+            .max(1_000)
+            .min(self.timings.idle_ms)
+    }
+
     /// Gives back the permit of `owner_id`, waking at once the waiters of
-    /// this process that the release granted.
+    /// this process that the release granted. A resend of a release that
+    /// ran answers released too.
     pub(crate) async fn release_permit(
         self: &Arc<Self>,
         name: &str,
@@ -48,6 +64,7 @@ impl ClientState {
             owner_id,
             timings: &self.timings,
             channel_prefix: &self.channel_prefix(keys),
+            remember_ms: self.release_memory_ms(),
         };
         match self.run_while_closing(Lane::Holders, keys, &call).await? {
             PermitReleaseReply::Released { granted, purged } => {

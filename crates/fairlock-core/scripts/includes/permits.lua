@@ -7,7 +7,11 @@
 -- lives in one cluster slot and never shares a key with a lock:
 --   KEYS[1] holders  zset   holder owner id -> lease deadline, ms of server time
 --   KEYS[2] queue    zset   waiter owner id -> ticket (FIFO order)
---   KEYS[3] alive    zset   client tag -> heartbeat deadline, ms of server time
+--   KEYS[3] alive    zset   client tag -> heartbeat deadline, ms of server time;
+--                           also released owner id -> the ms of server time
+--                           its release is forgotten at (permit_release.lua:
+--                           a resend of the release is recognised until
+--                           then); an entry past its time is gone either way
 --   KEYS[4] seq      string the last token or ticket issued (one counter)
 --   KEYS[5] grants   hash   holder owner id -> its fencing token; the field
 --                           "limit" -> the permit count last asked for
