@@ -2,7 +2,9 @@
 //! another and cut every connection it carries: what a client behind one
 //! address (a virtual IP, a DNS name, a load balancer) sees when the
 //! server behind that address is replaced. The client reconnects to the
-//! same address and reaches the new server. It can also hold back every
+//! same address and reaches the new server. It can also let one command
+//! through and drop its reply, closing that connection: a call that ran
+//! but whose answer was lost with its connection; and hold back every
 //! reply for a while: a slow network, or a server slow to answer.
 
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
@@ -29,6 +31,9 @@ pub struct SwitchProxy {
     target: Arc<AtomicU16>,
     reply_delay_ms: Arc<AtomicU64>,
     flows: Arc<Mutex<Vec<Flow>>>,
+    /// Bytes that, once seen in a command, make its reply be dropped and
+    /// its connection closed ([`SwitchProxy::drop_reply_to`]).
+    reply_dropped_for: Arc<Mutex<Option<Vec<u8>>>>,
     accept: JoinHandle<()>,
 }
 
@@ -40,8 +45,10 @@ impl SwitchProxy {
         let target = Arc::new(AtomicU16::new(target_port));
         let reply_delay_ms = Arc::new(AtomicU64::new(0));
         let flows: Arc<Mutex<Vec<Flow>>> = Arc::default();
+        let reply_dropped_for: Arc<Mutex<Option<Vec<u8>>>> = Arc::default();
         let accept = tokio::spawn({
             let (target, flows) = (Arc::clone(&target), Arc::clone(&flows));
+            let armed = Arc::clone(&reply_dropped_for);
             let reply_delay_ms = Arc::clone(&reply_delay_ms);
             async move {
                 while let Ok((client, _)) = listener.accept().await {
@@ -51,16 +58,23 @@ impl SwitchProxy {
                     };
                     let subscribed = Arc::new(AtomicBool::new(false));
                     let noted = Arc::clone(&subscribed);
+                    let armed = Arc::clone(&armed);
                     let delay = Arc::clone(&reply_delay_ms);
                     let task = tokio::spawn(async move {
                         let (from_client, to_client) = client.into_split();
-                        let (mut from_server, mut to_server) = server.into_split();
+                        let (from_server, mut to_server) = server.into_split();
                         let mut to_client = to_client;
+                        let cut = AtomicBool::new(false);
+                        let forward = Forward {
+                            subscribed: &noted,
+                            armed: &armed,
+                            cut: &cut,
+                        };
                         // Either direction ending ends the flow; dropping
                         // the halves closes both sockets.
                         tokio::select! {
-                            () = forward(from_client, &mut to_server, &noted) => {}
-                            () = reply(&mut from_server, &mut to_client, &delay) => {}
+                            () = forward.run(from_client, &mut to_server) => {}
+                            () = backward(from_server, &mut to_client, &cut, &delay) => {}
                         }
                     });
                     flows.lock().expect("flows").push(Flow { task, subscribed });
@@ -72,8 +86,24 @@ impl SwitchProxy {
             target,
             reply_delay_ms,
             flows,
+            reply_dropped_for,
             accept,
         }
+    }
+
+    /// The next command that carries `needle` (on any connection) reaches
+    /// the server, but its reply never reaches the client: the proxy
+    /// closes that connection when the reply comes. The client saw a call
+    /// written and its connection lost before the answer, though the call
+    /// ran. Once only.
+    pub fn drop_reply_to(&self, needle: &str) {
+        *self.reply_dropped_for.lock().expect("needle") = Some(needle.as_bytes().to_vec());
+    }
+
+    /// Whether the command [`SwitchProxy::drop_reply_to`] waits for went
+    /// through (its reply is, or will be, dropped).
+    pub fn reply_dropped(&self) -> bool {
+        self.reply_dropped_for.lock().expect("needle").is_none()
     }
 
     /// A `redis://` URL through the proxy.
@@ -124,32 +154,72 @@ impl SwitchProxy {
     }
 }
 
-/// Copies the client's bytes to the server, noting a `SUBSCRIBE`.
-async fn forward(mut from: OwnedReadHalf, to: &mut OwnedWriteHalf, subscribed: &AtomicBool) {
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        if sends_subscribe(&buf[..n]) {
-            subscribed.store(true, Ordering::SeqCst);
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
+/// What the client-to-server half of a flow notes and shares.
+struct Forward<'a> {
+    /// Set when the client sent a `SUBSCRIBE`.
+    subscribed: &'a AtomicBool,
+    /// The proxy's needle of [`SwitchProxy::drop_reply_to`].
+    armed: &'a Mutex<Option<Vec<u8>>>,
+    /// Set when this flow carried the needle: the server's next bytes
+    /// close it instead of reaching the client.
+    cut: &'a AtomicBool,
+}
+
+impl Forward<'_> {
+    /// Copies the client's bytes to the server, noting a `SUBSCRIBE` and
+    /// the needle.
+    async fn run(self, mut from: OwnedReadHalf, to: &mut OwnedWriteHalf) {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if sends_subscribe(&buf[..n]) {
+                self.subscribed.store(true, Ordering::SeqCst);
+            }
+            let carried = {
+                let mut armed = self.armed.lock().expect("needle");
+                let carried = armed.as_deref().is_some_and(|needle| {
+                    buf[..n]
+                        .windows(needle.len())
+                        .any(|window| window == needle)
+                });
+                if carried {
+                    *armed = None;
+                }
+                carried
+            };
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+            // Only once the command is written: both halves run in one
+            // task, so the reply cannot be read before this.
+            if carried {
+                self.cut.store(true, Ordering::SeqCst);
+            }
         }
     }
 }
 
 /// Copies the server's bytes to the client, each read held back by the
-/// delay set then.
-async fn reply(from: &mut OwnedReadHalf, to: &mut OwnedWriteHalf, delay_ms: &AtomicU64) {
+/// delay set then, until the flow is to be cut: then the bytes read (the
+/// reply to the marked command) are dropped and the flow ends.
+async fn backward(
+    mut from: OwnedReadHalf,
+    to: &mut OwnedWriteHalf,
+    cut: &AtomicBool,
+    delay_ms: &AtomicU64,
+) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
+        if cut.load(Ordering::SeqCst) {
+            return;
+        }
         let delay = delay_ms.load(Ordering::SeqCst);
         if delay > 0 {
             tokio::time::sleep(Duration::from_millis(delay)).await;

@@ -538,3 +538,52 @@ async fn dead_permit_waiters_are_purged_in_bounded_steps() {
     assert_eq!(zcard(&server, keys.queue()), 0);
     permit.release().await.expect("release");
 }
+
+/// A release whose reply is lost with its connection (the proxy lets the
+/// release through, drops its reply and closes the connection) is sent
+/// again by fred or the client's call layer, and runs a second time. The
+/// permit was given back by the first run, so the release must succeed
+/// and no lease counts as lost. Before the fix the second run found no
+/// permit: `release()` failed with `NotOwner` and
+/// `fairlock_lease_lost_total` counted a loss that never happened.
+/// Current-thread, for the recorder local to the test.
+#[tokio::test]
+async fn a_release_whose_reply_was_lost_is_sent_again_and_succeeds() {
+    let metrics = local_metrics::LocalMetrics::install();
+    let server = server();
+    let proxy = switch_proxy::SwitchProxy::start(server.port()).await;
+    let mut config = fast_config(&server);
+    config.url = proxy.url();
+    let client = fairlock::LockClient::with_config(config)
+        .await
+        .expect("connect");
+    let name = "resent";
+    let sem = client.semaphore(name, 2).expect("semaphore");
+    // Loads the release script: the marked command is then the release.
+    sem.acquire()
+        .await
+        .expect("acquire")
+        .release()
+        .await
+        .expect("release");
+    let permit = sem.acquire().await.expect("acquire");
+
+    proxy.drop_reply_to(<fairlock_core::PermitRelease as fairlock_core::ScriptCall>::SCRIPT.sha1());
+    let released = within("the release", permit.release()).await;
+    assert!(proxy.reply_dropped(), "the release's reply was not dropped");
+    assert!(
+        matches!(released, Ok(())),
+        "the release sent again: {released:?}"
+    );
+    assert_eq!(
+        zcard(&server, sem_keys(name).owner()),
+        0,
+        "the permit is back"
+    );
+    assert_eq!(
+        metrics.total(fairlock_metrics::LEASE_LOST_TOTAL),
+        0.0,
+        "a lease counted lost"
+    );
+    client.shutdown().await;
+}
