@@ -312,3 +312,49 @@ async fn readers_whose_grants_went_unheard_all_keep_them() {
         permit.release().await.expect("release");
     }
 }
+
+/// With `replica_acks`, a release whose reply is lost with its connection
+/// is sent again on a new connection, and its `WAIT` then runs on that
+/// connection: it counts only that connection's writes, so the client
+/// sends the release again where it now writes and waits for the replicas
+/// to confirm that. A lock release did so already; a permit release
+/// answered `NotReplicated`, because a permit set did not remember its
+/// releases and could not tell a release that ran from a permit never
+/// held. Before the fix the resend already failed, with `NotOwner`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_release_whose_reply_was_lost_is_confirmed() {
+    let server = server();
+    let _replica = online_replica_of(&server).await;
+    let proxy = switch_proxy::SwitchProxy::start(server.port()).await;
+    let mut config = fast_config(&server);
+    config.url = proxy.url();
+    config.waiter_timeout = Duration::from_secs(5);
+    config.replica_acks = Some(fairlock::ReplicaAcks::new(1, Duration::from_millis(1500)));
+    let client = fairlock::LockClient::with_config(config)
+        .await
+        .expect("connect");
+    let name = "acked";
+    let rw = client.rw_lock(name).expect("rw lock");
+    // Loads the release script: the marked command is then the release.
+    rw.write()
+        .await
+        .expect("write")
+        .release()
+        .await
+        .expect("release");
+    let write = rw.write().await.expect("write");
+
+    proxy.drop_reply_to(<fairlock_core::PermitRelease as fairlock_core::ScriptCall>::SCRIPT.sha1());
+    let released = within("the release", write.release()).await;
+    assert!(proxy.reply_dropped(), "the release's reply was not dropped");
+    assert!(
+        matches!(released, Ok(())),
+        "the release sent again after a reconnect: {released:?}"
+    );
+    assert_eq!(zcard(&server, rw_keys(name).owner()), 0, "the hold is gone");
+    let read = within("a reader after the release", rw.read())
+        .await
+        .expect("read");
+    read.release().await.expect("release");
+    client.shutdown().await;
+}

@@ -27,20 +27,17 @@ impl ClientState {
         self.give_back(held).await?;
         match self.confirm_replicated_unless_reconnected(mark).await? {
             Replication::Confirmed => Ok(()),
-            // A permit set does not remember its releases: a resend could
-            // not tell a release that ran from a permit never held.
-            Replication::Reconnected if held.keys.permit_family().is_some() => {
-                Err(self.not_replicated(0))
-            }
             Replication::Reconnected => {
                 // A command connection was replaced between the release
                 // and its WAIT: sent again where the client writes now,
                 // as a release already answered released. That server
                 // releases the grant if it still has it, or makes a write
-                // that changes no value (release.lua); WAIT then covers
-                // either. Sent as a plain release, it was refused once the
-                // next holders had released too (NotOwner for a release
-                // that ran).
+                // that changes no value (release.lua; sent as a plain
+                // release, a lock's was refused once the next holders had
+                // released too: NotOwner for a release that ran), or, for
+                // a permit, writes its record of this release again
+                // (permit_release.lua's entry in `alive`); WAIT then
+                // covers either.
                 let mark = self.replication_mark();
                 let _in_flight = InFlight::new(&self.releases);
                 self.release_counted(held.name.as_str(), &held.keys, &held.owner_id, true)
