@@ -58,9 +58,10 @@ expire_holders(now_ms)
 if permits > 0 and stored ~= tostring(permits) then
   redis.call('HSET', KEYS[5], 'limit', permits)
   keep_for(KEYS[5], idle_ms)
+  stored = tostring(permits)
 end
 
-local granted, dropped, more = grant_waiting(now, idle_ms, ARGV[6], waiter_ttl_ms)
+local granted, dropped, more = grant_waiting(now, idle_ms, ARGV[6], waiter_ttl_ms, stored)
 local flags = more and 1 or 0
 if ticket then
   for i = 1, #granted, 3 do

@@ -18,7 +18,7 @@ local owner_id = ARGV[1]
 local deadline = read_key(1, 'ZSCORE', owner_id)
 read_key(2, 'ZCARD')
 read_key(3, 'ZCARD')
-read_key(5, 'HGET', 'limit')
+local stored = read_key(5, 'HGET', 'limit')
 local now = now_us()
 local now_ms = math.floor(now / 1000)
 local was_queued = redis.call('ZREM', KEYS[2], owner_id)
@@ -31,5 +31,5 @@ if deadline then
   end
 end
 expire_holders(now_ms)
-local _, dropped, more = grant_waiting(now, tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]))
+local _, dropped, more = grant_waiting(now, tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), stored)
 return {was_queued, was_holder, dropped, more and 1 or 0}

@@ -36,7 +36,7 @@ else
   read_key(2, 'ZCARD')
 end
 read_key(3, 'ZCARD')
-read_key(5, 'HGET', 'limit')
+local stored = read_key(5, 'HGET', 'limit')
 local now = now_us()
 local now_ms = math.floor(now / 1000)
 -- A holder whose lease ran out (not yet removed below) holds nothing.
@@ -60,5 +60,5 @@ if #dead > 0 then
 end
 
 expire_holders(now_ms)
-local _, dropped, more = grant_waiting(now, tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[2]))
+local _, dropped, more = grant_waiting(now, tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[2]), stored)
 return {probe_queued, dropped, more and 1 or 0, holds and 1 or 0}

@@ -33,13 +33,14 @@
 -- nothing changed but the record's deadline. It never touches a later
 -- holder.
 --
--- Cost with nobody waiting: 12 commands while earlier releases are still
--- remembered, 13 on a fresh set, 14 when expired records are removed and
+-- Cost with nobody waiting: 11 commands while earlier releases are still
+-- remembered, 12 on a fresh set, 13 when expired records are removed and
 -- alive's TTL is extended (under a steady stream of releases one record
--- expires per release and the TTL is extended once per remember_ms: 13);
--- 22 to hand the permit to a waiter of another process. Remembering costs
--- a ZADD and a PTTL, and a ZREM and a PEXPIRE when due: without it a
--- release ran 10 and 20 (permit_model.rs: commands_per_permit_release).
+-- expires per release and the TTL is extended once per remember_ms: 12);
+-- 21 to hand the permit to a waiter of another process. Remembering costs
+-- a ZADD and a PTTL, and a ZREM and a PEXPIRE when due; the limit is read
+-- once, not twice. Before releases were remembered a release ran 10 and
+-- 20 (permit_model.rs: commands_per_permit_release).
 
 local owner_id = ARGV[1]
 local remember_ms = tonumber(ARGV[5])
@@ -52,7 +53,7 @@ read_key(2, 'ZCARD')
 -- more than each release adds, so records never pile up even when no
 -- heartbeat runs (nobody waits).
 local stale = read_key(3, 'ZRANGEBYSCORE', '-inf', '(' .. digits(now_ms), 'LIMIT', 0, 2)
-read_key(5, 'HGET', 'limit')
+local stored = read_key(5, 'HGET', 'limit')
 
 -- Records the release of `owner_id` until remember_ms from now. alive is
 -- kept at least that long; when it is extended, to twice that, so the
@@ -80,7 +81,7 @@ if not deadline or tonumber(deadline) <= now_ms then
   -- go to the caller, and a resend of this release would then free it.
   if not redis.call('ZSCORE', KEYS[2], owner_id) then
     expire_holders(now_ms)
-    grant_waiting(now, tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]))
+    grant_waiting(now, tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), stored)
   end
   return {0}
 end
@@ -91,7 +92,7 @@ if #stale > 0 then
 end
 remember()
 expire_holders(now_ms)
-local granted, dropped, more = grant_waiting(now, tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]))
+local granted, dropped, more = grant_waiting(now, tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), stored)
 local reply = {1, dropped, more and 1 or 0}
 for _, value in ipairs(granted) do
   reply[#reply + 1] = value

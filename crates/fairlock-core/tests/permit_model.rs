@@ -741,10 +741,10 @@ fn commands_per_permit_release() {
     assert_eq!(
         counts,
         [
-            ("fresh", 13),
-            ("remembered", 12),
-            ("pruning", 14),
-            ("handoff", 22)
+            ("fresh", 12),
+            ("remembered", 11),
+            ("pruning", 13),
+            ("handoff", 21)
         ],
         "commands per permit release; update permit_release.lua's header"
     );

@@ -137,7 +137,9 @@ end
 -- own lease, a fresh token, woken on its process's channel) and stopping
 -- at the first live one that does not. A grant whose message reached
 -- nobody keeps its place only for `unheard_ms` (the waiter TTL), as a
--- lock's does. Work is bounded like pop_live_head's.
+-- lock's does. Work is bounded like pop_live_head's. `stored` is the
+-- stored limit (grants' "limit" field, false if none) as the caller read
+-- or wrote it: callers read it first anyway, as the type check of grants.
 -- Returns the grants as a flat list {owner id, token, unheard, ...} (unheard:
 -- 1 if the grant's message reached nobody and its lease was cut to
 -- `unheard_ms`, so whoever wakes it must set its lease), the number of
@@ -148,10 +150,9 @@ end
 -- holds two entries, not a hundred to parse.
 local PERMIT_SCAN_WINDOWS = {2, 14, 48, 64}
 
-local function grant_waiting(now, idle_ms, channel_prefix, unheard_ms)
+local function grant_waiting(now, idle_ms, channel_prefix, unheard_ms, stored)
   local granted, dropped = {}, 0
   local now_ms = math.floor(now / 1000)
-  local stored = redis.call('HGET', KEYS[5], 'limit')
   for _, size in ipairs(PERMIT_SCAN_WINDOWS) do
     local window = redis.call('ZRANGE', KEYS[2], 0, size - 1)
     if #window == 0 then
