@@ -108,7 +108,9 @@ impl Permit {
     /// fit are granted in the same script.
     ///
     /// Fails with [`Error::NotOwner`] if the lease had already run out: the
-    /// work may then have overlapped a holder beyond the limit.
+    /// work may then have overlapped a holder beyond the limit. A release
+    /// sent again after its reply was lost with its connection answers
+    /// `Ok`: the set remembers it for four command timeouts.
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
         self.state.release(&self.held).await
