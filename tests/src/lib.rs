@@ -566,3 +566,53 @@ impl Drop for SubscribersCutOff<'_> {
         }
     }
 }
+
+/// The owner ids queued in zset `queue`, oldest ticket first.
+pub fn queue_entries(server: &RedisServer, queue: &str) -> Vec<String> {
+    match server.cmd(&["ZRANGE", queue, "0", "-1"]).expect("ZRANGE") {
+        Resp::Array(Some(items)) => items
+            .iter()
+            .map(|item| item.as_str().expect("owner id").to_owned())
+            .collect(),
+        other => panic!("ZRANGE {queue}: {other:?}"),
+    }
+}
+
+/// Waits until `owner_id` is queued in `queue` again, or until the process
+/// of client tag `tag` has refreshed its deadline in `alive` `beats` times
+/// (each refresh is one of its heartbeats on that queue, or one of its
+/// acquires) without that happening: whether it came back. Counting the
+/// process's own heartbeats, not time, keeps the check fair on a loaded
+/// machine. Bounded by [`within`].
+pub async fn queued_again_within_beats(
+    server: &RedisServer,
+    queue: &str,
+    alive: &str,
+    owner_id: &str,
+    tag: &str,
+    beats: usize,
+) -> bool {
+    let deadline = || server.cmd(&["ZSCORE", alive, tag]).expect("ZSCORE alive");
+    within("the process's heartbeats", async {
+        let mut last = deadline();
+        let mut seen = 0;
+        loop {
+            if !matches!(
+                server.cmd(&["ZSCORE", queue, owner_id]).expect("ZSCORE"),
+                Resp::Bulk(None)
+            ) {
+                return true;
+            }
+            let now = deadline();
+            if now != last {
+                last = now;
+                seen += 1;
+                if seen > beats {
+                    return false;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+}

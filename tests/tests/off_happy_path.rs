@@ -896,3 +896,122 @@ async fn a_heartbeat_whose_probe_was_just_granted_keeps_the_process_alive() {
         "the process's deadline moved on"
     );
 }
+
+/// Spawns a task that waits for lock `name` on `client`, releases it as
+/// soon as it is granted, and returns its owner id and fencing token.
+fn spawn_turn(client: &LockClient, name: &'static str) -> tokio::task::JoinHandle<(String, u64)> {
+    let client = client.clone();
+    tokio::spawn(async move {
+        let guard = client.lock(name).await.expect("granted");
+        let turn = (guard.owner_id().to_owned(), guard.token().value());
+        guard.release().await.expect("release");
+        turn
+    })
+}
+
+/// A waiter whose queue entry alone was lost, while an older waiter of
+/// its process stayed queued, is queued again within a heartbeat or two,
+/// so a caller who comes after that does not overtake it. Such a loss is
+/// what a fail-over to a replica that had received the older enqueue but
+/// not the newer leaves behind (replica acknowledgements cover grants,
+/// not enqueues); here the entry is removed with ZREM. The heartbeat used
+/// to check only the process's oldest waiter on the lock: that one was
+/// queued, so nothing looked wrong, and the lost waiter stayed out of the
+/// queue until the older one was granted. (Before the fix: not back after
+/// 10 heartbeats of its process, and granted after the newcomer.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_entry_alone_was_lost_is_queued_again() {
+    let server = server();
+    let clients = clients(&server, 3).await;
+    let (h, p, q) = (&clients[0], &clients[1], &clients[2]);
+    let name = "lost-entry";
+    let lock_keys = keys(name);
+    let holder = h.lock(name).await.expect("holder");
+    let a = spawn_turn(p, name);
+    wait_for_queue_len(h, name, 1).await;
+    let b = spawn_turn(p, name);
+    wait_for_queue_len(h, name, 2).await;
+    let queued = queue_entries(&server, lock_keys.queue());
+    let (a_id, b_id) = (queued[0].clone(), queued[1].clone());
+    let tag = OwnerId::tag_of(&a_id).expect("an owner id").to_owned();
+    server
+        .cmd(&["ZREM", lock_keys.queue(), &b_id])
+        .expect("ZREM");
+    let back = queued_again_within_beats(
+        &server,
+        lock_keys.queue(),
+        lock_keys.alive(),
+        &b_id,
+        &tag,
+        10,
+    )
+    .await;
+    // A waiter of another process arrives after that.
+    let c = spawn_turn(q, name);
+    within("the newcomer to queue", async {
+        while !queue_entries(&server, lock_keys.queue())
+            .iter()
+            .any(|m| *m != a_id && *m != b_id)
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    holder.release().await.expect("release");
+    let (a_got, a_token) = within("A", a).await.expect("A");
+    let (b_got, b_token) = within("B", b).await.expect("B");
+    let (_, c_token) = within("C", c).await.expect("C");
+    assert_eq!((a_got, b_got), (a_id, b_id));
+    let grants = format!("grants: A {a_token}, B {b_token}, C {c_token}");
+    assert!(
+        back,
+        "B was not queued again within 10 heartbeats of its process; {grants}"
+    );
+    assert!(
+        a_token < b_token && b_token < c_token,
+        "B came back before C arrived, so it goes before C; {grants}"
+    );
+}
+
+/// The same for a waiter in the middle of its process's waiters on one
+/// lock (20 here, the 10th lost): neither the oldest nor the newest, it
+/// is queued again within a few heartbeats too. (Before the fix: not back
+/// after 10 heartbeats.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_entry_among_many_waiters_of_a_process_is_queued_again() {
+    const WAITERS: usize = 20;
+    let server = server();
+    let clients = clients(&server, 2).await;
+    let (h, p) = (&clients[0], &clients[1]);
+    let name = "lost-middle";
+    let lock_keys = keys(name);
+    let holder = h.lock(name).await.expect("holder");
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        tasks.push(spawn_turn(p, name));
+        wait_for_queue_len(h, name, i as u64 + 1).await;
+    }
+    let queued = queue_entries(&server, lock_keys.queue());
+    let lost = queued[WAITERS / 2 - 1].clone();
+    let tag = OwnerId::tag_of(&lost).expect("an owner id").to_owned();
+    server
+        .cmd(&["ZREM", lock_keys.queue(), &lost])
+        .expect("ZREM");
+    let back = queued_again_within_beats(
+        &server,
+        lock_keys.queue(),
+        lock_keys.alive(),
+        &lost,
+        &tag,
+        10,
+    )
+    .await;
+    holder.release().await.expect("release");
+    for task in tasks {
+        within("a waiter", task).await.expect("waiter");
+    }
+    assert!(
+        back,
+        "the lost waiter was not queued again within 10 heartbeats of its process"
+    );
+}

@@ -587,3 +587,68 @@ async fn a_release_whose_reply_was_lost_is_sent_again_and_succeeds() {
     );
     client.shutdown().await;
 }
+
+/// Spawns a task that waits for a permit of `semaphore`, releases it as
+/// soon as it is granted, and returns its owner id and fencing token.
+fn spawn_permit_turn(semaphore: &Semaphore) -> tokio::task::JoinHandle<(String, u64)> {
+    let semaphore = semaphore.clone();
+    tokio::spawn(async move {
+        let permit = semaphore.acquire().await.expect("granted");
+        let turn = (permit.owner_id().to_owned(), permit.token().value());
+        permit.release().await.expect("release");
+        turn
+    })
+}
+
+/// A permit waiter whose queue entry alone was lost, while an older
+/// waiter of its process stayed queued (a fail-over to a replica that had
+/// the older enqueue but not the newer; here a ZREM), is queued again
+/// within a heartbeat or two, so a caller who comes after that does not
+/// overtake it. The permit heartbeat used to check only the process's
+/// oldest waiter on the set. (Before the fix: not back after 10
+/// heartbeats of its process, and granted after the newcomer.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_waiter_whose_entry_alone_was_lost_is_queued_again() {
+    let server = server();
+    let clients = clients(&server, 3).await;
+    let name = "lost-entry";
+    let set = sem_keys(name);
+    let [h, p, q] = [0, 1, 2].map(|i| clients[i].semaphore(name, 1).expect("semaphore"));
+    let holder = h.acquire().await.expect("holder");
+    let a = spawn_permit_turn(&p);
+    until_queued(&server, name, 1).await;
+    let b = spawn_permit_turn(&p);
+    until_queued(&server, name, 2).await;
+    let queued = queue_entries(&server, set.queue());
+    let (a_id, b_id) = (queued[0].clone(), queued[1].clone());
+    let tag = fairlock_core::OwnerId::tag_of(&a_id)
+        .expect("an owner id")
+        .to_owned();
+    server.cmd(&["ZREM", set.queue(), &b_id]).expect("ZREM");
+    let back = queued_again_within_beats(&server, set.queue(), set.alive(), &b_id, &tag, 10).await;
+    // A waiter of another process arrives after that.
+    let c = spawn_permit_turn(&q);
+    within("the newcomer to queue", async {
+        while !queue_entries(&server, set.queue())
+            .iter()
+            .any(|m| *m != a_id && *m != b_id)
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    holder.release().await.expect("release");
+    let (a_got, a_token) = within("A", a).await.expect("A");
+    let (b_got, b_token) = within("B", b).await.expect("B");
+    let (_, c_token) = within("C", c).await.expect("C");
+    assert_eq!((a_got, b_got), (a_id, b_id));
+    let grants = format!("grants: A {a_token}, B {b_token}, C {c_token}");
+    assert!(
+        back,
+        "B was not queued again within 10 heartbeats of its process; {grants}"
+    );
+    assert!(
+        a_token < b_token && b_token < c_token,
+        "B came back before C arrived, so it goes before C; {grants}"
+    );
+}
