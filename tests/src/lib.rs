@@ -601,6 +601,7 @@ pub async fn queued_again_within_beats(
                 server.cmd(&["ZSCORE", queue, owner_id]).expect("ZSCORE"),
                 Resp::Bulk(None)
             ) {
+                eprintln!("{owner_id} queued again after {seen} deadline refreshes of its process");
                 return true;
             }
             let now = deadline();
@@ -608,6 +609,7 @@ pub async fn queued_again_within_beats(
                 last = now;
                 seen += 1;
                 if seen > beats {
+                    eprintln!("{owner_id} not queued again after {beats} deadline refreshes of its process");
                     return false;
                 }
             }

@@ -881,7 +881,7 @@ async fn a_heartbeat_whose_probe_was_just_granted_keeps_the_process_alive() {
         name,
         &fairlock_core::Heartbeat {
             tag,
-            probe: owner_id,
+            probes: &[owner_id],
             timings: &timings,
             channel_prefix: "test:c3:",
         },
@@ -890,7 +890,7 @@ async fn a_heartbeat_whose_probe_was_just_granted_keeps_the_process_alive() {
         beat.holder.as_ref().map(|(m, _)| m.as_str()),
         Some(owner_id)
     );
-    assert!(!beat.probe_queued, "the probe holds the lock now");
+    assert!(!beat.queued.get(0), "the probe holds the lock now");
     assert!(
         deadline(&server) > before,
         "the process's deadline moved on"

@@ -446,7 +446,7 @@ async fn scripts_are_idempotent_on_retry() {
     let _bb_process = listener(&server, "test:nobody:00000000000000b2").await;
     let beat = Heartbeat {
         tag: "00000000000000b2",
-        probe: BB,
+        probes: &[BB],
         timings: &timings,
         channel_prefix: "test:nobody:",
     };
@@ -454,7 +454,7 @@ async fn scripts_are_idempotent_on_retry() {
     let snapshot = dump(&server);
     let two = raw(&server, name, &beat);
     assert_eq!(one, two);
-    assert!(one.probe_queued);
+    assert!(one.queued.get(0));
     assert_eq!(
         without_deadlines(dump(&server)),
         without_deadlines(snapshot)

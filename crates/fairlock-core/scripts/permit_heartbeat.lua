@@ -1,8 +1,8 @@
 -- permit_heartbeat.lua: one call per permit set per interval for one
 -- process, however many of its tasks wait there. Moves the process's
 -- deadline forward, forgets dead processes, returns the permits of holders
--- whose lease ran out, grants the waiters that fit, and says whether the
--- process's oldest waiter is still queued. With no probe it only hands
+-- whose lease ran out, grants the waiters that fit, and says which of the
+-- process's probed waiters are still queued. With no probe it only hands
 -- free permits on: clients use that to go on after a call reported more.
 --
 -- KEYS[1] holders   KEYS[2] queue   KEYS[3] alive   KEYS[4] seq   KEYS[5] grants
@@ -11,27 +11,39 @@
 -- ARGV[3] queue_ttl_ms    TTL of the queue keys
 -- ARGV[4] idle_ms         TTL of the seq key
 -- ARGV[5] channel_prefix  waiters are woken on channel_prefix .. client tag
--- ARGV[6] probe           the process's oldest waiter on this set, or ""
+-- ARGV[6..] probes        0 to 32 owner ids of the process's waiters on
+--                         this set (the client sends its oldest first, its
+--                         newest, and a few others in turn)
 --
--- The process's deadline moves on when the probe is queued or holds a
+-- The process's deadline moves on when a probe is queued or holds a
 -- permit (it was granted while this call was on its way: the client
 -- probes with its oldest waiter, the next to be granted).
 --
--- Reply: {probe_queued, dropped, more, probe_holds}
---   probe_queued 0 and probe_holds 0: the probe is neither queued nor
---   holding (dropped, or granted and released already): if it still
---   waits, the process has each of its waiters run permit_acquire again,
---   which answers a grant or keeps or retakes a place.
---   probe_holds 1: the probe holds a permit; if its task still waits (the
---   grant's message was lost or is on its way), only the probe runs
---   permit_acquire again.
+-- Reply: {queued, dropped, more, holds}
+--   queued: bit j-1 set (2^(j-1) added) when probe j is queued;
+--   holds: bit j-1 set when probe j is not queued but holds a permit.
+--   A probe in neither (dropped, or granted and released already) whose
+--   task still waits has lost its place, and the client has it run
+--   permit_acquire again, which answers a grant or keeps or retakes a
+--   place. A probe that holds while its task still waits (the grant's
+--   message was lost or is on its way) runs permit_acquire again too.
+--
+-- Cost: about 10 commands (one ZMSCORE checks every probe, a second one
+-- the holders only when a probe is missing from the queue), whatever the
+-- number of the process's waiters.
+
+local MAX_PROBES = 32
 
 local tag = ARGV[1]
-local probe = ARGV[6]
+local n = #ARGV - 5
+if n > MAX_PROBES then
+  return redis.error_reply('ERR fairlock permit heartbeat: ' .. n .. ' probes, at most ' ..
+    MAX_PROBES)
+end
 read_key(1, 'ZCARD')
-local queued = false
-if probe ~= '' then
-  queued = read_key(2, 'ZSCORE', probe)
+local scores
+if n > 0 then
+  scores = read_key(2, 'ZMSCORE', unpack(ARGV, 6, 5 + n))
 else
   read_key(2, 'ZCARD')
 end
@@ -39,14 +51,31 @@ read_key(3, 'ZCARD')
 local stored = read_key(5, 'HGET', 'limit')
 local now = now_us()
 local now_ms = math.floor(now / 1000)
--- A holder whose lease ran out (not yet removed below) holds nothing.
-local holds = false
-if probe ~= '' and not queued then
-  local deadline = tonumber(redis.call('ZSCORE', KEYS[1], probe))
-  holds = deadline ~= nil and deadline > now_ms
+local queued, holds, live = 0, 0, false
+if n > 0 then
+  local missing, names = {}, {}
+  for j = 1, n do
+    if scores[j] then
+      queued = queued + 2 ^ (j - 1)
+      live = true
+    else
+      missing[#missing + 1] = j
+      names[#names + 1] = ARGV[5 + j]
+    end
+  end
+  if #missing > 0 then
+    -- A holder whose lease ran out (not yet removed below) holds nothing.
+    local deadlines = redis.call('ZMSCORE', KEYS[1], unpack(names))
+    for k, j in ipairs(missing) do
+      local deadline = tonumber(deadlines[k])
+      if deadline ~= nil and deadline > now_ms then
+        holds = holds + 2 ^ (j - 1)
+        live = true
+      end
+    end
+  end
 end
-local probe_queued = queued and 1 or 0
-if queued or holds then
+if live then
   redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[2]), tag)
   redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[3]))
   redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[3]))
@@ -61,4 +90,4 @@ end
 
 expire_holders(now_ms)
 local _, dropped, more = grant_waiting(now, tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[2]), stored)
-return {probe_queued, dropped, more and 1 or 0, holds and 1 or 0}
+return {queued, dropped, more and 1 or 0, holds}

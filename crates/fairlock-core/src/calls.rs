@@ -399,14 +399,45 @@ impl RenewBatch<'_> {
     }
 }
 
+/// The most probes one lock or permit set takes in one heartbeat
+/// (`heartbeat.lua`, `permit_heartbeat.lua`): the reply answers each in
+/// one bit of an integer.
+pub const MAX_PROBES: usize = 32;
+
+/// One flag per probe of a heartbeat, in the order the probes were sent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProbeFlags(u32);
+
+impl ProbeFlags {
+    /// Flags from their bits: bit `i` is probe `i`'s.
+    pub fn from_bits(bits: u32) -> Self {
+        Self(bits)
+    }
+
+    /// Whether probe `i` (0 = the first sent) is flagged.
+    pub fn get(self, i: usize) -> bool {
+        i < MAX_PROBES && self.0 & (1 << i) != 0
+    }
+
+    /// Reads one reply field: an integer whose bit `i` is probe `i`'s.
+    pub(crate) fn read(f: &mut Fields) -> Result<Self, ProtocolError> {
+        let bits = f.int()?;
+        u32::try_from(bits)
+            .map(Self)
+            .map_err(|_| f.error(format!("probe flags {bits} do not fit {MAX_PROBES} probes")))
+    }
+}
+
 /// `heartbeat.lua` for one lock: a batch of one (see [`HeartbeatBatch`]),
 /// what a client runs to go on purging dead waiters.
 #[derive(Debug, Clone)]
 pub struct Heartbeat<'a> {
     /// The calling process's client tag.
     pub tag: &'a str,
-    /// Its oldest waiter on this lock, or "" to only hand a free lock on.
-    pub probe: &'a str,
+    /// Waiters of the process on this lock whose places the call checks
+    /// (at most [`MAX_PROBES`], the oldest first), or none to only hand a
+    /// free lock on.
+    pub probes: &'a [&'a str],
     /// Shared protocol timings.
     pub timings: &'a Timings,
     /// Where waiters are woken.
@@ -419,7 +450,7 @@ impl<'a> Heartbeat<'a> {
     pub fn purge(tag: &'a str, timings: &'a Timings, channel_prefix: &'a str) -> Self {
         Self {
             tag,
-            probe: "",
+            probes: &[],
             timings,
             channel_prefix,
         }
@@ -439,8 +470,9 @@ pub struct HeartbeatReply {
     /// (owner ids are ASCII, tokens far below 2^63): the lock is held by
     /// somebody who is no waiter of this process.
     pub holder: Option<(String, u64)>,
-    /// Whether the probe is queued.
-    pub probe_queued: bool,
+    /// Which probes are queued. A probe that is neither queued nor the
+    /// holder has lost its place, if its task still waits.
+    pub queued: ProbeFlags,
     /// Dead waiters removed on the way.
     pub purged: Purged,
 }
@@ -451,7 +483,7 @@ impl ScriptCall for Heartbeat<'_> {
 
     fn args(&self) -> Vec<String> {
         let mut args = heartbeat_args(self.tag, self.timings, self.channel_prefix);
-        args.push(self.probe.to_owned());
+        push_probes(&mut args, self.probes);
         args
     }
 
@@ -470,7 +502,7 @@ impl HeartbeatReply {
         let token = u64::try_from(f.int()?).unwrap_or(0);
         Ok(Self {
             holder: (!holder.is_empty()).then_some((holder, token)),
-            probe_queued: f.int()? == 1,
+            queued: ProbeFlags::read(f)?,
             purged: Purged::read(f)?,
         })
     }
@@ -485,6 +517,15 @@ fn heartbeat_args(tag: &str, timings: &Timings, channel_prefix: &str) -> Vec<Str
         timings.idle_ms.to_string(),
         channel_prefix.to_owned(),
     ]
+}
+
+/// One lock's probes, as `heartbeat.lua` takes them: their count, then
+/// each. More than [`MAX_PROBES`] is a bug of the caller, and the script
+/// refuses the call.
+fn push_probes(args: &mut Vec<String>, probes: &[&str]) {
+    debug_assert!(probes.len() <= MAX_PROBES, "{} probes", probes.len());
+    args.push(probes.len().to_string());
+    args.extend(probes.iter().map(|probe| (*probe).to_owned()));
 }
 
 /// `heartbeat.lua` over several locks of one slot: one call per process per
@@ -507,8 +548,10 @@ pub struct HeartbeatBatch<'a> {
 pub struct HeartbeatItem<'a> {
     /// The lock's keys.
     pub keys: &'a LockKeys,
-    /// The process's oldest waiter on it, or "" to only hand a free lock on.
-    pub probe: &'a str,
+    /// Waiters of the process on it whose places the call checks (at most
+    /// [`MAX_PROBES`], the oldest first), or none to only hand a free lock
+    /// on.
+    pub probes: &'a [&'a str],
 }
 
 impl HeartbeatBatch<'_> {
@@ -525,10 +568,13 @@ impl HeartbeatBatch<'_> {
             .collect()
     }
 
-    /// ARGV: the shared arguments, then one probe per lock.
+    /// ARGV: the shared arguments, then per lock the number of its probes
+    /// and the probes.
     pub fn args(&self) -> Vec<String> {
         let mut args = heartbeat_args(self.tag, self.timings, self.channel_prefix);
-        args.extend(self.items.iter().map(|item| item.probe.to_owned()));
+        for item in &self.items {
+            push_probes(&mut args, item.probes);
+        }
         args
     }
 
@@ -795,7 +841,7 @@ mod tests {
             channel_prefix: "p:",
             items: names
                 .iter()
-                .map(|keys| HeartbeatItem { keys, probe: "" })
+                .map(|keys| HeartbeatItem { keys, probes: &[] })
                 .collect(),
         };
         let reply = Reply::Array(vec![
@@ -825,7 +871,7 @@ mod tests {
                 Some(("a.ff.5".to_owned(), 7)),
             ]
         );
-        assert!(replies[1].probe_queued);
+        assert!(replies[1].queued.get(0));
         assert_eq!(
             replies[1].purged,
             Purged {
@@ -833,7 +879,7 @@ mod tests {
                 more: true
             }
         );
-        assert!(replies[2].probe_queued);
+        assert!(replies[2].queued.get(0));
         // The reply's shape is still checked.
         let short = Reply::Array(vec![Reply::Int(0); 10]);
         assert!(batch.decode(short).is_err());
@@ -844,14 +890,23 @@ mod tests {
         let timings = Timings::default();
         let args = Heartbeat {
             tag: "ff",
-            probe: "a.ff.5",
+            probes: &["a.ff.5", "b.ff.5"],
             timings: &timings,
             channel_prefix: "p:notify:",
         }
         .args();
         assert_eq!(
             args,
-            ["ff", "5000", "20000", "600000", "p:notify:", "a.ff.5"]
+            [
+                "ff",
+                "5000",
+                "20000",
+                "600000",
+                "p:notify:",
+                "2",
+                "a.ff.5",
+                "b.ff.5"
+            ]
         );
         let args = Release {
             owner_id: "m.1.5",

@@ -6,7 +6,9 @@
 //! `permit_renew.lua` takes two keys per permit of several sets and is run
 //! through [`PermitRenewBatch`].
 
-use crate::calls::{AcquireMode, AcquireReply, CancelReply, Handoff, Purged, RenewStatus, Timings};
+use crate::calls::{
+    AcquireMode, AcquireReply, CancelReply, Handoff, ProbeFlags, Purged, RenewStatus, Timings,
+};
 use crate::keys::LockKeys;
 use crate::reply::{Fields, ProtocolError, Reply};
 use crate::script::{
@@ -232,8 +234,10 @@ impl crate::ScriptCall for PermitCancel<'_> {
 pub struct PermitHeartbeat<'a> {
     /// The calling process's client tag.
     pub tag: &'a str,
-    /// Its oldest waiter on this set, or "" to only hand free permits on.
-    pub probe: &'a str,
+    /// Waiters of the process on this set whose places the call checks
+    /// (at most [`crate::MAX_PROBES`], the oldest first), or none to only
+    /// hand free permits on.
+    pub probes: &'a [&'a str],
     /// Shared protocol timings.
     pub timings: &'a Timings,
     /// Where waiters are woken.
@@ -243,39 +247,42 @@ pub struct PermitHeartbeat<'a> {
 /// What [`PermitHeartbeat`] answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PermitHeartbeatReply {
-    /// Whether the probe is queued; if it is neither queued nor holding
-    /// and still waits, each waiter of the process runs [`PermitAcquire`]
-    /// again.
-    pub probe_queued: bool,
+    /// Which probes are queued. A probe that is neither queued nor
+    /// holding has lost its place, if its task still waits, and runs
+    /// [`PermitAcquire`] again.
+    pub queued: ProbeFlags,
     /// Dead waiters removed on the way.
     pub purged: Purged,
-    /// Whether the probe holds a permit (granted while the call was on its
-    /// way); if its task still waits, only the probe runs
+    /// Which probes are not queued but hold a permit (granted while the
+    /// call was on its way); one whose task still waits runs
     /// [`PermitAcquire`] again.
-    pub probe_holds: bool,
+    pub holds: ProbeFlags,
 }
 
 impl crate::ScriptCall for PermitHeartbeat<'_> {
     const SCRIPT: &'static Script = &PERMIT_HEARTBEAT;
     type Output = PermitHeartbeatReply;
 
+    /// The probes come last, as many as there are.
     fn args(&self) -> Vec<String> {
-        vec![
+        debug_assert!(self.probes.len() <= crate::MAX_PROBES);
+        let mut args = vec![
             self.tag.to_owned(),
             self.timings.waiter_ttl_ms.to_string(),
             self.timings.queue_ttl_ms.to_string(),
             self.timings.idle_ms.to_string(),
             self.channel_prefix.to_owned(),
-            self.probe.to_owned(),
-        ]
+        ];
+        args.extend(self.probes.iter().map(|probe| (*probe).to_owned()));
+        args
     }
 
     fn decode(reply: Reply) -> Result<PermitHeartbeatReply, ProtocolError> {
         let mut f = Fields::new(PERMIT_HEARTBEAT.name(), reply)?;
         Ok(PermitHeartbeatReply {
-            probe_queued: f.int()? == 1,
+            queued: ProbeFlags::read(&mut f)?,
             purged: purged(&mut f)?,
-            probe_holds: f.int()? == 1,
+            holds: ProbeFlags::read(&mut f)?,
         })
     }
 }

@@ -83,7 +83,7 @@ impl Fields {
         })
     }
 
-    fn error(&self, detail: String) -> ProtocolError {
+    pub(crate) fn error(&self, detail: String) -> ProtocolError {
         ProtocolError {
             script: self.script,
             detail,

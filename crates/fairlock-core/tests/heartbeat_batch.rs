@@ -1,13 +1,14 @@
 //! One heartbeat call covers many locks (`HeartbeatBatch`): each lock in
 //! the batch is answered and changed exactly as a heartbeat for that lock
-//! alone would answer and change it, in KEYS order, and a call whose keys
-//! and probes do not pair up changes nothing.
+//! alone would answer and change it, in KEYS order, each probe of a lock
+//! is answered on its own, and a call whose keys and probes do not pair up
+//! changes nothing.
 
 mod support;
 
 use fairlock_core::{
-    HeartbeatBatch, HeartbeatItem, HeartbeatReply, KeyPrefix, LockKeys, LockName, OwnerId, Purged,
-    Reply, Timings,
+    HeartbeatBatch, HeartbeatItem, HeartbeatReply, KeyPrefix, LockKeys, LockName, OwnerId,
+    ProbeFlags, Purged, Reply, Timings, MAX_PROBES,
 };
 use fairlock_testkit::RedisServer;
 
@@ -109,16 +110,17 @@ fn batch<'a>(timings: &'a Timings, items: Vec<HeartbeatItem<'a>>) -> HeartbeatBa
     }
 }
 
-/// The held lock with our waiter as probe, then the free lock, no probe.
-fn held_and_free(locks: &Locks) -> Vec<HeartbeatItem<'_>> {
+/// The held lock with `ours` (our waiter) as probes, then the free lock,
+/// no probe.
+fn held_and_free<'a>(locks: &'a Locks, ours: &'a [&'a str]) -> Vec<HeartbeatItem<'a>> {
     vec![
         HeartbeatItem {
             keys: &locks.held,
-            probe: &locks.our_waiter,
+            probes: ours,
         },
         HeartbeatItem {
             keys: &locks.free,
-            probe: "",
+            probes: &[],
         },
     ]
 }
@@ -127,10 +129,12 @@ fn held_and_free(locks: &Locks) -> Vec<HeartbeatItem<'_>> {
 fn one_call_answers_every_lock_as_its_own_heartbeat_would() {
     let locks = locks();
     let timings = Timings::default();
-    let mut items = held_and_free(&locks);
+    let ours = [locks.our_waiter.as_str()];
+    let mut items = held_and_free(&locks, &ours);
+    let lost_probe = [locks.lost_probe.as_str()];
     items.push(HeartbeatItem {
         keys: &locks.lost,
-        probe: &locks.lost_probe,
+        probes: &lost_probe,
     });
     let call = batch(&timings, items);
     let before = server_ms(&locks.server);
@@ -153,7 +157,7 @@ fn one_call_answers_every_lock_as_its_own_heartbeat_would() {
         replies[0],
         HeartbeatReply {
             holder: Some((locks.held_by.clone(), 5)),
-            probe_queued: true,
+            queued: ProbeFlags::from_bits(1),
             purged: none,
         }
     );
@@ -165,7 +169,7 @@ fn one_call_answers_every_lock_as_its_own_heartbeat_would() {
     let (new_owner, token) = replies[1].holder.clone().unwrap();
     assert_eq!(new_owner, locks.their_waiter);
     assert!(token > 8, "token {token}");
-    assert!(!replies[1].probe_queued);
+    assert_eq!(replies[1].queued, ProbeFlags::default());
     let owner = locks.server.cmd(&["GET", locks.free.owner()]).unwrap();
     assert_eq!(
         owner.as_str(),
@@ -180,7 +184,7 @@ fn one_call_answers_every_lock_as_its_own_heartbeat_would() {
         replies[2],
         HeartbeatReply {
             holder: Some((locks.lost_holder.clone(), 7)),
-            probe_queued: false,
+            queued: ProbeFlags::default(),
             purged: none,
         }
     );
@@ -191,16 +195,29 @@ fn one_call_answers_every_lock_as_its_own_heartbeat_would() {
 fn keys_and_probes_that_do_not_pair_up_change_nothing() {
     let locks = locks();
     let timings = Timings::default();
-    let call = batch(&timings, held_and_free(&locks));
-    let mut args = call.args();
-    args.pop();
-    let refused = run_script(&locks.server, HeartbeatBatch::script(), &call.keys(), &args);
-    assert!(
-        refused
-            .as_ref()
-            .is_err_and(|e| e.contains("one probe per lock")),
-        "{refused:?}"
-    );
+    let ours = [locks.our_waiter.as_str()];
+    let call = batch(&timings, held_and_free(&locks, &ours));
+    // A probe missing, one too many, a count that is no number, a
+    // count over the limit.
+    let args = call.args();
+    let mut short = args.clone();
+    short.pop();
+    let mut long = args.clone();
+    long.push("x".to_owned());
+    let mut garbled = args.clone();
+    garbled[5] = "one".to_owned();
+    let mut over = args.clone();
+    over[5] = (MAX_PROBES + 1).to_string();
+    over.splice(7..7, vec![locks.our_waiter.clone(); MAX_PROBES]);
+    for args in [short, long, garbled, over] {
+        let refused = run_script(&locks.server, HeartbeatBatch::script(), &call.keys(), &args);
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|e| e.contains("a count of at most 32 probes")),
+            "{args:?}: {refused:?}"
+        );
+    }
     let mut keys = call.keys();
     keys.pop();
     let refused = run_script(&locks.server, HeartbeatBatch::script(), &keys, &call.args());
@@ -221,11 +238,11 @@ fn a_reply_for_another_number_of_locks_is_a_protocol_error() {
         vec![
             HeartbeatItem {
                 keys: &a,
-                probe: "",
+                probes: &[],
             },
             HeartbeatItem {
                 keys: &a,
-                probe: "",
+                probes: &[],
             },
         ],
     );
@@ -238,4 +255,57 @@ fn a_reply_for_another_number_of_locks_is_a_protocol_error() {
     ]);
     let error = call.decode(one_lock).unwrap_err();
     assert!(error.detail.contains("5 fields for 2 locks"), "{error}");
+}
+
+/// Several probes of one lock are answered one by one, in the order sent:
+/// a process's waiter that lost its place is found even while an older
+/// one of the same process is queued (a fail-over to a replica that had
+/// the older enqueue only). Any queued probe keeps the process alive; so
+/// does one that holds the lock.
+#[test]
+fn each_probe_of_a_lock_is_answered_on_its_own() {
+    let locks = locks();
+    let timings = Timings::default();
+    let second = owner_id('6', OURS);
+    let missing = owner_id('7', OURS);
+    locks
+        .server
+        .cmd(&["ZADD", locks.held.queue(), "9", &second])
+        .unwrap();
+    let probes = [missing.as_str(), locks.our_waiter.as_str(), second.as_str()];
+    // The lost lock's holder is probed among missing ones.
+    let holder_probes = [missing.as_str(), locks.lost_holder.as_str()];
+    let call = batch(
+        &timings,
+        vec![
+            HeartbeatItem {
+                keys: &locks.held,
+                probes: &probes,
+            },
+            HeartbeatItem {
+                keys: &locks.lost,
+                probes: &holder_probes,
+            },
+        ],
+    );
+    let before = server_ms(&locks.server);
+    let reply = run_script(
+        &locks.server,
+        HeartbeatBatch::script(),
+        &call.keys(),
+        &call.args(),
+    )
+    .unwrap();
+    let replies = call.decode(reply).unwrap();
+    let queued = replies[0].queued;
+    assert_eq!(
+        (queued.get(0), queued.get(1), queued.get(2)),
+        (false, true, true),
+        "{queued:?}"
+    );
+    assert!(deadline(&locks.server, &locks.held, OURS).unwrap() >= before + 4_000);
+    // Neither queued, but one holds: alive, and the reply names the holder.
+    assert_eq!(replies[1].queued, ProbeFlags::default());
+    assert_eq!(replies[1].holder, Some((locks.lost_holder.clone(), 7)));
+    assert!(deadline(&locks.server, &locks.lost, OURS).unwrap() >= before + 4_000);
 }

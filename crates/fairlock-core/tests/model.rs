@@ -141,11 +141,12 @@ enum Op {
     Acquire(Who, AcquireMode),
     Release(Who),
     Cancel(Who),
-    /// A heartbeat of process `p`, with one of its owner ids as the probe or
-    /// none (the purge call).
+    /// A heartbeat of process `p`, with some of its owner ids as probes
+    /// (oldest first in a client's call; any order here) or none (the
+    /// purge call).
     Heartbeat {
         p: u8,
-        probe: Option<u8>,
+        probes: Vec<u8>,
     },
     /// One batched call over this lock and, where the flag is set, a second
     /// lock that `OTHER_HOLDER` holds; lease 0 only checks.
@@ -173,8 +174,8 @@ fn op(procs: u8) -> impl Strategy<Value = Op> {
         2 => who(procs).prop_map(|w| Op::Acquire(w, AcquireMode::Try)),
         5 => who(procs).prop_map(Op::Release),
         2 => who(procs).prop_map(Op::Cancel),
-        3 => (0..procs, proptest::option::of(0..3u8))
-            .prop_map(|(p, probe)| Op::Heartbeat { p, probe }),
+        3 => (0..procs, proptest::sample::subsequence(vec![0u8, 1, 2], 0..=3).prop_shuffle())
+            .prop_map(|(p, probes)| Op::Heartbeat { p, probes }),
         2 => proptest::collection::vec((who(procs), prop_oneof![Just(0), Just(RENEW_LEASE_MS)], any::<bool>()), 1..4)
             .prop_map(Op::Renew),
         1 => Just(Op::ForceRelease(ForceTarget::SeenHolder)),
@@ -234,7 +235,7 @@ enum Call {
     },
     Heartbeat {
         tag: String,
-        probe: String,
+        probes: Vec<String>,
     },
     /// Owner id, lease, and whether the item is for the other lock.
     Renew {
@@ -284,10 +285,11 @@ impl Call {
                 let reply = run_script(server, Cancel::SCRIPT, &lock_keys, &call.args())?;
                 (reply.clone(), Cancel::decode(reply).map(drop))
             }
-            Call::Heartbeat { tag, probe } => {
+            Call::Heartbeat { tag, probes } => {
+                let probes: Vec<&str> = probes.iter().map(String::as_str).collect();
                 let call = Heartbeat {
                     tag,
-                    probe,
+                    probes: &probes,
                     timings: &TIMINGS,
                     channel_prefix: CHANNEL_PREFIX,
                 };
@@ -636,15 +638,21 @@ impl Model {
         Reply::Array(vec![flag(was_queued), int(1), int(dropped), flag(more)])
     }
 
-    fn heartbeat(&mut self, tag: &str, probe: &str) -> Reply {
-        let probe_queued = !probe.is_empty() && self.state.queue.iter().any(|(m, _)| m == probe);
-        let probe_holds = !probe.is_empty()
-            && self
-                .state
+    fn heartbeat(&mut self, tag: &str, probes: &[String]) -> Reply {
+        // Bit i: probe i is queued.
+        let queued = probes
+            .iter()
+            .enumerate()
+            .filter(|(_, probe)| self.state.queue.iter().any(|(m, _)| m == *probe))
+            .map(|(i, _)| 1u64 << i)
+            .sum::<u64>();
+        let probe_holds = probes.iter().any(|probe| {
+            self.state
                 .owner
                 .as_ref()
-                .is_some_and(|o| o.owner_id == probe);
-        if probe_queued || probe_holds {
+                .is_some_and(|o| o.owner_id == *probe)
+        });
+        if queued != 0 || probe_holds {
             self.state.alive.insert(tag.to_owned(), true);
             self.refreshed.push(tag.to_owned());
         }
@@ -661,7 +669,7 @@ impl Model {
         Reply::Array(vec![
             text(&holder),
             int(token),
-            flag(probe_queued),
+            int(queued),
             int(dropped),
             flag(more),
         ])
@@ -719,7 +727,7 @@ impl Model {
             Call::Acquire { owner_id, mode } => self.acquire(owner_id, *mode),
             Call::Release { owner_id } => self.release(owner_id),
             Call::Cancel { owner_id } => self.cancel(owner_id),
-            Call::Heartbeat { tag, probe } => self.heartbeat(tag, probe),
+            Call::Heartbeat { tag, probes } => self.heartbeat(tag, probes),
             Call::Renew { items } => self.renew(items),
             Call::ForceRelease { expected } => self.force_release(expected),
         }
@@ -1046,11 +1054,12 @@ impl<'a> Case<'a> {
             Op::Cancel(w) => Some(Call::Cancel {
                 owner_id: w.owner_id(),
             }),
-            Op::Heartbeat { p, probe } => Some(Call::Heartbeat {
+            Op::Heartbeat { p, probes } => Some(Call::Heartbeat {
                 tag: tag(*p),
-                probe: probe
-                    .map(|m| Who { p: *p, m }.owner_id())
-                    .unwrap_or_default(),
+                probes: probes
+                    .iter()
+                    .map(|&m| Who { p: *p, m }.owner_id())
+                    .collect(),
             }),
             Op::Renew(items) => Some(Call::Renew {
                 items: items

@@ -67,7 +67,9 @@ enum Op {
     Acquire(usize, bool),
     Release(usize),
     Cancel(usize),
-    Heartbeat(usize, usize),
+    /// A heartbeat of a process probing one member, or two (the second
+    /// given and another).
+    Heartbeat(usize, usize, Option<usize>),
     Kill(usize),
     Expire(usize),
 }
@@ -77,7 +79,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..MEMBERS, any::<bool>()).prop_map(|(m, try_)| Op::Acquire(m, try_)),
         3 => (0..MEMBERS).prop_map(Op::Release),
         1 => (0..MEMBERS).prop_map(Op::Cancel),
-        1 => (0..PROCESSES, 0..MEMBERS).prop_map(|(p, m)| Op::Heartbeat(p, m)),
+        1 => (0..PROCESSES, 0..MEMBERS, proptest::option::of(0..MEMBERS))
+            .prop_map(|(p, m, n)| Op::Heartbeat(p, m, n)),
         1 => (0..PROCESSES).prop_map(Op::Kill),
         1 => (0..MEMBERS).prop_map(Op::Expire),
     ]
@@ -292,26 +295,38 @@ impl Case<'_> {
                 )?;
                 self.bind_new_grants(&granted)
             }
-            Op::Heartbeat(process, probe) => {
+            Op::Heartbeat(process, first, second) => {
+                let mut probes = vec![first];
+                probes.extend(second.filter(|&m| m != first));
+                let ids: Vec<&str> = probes.iter().map(|&m| self.owner_ids[m].as_str()).collect();
                 let reply = self.call(&PermitHeartbeat {
                     tag: &tag(process),
-                    probe: &self.owner_ids[probe],
+                    probes: &ids,
                     timings: &TIMINGS,
                     channel_prefix: CHANNEL_PREFIX,
                 })?;
-                let queued = self.model.queue.contains(&probe);
+                let queued: Vec<bool> = probes
+                    .iter()
+                    .map(|m| self.model.queue.contains(m))
+                    .collect();
                 // A probe granted while the call was on its way keeps its
                 // process alive too.
-                let holds = !queued && self.model.holders.contains_key(&probe);
-                if queued || holds {
+                let holds: Vec<bool> = probes
+                    .iter()
+                    .zip(&queued)
+                    .map(|(m, &queued)| !queued && self.model.holders.contains_key(m))
+                    .collect();
+                if queued.iter().chain(&holds).any(|&flag| flag) {
                     self.model.alive[process] = true;
                 }
                 let (granted, dropped) = self.model.grant_waiting();
+                let flags_agree = (0..probes.len())
+                    .all(|i| reply.queued.get(i) == queued[i] && reply.holds.get(i) == holds[i])
+                    && !reply.queued.get(probes.len())
+                    && !reply.holds.get(probes.len());
                 check(
-                    reply.probe_queued == queued
-                        && reply.probe_holds == holds
-                        && reply.purged.dropped == dropped,
-                    format!("heartbeat {process}/{probe}: {reply:?}"),
+                    flags_agree && reply.purged.dropped == dropped,
+                    format!("heartbeat {process}/{probes:?}: {reply:?}, model queued {queued:?} holds {holds:?}"),
                 )?;
                 self.bind_new_grants(&granted)
             }

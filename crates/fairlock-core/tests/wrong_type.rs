@@ -154,7 +154,7 @@ fn calls(lock: &Lock, t: &Timings) -> Vec<(&'static Script, Vec<String>, &'stati
             Heartbeat::SCRIPT,
             Heartbeat {
                 tag: &lock.tag,
-                probe: &lock.waiter,
+                probes: &[lock.waiter.as_str()],
                 timings: t,
                 channel_prefix: c,
             }

@@ -8,9 +8,10 @@
 //! of a call (a round trip, a script run, a task here) is shared by a batch
 //! of locks. The reply is also the safety net of pub/sub: a grant whose
 //! message was lost is routed here, a grant nobody waits for any more is
-//! handed back, and when the oldest waiter is missing from the queue
-//! (evicted after a stall, or the queue was lost) every waiter of that lock
-//! re-runs acquire, which keeps the place of those still queued. Cancels
+//! handed back, and a waiter found missing from the queue (a fail-over to
+//! a replica that missed its enqueue, a purge after a stall, a lost key)
+//! re-runs acquire, which keeps the place of those still queued and
+//! queues the others again. Cancels
 //! that failed are retried here too. On a cluster each slot is a lane of
 //! its own (`lanes.rs`): a node that stops answering delays the heartbeat
 //! of its own slots only.
@@ -180,15 +181,17 @@ async fn heartbeat_call(
         return Ok(Vec::new());
     };
     let channel_prefix = state.channel_prefix(&first.keys);
+    let probes: Vec<Vec<&str>> = locks.iter().map(LockWaiters::probe_refs).collect();
     let batch = HeartbeatBatch {
         tag: &state.tag,
         timings: &state.timings,
         channel_prefix: &channel_prefix,
         items: locks
             .iter()
-            .map(|lock| HeartbeatItem {
+            .zip(&probes)
+            .map(|(lock, probes)| HeartbeatItem {
                 keys: &lock.keys,
-                probe: &lock.probe,
+                probes,
             })
             .collect(),
     };
@@ -198,22 +201,15 @@ async fn heartbeat_call(
 /// Acts on what the heartbeat found for one lock.
 fn after_heartbeat(state: &Arc<ClientState>, lock: &LockWaiters, reply: HeartbeatReply) {
     state.after_purge(&lock.keys, reply.purged);
-    let probe_holds = reply
-        .holder
-        .as_ref()
-        .is_some_and(|(holder, _)| *holder == lock.probe);
+    state.waiters.checked(lock);
+    let holder = reply.holder.as_ref().map(|(holder, _)| holder.as_str());
+    let lost: Vec<usize> = (0..lock.probes.len())
+        .filter(|&i| !reply.queued.get(i) && holder != Some(lock.probes[i].as_str()))
+        .collect();
     if let Some((holder, token)) = reply.holder {
         if state.is_ours(&holder) {
             route_grant(state, &holder, token, true, || Some(Arc::clone(&lock.keys)));
         }
     }
-    // The probe left the queue. Usually it was granted while this call was
-    // on its way (it holds the lock, or held it and has left the registry):
-    // nothing is wrong. Only a probe that still waits here without a place
-    // means the queue lost entries, and then every waiter of the lock
-    // checks its place. Rechecking on every grant instead cost one script
-    // per waiter per heartbeat while a long queue drained.
-    if !reply.probe_queued && !probe_holds && state.waiters.is_waiting(&lock.probe) {
-        state.waiters.recheck_lock(lock.keys.owner());
-    }
+    lock.recheck_lost(&state.waiters, lost);
 }

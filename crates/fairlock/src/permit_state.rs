@@ -99,44 +99,47 @@ impl ClientState {
             .purged)
     }
 
-    /// One heartbeat of this process's waiters on one permit set. If the
-    /// oldest is no longer queued (granted with its message lost, or
-    /// dropped), every waiter here re-runs acquire, which answers a grant
-    /// (with the waiter's own lease) or keeps or retakes its place.
+    /// One heartbeat of this process's waiters on one permit set. A probe
+    /// found neither queued nor holding whose task still waits here has
+    /// lost its place and re-runs acquire, which answers a grant (with the
+    /// waiter's own lease) or keeps or retakes its place; if it is the
+    /// oldest or the newest, every waiter here does (see
+    /// [`LockWaiters::recheck_lost`]).
     ///
-    /// The reply only says whether the oldest holds. One that holds while
-    /// its task still waits here untold, with no release of this process
-    /// on its way (whose reply would tell it), lost its grant's message;
-    /// and the grants of one release go out together in FIFO order (all
-    /// the readers at the head), so the waiters behind it may have lost
-    /// theirs in the same burst. All of them check at once: found one per
-    /// interval, the later ones' short unheard leases ran out first and
-    /// their grants were wasted. Otherwise only the probe checks, as a
-    /// grant on its way is the usual case of a queue draining here.
+    /// The oldest probe that holds while its task still waits here untold,
+    /// with no release of this process on its way (whose reply would tell
+    /// it), lost its grant's message; and the grants of one release go out
+    /// together in FIFO order (all the readers at the head), so the
+    /// waiters behind it may have lost theirs in the same burst. All of
+    /// them check at once: found one per interval, the later ones' short
+    /// unheard leases ran out first and their grants were wasted.
+    /// Otherwise only the probe checks, as a grant on its way is the usual
+    /// case of a queue draining here.
     pub(crate) async fn beat_permits(self: &Arc<Self>, lock: LockWaiters) {
         let channel_prefix = self.channel_prefix(&lock.keys);
+        let probes = lock.probe_refs();
         let call = PermitHeartbeat {
             tag: &self.tag,
-            probe: &lock.probe,
+            probes: &probes,
             timings: &self.timings,
             channel_prefix: &channel_prefix,
         };
         match self.run(&lock.keys, &call).await {
             Ok(reply) => {
                 self.after_purge(&lock.keys, reply.purged);
-                if reply.probe_holds {
-                    // Nothing to do if its task took the grant while the
-                    // call was on its way, or was told it already.
-                    if self.waiters.waits_untold(&lock.probe) {
-                        if self.releases_in_flight() > 0 {
-                            self.waiters.deliver(&lock.probe, WaiterEvent::Recheck);
-                        } else {
-                            self.waiters.recheck_lock(lock.keys.owner());
-                        }
+                self.waiters.checked(&lock);
+                // Nothing to do if its task took the grant while the call
+                // was on its way, or was told it already.
+                if reply.holds.get(0) && self.waiters.waits_untold(lock.oldest()) {
+                    if self.releases_in_flight() > 0 {
+                        self.waiters.deliver(lock.oldest(), WaiterEvent::Recheck);
+                    } else {
+                        self.waiters.recheck_lock(lock.keys.owner());
                     }
-                } else if !reply.probe_queued && self.waiters.is_waiting(&lock.probe) {
-                    self.waiters.recheck_lock(lock.keys.owner());
                 }
+                let lost =
+                    (0..lock.probes.len()).filter(|&i| !reply.queued.get(i) && !reply.holds.get(i));
+                lock.recheck_lost(&self.waiters, lost);
             }
             Err(error) => {
                 tracing::warn!(set = lock.keys.owner(), %error, "fairlock permit heartbeat failed")

@@ -614,7 +614,7 @@ impl ClientState {
         if keys.permit_family().is_some() {
             let call = PermitHeartbeat {
                 tag: &self.tag,
-                probe: "",
+                probes: &[],
                 timings: &self.timings,
                 channel_prefix: &channel_prefix,
             };

@@ -3,9 +3,9 @@
 //! A grant arrives (by pub/sub, in a release reply of this process, or in
 //! a heartbeat reply) naming an owner id; the registry hands it to the task
 //! waiting under that owner id. It also groups waiters by lock, so the
-//! heartbeat keeps all of a lock's waiters alive with one call and probes
-//! the oldest of them, and it remembers cancels that failed, so the
-//! heartbeat retries them.
+//! heartbeat keeps all of a lock's waiters alive with one call and checks
+//! a bounded few of them per call (see [`LockWaiters`]), and it remembers
+//! cancels that failed, so the heartbeat retries them.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -101,11 +101,79 @@ struct Waiter {
     ticket: Option<u64>,
 }
 
+/// How many waiters between the oldest and the newest one heartbeat
+/// checks per lock, in turn by ticket. With the oldest and the newest that
+/// is at most 8 probes per lock and call: the Redis cost of a heartbeat
+/// stays bounded per lock whatever the number of waiters, and a process
+/// with up to 8 waiters on a lock has every one checked every interval.
+const ROTATING_PROBES: usize = 6;
+
 /// The waiters of one lock in this process, for one heartbeat call.
 pub(crate) struct LockWaiters {
     pub(crate) keys: Arc<LockKeys>,
-    /// The oldest queued waiter: the heartbeat checks it is still queued.
-    pub(crate) probe: String,
+    /// The queued waiters the heartbeat checks, each still queued or
+    /// not: the oldest first, then the newest (if another), then up to
+    /// [`ROTATING_PROBES`] of those in between, taken in turn by ticket
+    /// from one call to the next. The oldest and the newest cover the
+    /// ways a queue loses entries of a live process: a fail-over to a
+    /// replica that missed the latest enqueues loses the newest, a purge
+    /// (the process was taken for dead) or a lost key the oldest. The
+    /// turn covers any other loss within a few intervals.
+    pub(crate) probes: Vec<String>,
+    /// How many of `probes` are the oldest and the newest (1 or 2).
+    pub(crate) edges: usize,
+    /// Where the turn goes on once this call has answered.
+    next_turn: u64,
+}
+
+impl LockWaiters {
+    /// The oldest queued waiter.
+    pub(crate) fn oldest(&self) -> &str {
+        &self.probes[0]
+    }
+
+    /// The probes as a heartbeat call takes them.
+    pub(crate) fn probe_refs(&self) -> Vec<&str> {
+        self.probes.iter().map(String::as_str).collect()
+    }
+
+    /// Acts on the probes (indices into `probes`) that a heartbeat found
+    /// neither queued nor holding. Usually such a probe was granted while
+    /// the call was on its way and has taken its grant and left the
+    /// registry since: nothing is wrong. One whose task still waits here,
+    /// with no grant told to it, has lost its place. If it is the oldest
+    /// or the newest, the queue may have lost a run of entries beside it
+    /// (a purge from the head, the enqueues a fail-over missed at the
+    /// tail), and every waiter of the lock checks its place; one in
+    /// between checks its own. (Rechecking every waiter on every grant
+    /// instead cost one script per waiter per heartbeat while a long queue
+    /// drained.)
+    pub(crate) fn recheck_lost(
+        &self,
+        registry: &WaiterRegistry,
+        lost: impl IntoIterator<Item = usize>,
+    ) {
+        for i in lost {
+            let probe = &self.probes[i];
+            if !registry.waits_untold(probe) {
+                continue;
+            }
+            if i < self.edges {
+                registry.recheck_lock(self.keys.owner());
+                return;
+            }
+            registry.deliver(probe, WaiterEvent::Recheck);
+        }
+    }
+}
+
+/// The waiters of one lock here.
+struct ByLock {
+    keys: Arc<LockKeys>,
+    owner_ids: HashSet<Arc<str>>,
+    /// The heartbeat checks waiters between the oldest and the newest in
+    /// turn: those with tickets above this one come next.
+    turn: u64,
 }
 
 #[derive(Default)]
@@ -115,7 +183,7 @@ struct State {
     /// thousand).
     waiters: HashMap<Arc<str>, Waiter>,
     /// Lock (owner key) → owner ids waiting on it.
-    by_lock: HashMap<String, (Arc<LockKeys>, HashSet<Arc<str>>)>,
+    by_lock: HashMap<String, ByLock>,
     /// Lock (owner key) → owner ids whose cancel failed, to retry.
     cancels: HashMap<String, (Arc<LockKeys>, HashSet<String>)>,
 }
@@ -150,14 +218,16 @@ impl WaiterRegistry {
         // The lock's entry usually exists already (its other waiters):
         // its key is copied only when the entry is made.
         match state.by_lock.get_mut(keys.owner()) {
-            Some((_, owner_ids)) => {
-                owner_ids.insert(owner_id);
+            Some(lock) => {
+                lock.owner_ids.insert(owner_id);
             }
             None => {
-                let owner_ids = HashSet::from([owner_id]);
-                state
-                    .by_lock
-                    .insert(keys.owner().to_owned(), (Arc::clone(keys), owner_ids));
+                let lock = ByLock {
+                    keys: Arc::clone(keys),
+                    owner_ids: HashSet::from([owner_id]),
+                    turn: 0,
+                };
+                state.by_lock.insert(keys.owner().to_owned(), lock);
             }
         }
         slot
@@ -168,9 +238,9 @@ impl WaiterRegistry {
         let mut state = self.state();
         if let Some(waiter) = state.waiters.remove(owner_id) {
             let lock = waiter.keys.owner();
-            if let Some((_, owner_ids)) = state.by_lock.get_mut(lock) {
-                owner_ids.remove(owner_id);
-                if owner_ids.is_empty() {
+            if let Some(entry) = state.by_lock.get_mut(lock) {
+                entry.owner_ids.remove(owner_id);
+                if entry.owner_ids.is_empty() {
                     state.by_lock.remove(lock);
                 }
             }
@@ -182,12 +252,6 @@ impl WaiterRegistry {
         if let Some(waiter) = self.state().waiters.get_mut(owner_id) {
             waiter.ticket = Some(ticket);
         }
-    }
-
-    /// Whether `owner_id`'s task still waits here (registered, not yet
-    /// granted, cancelled or given up).
-    pub(crate) fn is_waiting(&self, owner_id: &str) -> bool {
-        self.state().waiters.contains_key(owner_id)
     }
 
     /// Routes an event to `owner_id`'s task; `false` if nobody waits for it.
@@ -236,8 +300,8 @@ impl WaiterRegistry {
             state
                 .by_lock
                 .get(owner_key)
-                .map(|(_, owner_ids)| {
-                    owner_ids
+                .map(|lock| {
+                    lock.owner_ids
                         .iter()
                         .filter_map(|m| state.waiters.get(m).map(|w| Arc::clone(&w.slot)))
                         .collect()
@@ -265,27 +329,71 @@ impl WaiterRegistry {
         }
     }
 
-    /// Every lock with queued waiters here.
+    /// Every lock with queued waiters here, with the waiters a heartbeat
+    /// checks (see [`LockWaiters::probes`]). One pass over each lock's
+    /// waiters, as finding the oldest takes anyway.
     pub(crate) fn waiting_locks(&self) -> Vec<LockWaiters> {
         let state = self.state();
         state
             .by_lock
             .values()
-            .filter_map(|(keys, owner_ids)| {
-                let mut probe: Option<(u64, &Arc<str>)> = None;
-                for owner_id in owner_ids {
-                    if let Some(ticket) = state.waiters.get(owner_id).and_then(|w| w.ticket) {
-                        if probe.is_none_or(|(oldest, _)| ticket < oldest) {
-                            probe = Some((ticket, owner_id));
-                        }
+            .filter_map(|lock| {
+                let mut oldest: Option<(u64, &Arc<str>)> = None;
+                let mut newest = oldest;
+                // The lowest tickets above the turn, sorted: the oldest and
+                // the newest may be among them, so two more are kept.
+                let mut turn: Vec<(u64, &Arc<str>)> = Vec::with_capacity(ROTATING_PROBES + 3);
+                for owner_id in &lock.owner_ids {
+                    let Some(ticket) = state.waiters.get(owner_id).and_then(|w| w.ticket) else {
+                        continue;
+                    };
+                    if oldest.is_none_or(|(t, _)| ticket < t) {
+                        oldest = Some((ticket, owner_id));
+                    }
+                    if newest.is_none_or(|(t, _)| ticket > t) {
+                        newest = Some((ticket, owner_id));
+                    }
+                    if ticket > lock.turn
+                        && (turn.len() < ROTATING_PROBES + 2
+                            || turn.last().is_some_and(|&(t, _)| ticket < t))
+                    {
+                        let at = turn.partition_point(|&(t, _)| t < ticket);
+                        turn.insert(at, (ticket, owner_id));
+                        turn.truncate(ROTATING_PROBES + 2);
                     }
                 }
-                probe.map(|(_, probe)| LockWaiters {
-                    keys: Arc::clone(keys),
-                    probe: probe.to_string(),
+                let (oldest, newest) = (oldest?, newest?);
+                let mut probes = vec![oldest.1.to_string()];
+                if newest.0 != oldest.0 {
+                    probes.push(newest.1.to_string());
+                }
+                let edges = probes.len();
+                turn.retain(|&(t, _)| t != oldest.0 && t != newest.0);
+                turn.truncate(ROTATING_PROBES);
+                // A full turn may have more after it; a short one reached
+                // the newest, and the next call starts over.
+                let next_turn = match turn.last() {
+                    Some(&(t, _)) if turn.len() == ROTATING_PROBES => t,
+                    _ => 0,
+                };
+                probes.extend(turn.iter().map(|(_, owner_id)| owner_id.to_string()));
+                Some(LockWaiters {
+                    keys: Arc::clone(&lock.keys),
+                    probes,
+                    edges,
+                    next_turn,
                 })
             })
             .collect()
+    }
+
+    /// A heartbeat call checked `lock`'s probes: the next call checks the
+    /// waiters after them. The turn moves on only when a call answered, so
+    /// a failed call does not skip anyone.
+    pub(crate) fn checked(&self, lock: &LockWaiters) {
+        if let Some(entry) = self.state().by_lock.get_mut(lock.keys.owner()) {
+            entry.turn = lock.next_turn;
+        }
     }
 
     /// Remembers a cancel that failed, for the heartbeat to retry.
@@ -349,12 +457,65 @@ mod tests {
         registry.mark_queued("m2", 10);
         let locks = registry.waiting_locks();
         assert_eq!(locks.len(), 1);
-        assert_eq!(locks[0].probe, "m2");
+        assert_eq!(locks[0].oldest(), "m2");
+        assert_eq!(locks[0].probes, ["m2", "m1"]);
+        assert_eq!(locks[0].edges, 2);
         registry.deregister("m1");
         registry.deregister("m2");
         assert!(!registry.deliver("m1", WaiterEvent::Recheck));
         assert!(registry.waiting_locks().is_empty());
         assert_eq!(registry.len(), 0);
+    }
+
+    /// The heartbeat checks the oldest and the newest waiter of a lock
+    /// every call and those in between in turn, a bounded few per call,
+    /// so every waiter is checked within a few calls; the turn moves on
+    /// only when a call was answered.
+    #[test]
+    fn probes_take_the_waiters_in_between_in_turn() {
+        let registry = WaiterRegistry::default();
+        let keys = Arc::new(LockKeys::new(
+            &KeyPrefix::default(),
+            &LockName::new("a").unwrap(),
+        ));
+        for ticket in 1..=20u64 {
+            let owner_id = format!("m{ticket}");
+            let _slot = registry.register(&owner_id, &keys);
+            registry.mark_queued(&owner_id, ticket);
+        }
+        let names =
+            |tickets: &[u64]| -> Vec<String> { tickets.iter().map(|t| format!("m{t}")).collect() };
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let locks = registry.waiting_locks();
+            let lock = &locks[0];
+            assert_eq!(lock.edges, 2);
+            assert_eq!(lock.probes[..2], names(&[1, 20]));
+            assert!(lock.probes.len() <= 2 + ROTATING_PROBES);
+            seen.push(lock.probes[2..].to_vec());
+            // Not answered: the same turn again.
+            assert_eq!(registry.waiting_locks()[0].probes, lock.probes);
+            registry.checked(lock);
+        }
+        assert_eq!(
+            seen,
+            [
+                names(&[2, 3, 4, 5, 6, 7]),
+                names(&[8, 9, 10, 11, 12, 13]),
+                names(&[14, 15, 16, 17, 18, 19]),
+                names(&[]),
+            ]
+        );
+        assert_eq!(
+            registry.waiting_locks()[0].probes[2..],
+            names(&[2, 3, 4, 5, 6, 7])
+        );
+        // One waiter alone is the oldest and the newest.
+        for ticket in 2..=20u64 {
+            registry.deregister(&format!("m{ticket}"));
+        }
+        assert_eq!(registry.waiting_locks()[0].probes, names(&[1]));
+        assert_eq!(registry.waiting_locks()[0].edges, 1);
     }
 
     /// One grant can reach its waiter twice (a heartbeat that found it, and
