@@ -239,11 +239,11 @@ async fn a_writer_that_gives_up_lets_the_readers_behind_it_in() {
 /// connection was cut off when the writer released, so every message
 /// reached nobody and each grant got only the short waiter TTL as lease)
 /// are all found at the next heartbeat and keep the very grants they were
-/// given. The heartbeat probes only the process's oldest waiter; before,
-/// it found one holding reader per interval, and the later readers' short
-/// leases ran out first: they lost their grants and queued again, with
-/// new tokens (40 readers, 100 ms heartbeats, 2 s waiter TTL: all 40
-/// checking at once have 2 s, one per heartbeat would need 4 s).
+/// given. The heartbeat looks for grants at the process's oldest waiter;
+/// before, it found one holding reader per interval, and the later
+/// readers' short leases ran out first: they lost their grants and queued
+/// again, with new tokens (40 readers, 100 ms heartbeats, 2 s waiter TTL:
+/// all 40 checking at once have 2 s, one per heartbeat would need 4 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_whose_grants_went_unheard_all_keep_them() {
     const READERS: usize = 40;
