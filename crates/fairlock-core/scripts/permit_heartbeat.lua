@@ -19,9 +19,13 @@
 -- permit (it was granted while this call was on its way: the client
 -- probes with its oldest waiter, the next to be granted).
 --
--- Reply: {queued, dropped, more, holds}
+-- Reply: {queued, dropped, more, holds, unheard}
 --   queued: bit j-1 set (2^(j-1) added) when probe j is queued;
---   holds: bit j-1 set when probe j is not queued but holds a permit.
+--   holds: bit j-1 set when probe j is not queued but holds a permit;
+--   unheard: bit j-1 set when that permit's lease ends within the waiter
+--   TTL: a grant whose message reached nobody has its lease cut to it, so
+--   the grants of the same release (all the readers at the head) may
+--   have gone unheard too (or the lease asked for is that short).
 --   A probe in neither (dropped, or granted and released already) whose
 --   task still waits has lost its place, and the client has it run
 --   permit_acquire again, which answers a grant or keeps or retakes a
@@ -51,7 +55,7 @@ read_key(3, 'ZCARD')
 local stored = read_key(5, 'HGET', 'limit')
 local now = now_us()
 local now_ms = math.floor(now / 1000)
-local queued, holds, live = 0, 0, false
+local queued, holds, unheard, live = 0, 0, 0, false
 if n > 0 then
   local missing, names = {}, {}
   for j = 1, n do
@@ -71,6 +75,9 @@ if n > 0 then
       if deadline ~= nil and deadline > now_ms then
         holds = holds + 2 ^ (j - 1)
         live = true
+        if deadline <= now_ms + tonumber(ARGV[2]) then
+          unheard = unheard + 2 ^ (j - 1)
+        end
       end
     end
   end
@@ -90,4 +97,4 @@ end
 
 expire_holders(now_ms)
 local _, dropped, more = grant_waiting(now, tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[2]), stored)
-return {queued, dropped, more and 1 or 0, holds}
+return {queued, dropped, more and 1 or 0, holds, unheard}

@@ -257,6 +257,11 @@ pub struct PermitHeartbeatReply {
     /// call was on its way); one whose task still waits runs
     /// [`PermitAcquire`] again.
     pub holds: ProbeFlags,
+    /// Which of the holding probes have a lease that ends within the
+    /// waiter TTL: a grant whose message reached nobody has its lease cut
+    /// to it, so the other grants of the same release may have gone
+    /// unheard too (or the lease asked for is that short).
+    pub unheard: ProbeFlags,
 }
 
 impl crate::ScriptCall for PermitHeartbeat<'_> {
@@ -283,6 +288,7 @@ impl crate::ScriptCall for PermitHeartbeat<'_> {
             queued: ProbeFlags::read(&mut f)?,
             purged: purged(&mut f)?,
             holds: ProbeFlags::read(&mut f)?,
+            unheard: ProbeFlags::read(&mut f)?,
         })
     }
 }

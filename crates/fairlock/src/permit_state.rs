@@ -106,15 +106,16 @@ impl ClientState {
     /// oldest or the newest, every waiter here does (see
     /// [`LockWaiters::recheck_lost`]).
     ///
-    /// The oldest probe that holds while its task still waits here untold,
-    /// with no release of this process on its way (whose reply would tell
-    /// it), lost its grant's message; and the grants of one release go out
-    /// together in FIFO order (all the readers at the head), so the
-    /// waiters behind it may have lost theirs in the same burst. All of
-    /// them check at once: found one per interval, the later ones' short
-    /// unheard leases ran out first and their grants were wasted.
-    /// Otherwise only the probe checks, as a grant on its way is the usual
-    /// case of a queue draining here.
+    /// The oldest probe that holds while its task still waits here untold
+    /// checks its grant. If Redis cut that grant's lease to the waiter TTL
+    /// (its message reached nobody), the grants of the same release (all
+    /// the readers at the head) may have gone unheard too: every waiter
+    /// here checks at once (found one per interval, the later ones' short
+    /// unheard leases ran out first and their grants were wasted).
+    /// Otherwise only the probe checks: a grant whose message is on its
+    /// way is the usual case of a queue draining here. (This once asked
+    /// whether any release of this process was on its way instead, which a
+    /// busy process always has.)
     pub(crate) async fn beat_permits(self: &Arc<Self>, lock: LockWaiters) {
         let channel_prefix = self.channel_prefix(&lock.keys);
         let probes = lock.probe_refs();
@@ -131,10 +132,10 @@ impl ClientState {
                 // Nothing to do if its task took the grant while the call
                 // was on its way, or was told it already.
                 if reply.holds.get(0) && self.waiters.waits_untold(lock.oldest()) {
-                    if self.releases_in_flight() > 0 {
-                        self.waiters.deliver(lock.oldest(), WaiterEvent::Recheck);
-                    } else {
+                    if reply.unheard.get(0) {
                         self.waiters.recheck_lock(lock.keys.owner());
+                    } else {
+                        self.waiters.deliver(lock.oldest(), WaiterEvent::Recheck);
                     }
                 }
                 let lost =

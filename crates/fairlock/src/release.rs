@@ -9,7 +9,6 @@
 //! `shutdown()` is still released; the releasing script's reply names the
 //! next owner, and a waiter of this process is woken from it at once.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use fairlock_core::{LockKeys, Release, ReleaseAgain, ReleaseReply};
@@ -17,7 +16,7 @@ use fairlock_core::{LockKeys, Release, ReleaseAgain, ReleaseReply};
 use crate::error::{Error, Result};
 use crate::held::HeldLock;
 use crate::redis::Lane;
-use crate::state::{retry_may_cure, ClientState, InFlight, Replication};
+use crate::state::{retry_may_cure, ClientState, Replication};
 
 impl ClientState {
     /// Releases a guard's grant (with replica acknowledgement on, once the
@@ -39,7 +38,6 @@ impl ClientState {
                 // (permit_release.lua's entry in `alive`); WAIT then
                 // covers either.
                 let mark = self.replication_mark();
-                let _in_flight = InFlight::new(&self.releases);
                 self.release_counted(held.name.as_str(), &held.keys, &held.owner_id, true)
                     .await?;
                 self.confirm_replicated(mark).await
@@ -109,13 +107,7 @@ impl ClientState {
         keys: &Arc<LockKeys>,
         owner_id: &str,
     ) -> Result<()> {
-        let _in_flight = InFlight::new(&self.releases);
         self.release_counted(name, keys, owner_id, false).await
-    }
-
-    /// Releases of this process whose reply has not come back yet.
-    pub(crate) fn releases_in_flight(&self) -> usize {
-        self.releases.load(Ordering::SeqCst)
     }
 
     /// `again`: a lock release already answered released, sent again

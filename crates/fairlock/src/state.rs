@@ -125,9 +125,6 @@ pub(crate) struct ClientState {
     /// their own ([`ClientState::spawn_cleanup`]): `shutdown` lets them
     /// finish before it closes the connections.
     cleanups: AtomicUsize,
-    /// Releases of this process waiting for their reply (which wakes a
-    /// next owner of this process).
-    pub(crate) releases: AtomicUsize,
 }
 
 impl ClientState {
@@ -154,7 +151,6 @@ impl ClientState {
             closed: AtomicBool::new(false),
             quitting: AtomicBool::new(false),
             cleanups: AtomicUsize::new(0),
-            releases: AtomicUsize::new(0),
         }
     }
 
