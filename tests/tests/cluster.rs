@@ -617,35 +617,46 @@ async fn after_a_manual_failover_a_grant_keeps_the_waiters_own_lease() {
     let promoted = cluster.failover(&primary).expect("failover");
 
     let holder = holder_client.lock(&name).await.expect("holder");
+    let waiter = queue_for_a_minute(&holder_client, &waiter_client, &name).await;
+    holder.release().await.expect("release");
+    assert_keeps_its_minute(&cluster, &promoted, &name, waiter).await;
+}
+
+/// A waiter of `waiter_client` asks for `name` with a 60 s lease; returns
+/// once it is queued (seen through `holder_client`).
+async fn queue_for_a_minute(
+    holder_client: &LockClient,
+    waiter_client: &LockClient,
+    name: &str,
+) -> tokio::task::JoinHandle<fairlock::Result<fairlock::LockGuard>> {
     let waiter = {
-        let waiter_client = waiter_client.clone();
-        let name = name.clone();
+        let (waiter_client, name) = (waiter_client.clone(), name.to_owned());
         tokio::spawn(async move {
             waiter_client
                 .lock_with(&name, LockOptions::new().lease(Duration::from_secs(60)))
                 .await
         })
     };
-    let deadline = std::time::Instant::now() + LONG;
-    while holder_client
-        .inspect(&name)
-        .await
-        .expect("inspect")
-        .queue_len
-        < 1
-    {
-        assert!(std::time::Instant::now() < deadline, "the waiter queues");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    holder.release().await.expect("release");
+    wait_for_queue_len(holder_client, name, 1).await;
+    waiter
+}
+
+/// The waiter is granted, and the lease of its grant on `node` is its own
+/// 60 s, not a waiter TTL.
+async fn assert_keeps_its_minute(
+    cluster: &RedisCluster,
+    node: &str,
+    name: &str,
+    waiter: tokio::task::JoinHandle<fairlock::Result<fairlock::LockGuard>>,
+) {
     let granted = tokio::time::timeout(LONG, waiter)
         .await
         .expect("granted")
         .expect("task")
         .expect("lock");
-    let owner_key = fairlock_tests::keys(&name).owner().to_owned();
+    let owner_key = fairlock_tests::keys(name).owner().to_owned();
     let left = cluster
-        .node(&promoted)
+        .node(node)
         .expect("node")
         .cmd_ok(&["PTTL", &owner_key])
         .expect("PTTL")
@@ -674,26 +685,7 @@ async fn a_waiter_queued_before_a_manual_failover_keeps_its_own_lease() {
     let name = lock_names_on_every_primary(&cluster).remove(0);
     let slot = lock_slot(&name);
     let holder = holder_client.lock(&name).await.expect("holder");
-    let waiter = {
-        let waiter_client = waiter_client.clone();
-        let name = name.clone();
-        tokio::spawn(async move {
-            waiter_client
-                .lock_with(&name, LockOptions::new().lease(Duration::from_secs(60)))
-                .await
-        })
-    };
-    let deadline = std::time::Instant::now() + LONG;
-    while holder_client
-        .inspect(&name)
-        .await
-        .expect("inspect")
-        .queue_len
-        < 1
-    {
-        assert!(std::time::Instant::now() < deadline, "the waiter queues");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let waiter = queue_for_a_minute(&holder_client, &waiter_client, &name).await;
     let primary = cluster.slot_owner(slot).expect("owner");
     let promoted = cluster.failover(&primary).expect("failover");
     // Until the waiter's process has subscribed the slot again somewhere
@@ -709,21 +701,7 @@ async fn a_waiter_queued_before_a_manual_failover_keeps_its_own_lease() {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     holder.release().await.expect("release");
-    let granted = tokio::time::timeout(LONG, waiter)
-        .await
-        .expect("granted")
-        .expect("task")
-        .expect("lock");
-    let owner_key = fairlock_tests::keys(&name).owner().to_owned();
-    let left = cluster
-        .node(&promoted)
-        .expect("node")
-        .cmd_ok(&["PTTL", &owner_key])
-        .expect("PTTL")
-        .as_int()
-        .expect("int");
-    assert!(left > 45_000, "the grant's lease is {left} ms, asked 60 s");
-    granted.release().await.expect("release");
+    assert_keeps_its_minute(&cluster, &promoted, &name, waiter).await;
 }
 
 /// A node that stops answering holds up the heartbeat of its own slots
