@@ -546,6 +546,39 @@ fn call_on<C: ScriptCall>(server: &RedisServer, keys: &LockKeys, call: &C) -> C:
     C::decode(reply).expect("a reply the call type reads")
 }
 
+/// A waiting permit acquire by `owner_id`.
+fn acquire_on(server: &RedisServer, keys: &LockKeys, owner_id: &str) -> AcquireReply {
+    call_on(
+        server,
+        keys,
+        &PermitAcquire {
+            owner_id,
+            mode: AcquireMode::Wait,
+            timings: &TIMINGS,
+            channel_prefix: CHANNEL_PREFIX,
+        },
+    )
+}
+
+/// A permit release by `owner_id`, remembered `remember_ms`.
+fn release_on(
+    server: &RedisServer,
+    keys: &LockKeys,
+    owner_id: &str,
+    remember_ms: u64,
+) -> PermitReleaseReply {
+    call_on(
+        server,
+        keys,
+        &PermitRelease {
+            owner_id,
+            timings: &TIMINGS,
+            channel_prefix: CHANNEL_PREFIX,
+            remember_ms,
+        },
+    )
+}
+
 /// What a permit set holds: holders and queue with their scores, the grants
 /// hash, the counter, and the members of `alive` (their scores are
 /// deadlines a resend may move, as a lock's resend rewrites `freed`).
@@ -590,30 +623,8 @@ fn a_permit_release_run_twice_answers_released_and_changes_nothing() {
         .to_owned()
     };
     let (first, second) = (owner(0), owner(1));
-    let acquire = |owner_id: &str| {
-        call_on(
-            &server,
-            &keys,
-            &PermitAcquire {
-                owner_id,
-                mode: AcquireMode::Wait,
-                timings: &TIMINGS,
-                channel_prefix: CHANNEL_PREFIX,
-            },
-        )
-    };
-    let release = |owner_id: &str| {
-        call_on(
-            &server,
-            &keys,
-            &PermitRelease {
-                owner_id,
-                timings: &TIMINGS,
-                channel_prefix: CHANNEL_PREFIX,
-                remember_ms: REMEMBER_MS,
-            },
-        )
-    };
+    let acquire = |owner_id: &str| acquire_on(&server, &keys, owner_id);
+    let release = |owner_id: &str| release_on(&server, &keys, owner_id, REMEMBER_MS);
     let nothing_more = PermitReleaseReply::Released {
         granted: Vec::new(),
         purged: Purged {
@@ -688,30 +699,8 @@ fn commands_per_permit_release() {
         .as_str()
         .to_owned()
     };
-    let acquire = |owner_id: &str| {
-        call_on(
-            &server,
-            &keys,
-            &PermitAcquire {
-                owner_id,
-                mode: AcquireMode::Wait,
-                timings: &TIMINGS,
-                channel_prefix: CHANNEL_PREFIX,
-            },
-        )
-    };
-    let release = |owner_id: &str| {
-        call_on(
-            &server,
-            &keys,
-            &PermitRelease {
-                owner_id,
-                timings: &TIMINGS,
-                channel_prefix: CHANNEL_PREFIX,
-                remember_ms: REMEMBER_MS,
-            },
-        )
-    };
+    let acquire = |owner_id: &str| acquire_on(&server, &keys, owner_id);
+    let release = |owner_id: &str| release_on(&server, &keys, owner_id, REMEMBER_MS);
     let measured = |owner_id: &str| {
         server.cmd(&["CONFIG", "RESETSTAT"]).expect("RESETSTAT");
         let reply = release(owner_id);
