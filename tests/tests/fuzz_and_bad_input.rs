@@ -1011,3 +1011,52 @@ async fn a_wrong_type_refusal_leaves_no_retries_behind() {
         "script calls in 10 heartbeat intervals after the refusal"
     );
 }
+
+/// `inspect` with its queue listed reads queue entries fairlock did not
+/// write (a member that is no owner id, or not UTF-8; a ticket of `+inf`)
+/// and processes with an endless deadline without failing: such entries
+/// are left out of the list (the next caller drops them), and the others
+/// are listed. Before, the whole call failed with `Error::Protocol`, whose
+/// message blamed mismatched scripts (and so did the CLI's `inspect` and
+/// `watch`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_lists_the_waiters_around_garbage_queue_entries() {
+    let server = server();
+    let client = client(&server).await;
+    let name = "garbage-queue";
+    let k = keys(name);
+    let waiter = format!("{}.00000000000000ee.1000", "0".repeat(32));
+    let endless = format!("{}.00000000000000ef.1000", "1".repeat(32));
+    for (score, member) in [
+        ("+inf", "garbage-inf"),
+        ("1", "a.b.c"),
+        ("2", waiter.as_str()),
+        ("3", endless.as_str()),
+        ("-inf", "negative"),
+    ] {
+        server
+            .cmd(&["ZADD", k.queue(), score, member])
+            .expect("ZADD");
+    }
+    server
+        .cmd(&[
+            "EVAL",
+            "redis.call('ZADD', KEYS[1], 4, string.char(255) .. '.ff.1000')",
+            "1",
+            k.queue(),
+        ])
+        .expect("EVAL");
+    server
+        .cmd(&["ZADD", k.alive(), "+inf", "00000000000000ef"])
+        .expect("ZADD");
+    let state = bounded("inspect", client.inspect_queue(name, 10))
+        .await
+        .unwrap_or_else(|e| panic!("inspect with garbage queued: {e}"));
+    assert_eq!(state.queue_len, 6);
+    let listed: Vec<(&str, u64)> = state
+        .waiters
+        .iter()
+        .map(|w| (w.owner_id.as_str(), w.ticket))
+        .collect();
+    assert_eq!(listed, [(waiter.as_str(), 2), (endless.as_str(), 3)]);
+}

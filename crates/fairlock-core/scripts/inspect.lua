@@ -29,10 +29,20 @@ if limit > 0 then
   local waiters = redis.call('ZRANGE', KEYS[2], 0, limit - 1, 'WITHSCORES')
   for i = 1, #waiters, 2 do
     local owner_id = waiters[i]
-    local deadline = redis.call('ZSCORE', KEYS[3], tag_of(owner_id) or '-')
-    reply[#reply + 1] = owner_id
-    reply[#reply + 1] = digits(tonumber(waiters[i + 1]))
-    reply[#reply + 1] = tonumber(deadline or '-1')
+    local ticket = tonumber(waiters[i + 1])
+    -- An entry fairlock did not write (a member that is no owner id, a
+    -- score that is no ticket) is left out: the next caller drops it.
+    -- Listed, it failed the whole reply's decoding.
+    if parse_owner_id(owner_id) and ticket and ticket >= 0 and ticket < 2 ^ 53 then
+      local deadline = tonumber(redis.call('ZSCORE', KEYS[3], tag_of(owner_id)) or '-1')
+      if not deadline or deadline < 0 or deadline >= 2 ^ 53 then
+        -- Not alive, or alive for ever (no heartbeat writes that).
+        deadline = -1
+      end
+      reply[#reply + 1] = owner_id
+      reply[#reply + 1] = digits(ticket)
+      reply[#reply + 1] = deadline
+    end
   end
 end
 return reply
