@@ -231,48 +231,42 @@ impl RedisConnection {
         // the whole command timeout: a call needing its script loaded
         // behind slow replies took three times it.
         let in_redis = Instant::now();
-        let calls = async {
-            loop {
-                let result = self
-                    .eval_once_loaded(self.lane(lane), script, &keys, &args)
-                    .instrument(span.clone())
-                    .await;
-                match result {
-                    Err(ref error)
-                        if resend
-                            && resendable(error)
-                            && !self.closing.load(Ordering::SeqCst)
-                            && in_redis.elapsed() + RESTART_PAUSE < self.command_timeout =>
-                    {
-                        tokio::time::sleep(RESTART_PAUSE).await;
-                    }
-                    result => break result,
+        let deadline = in_redis + self.command_timeout + SLACK;
+        let result = loop {
+            let result = self
+                .eval_once_loaded(self.lane(lane), script, &keys, &args, deadline)
+                .instrument(span.clone())
+                .await;
+            match result {
+                Err(ref error)
+                    if resend
+                        && resendable(error)
+                        && !self.closing.load(Ordering::SeqCst)
+                        && in_redis.elapsed() + RESTART_PAUSE < self.command_timeout =>
+                {
+                    tokio::time::sleep(RESTART_PAUSE).await;
                 }
+                result => break result,
             }
         };
-        let result = tokio::time::timeout(self.command_timeout + SLACK, calls)
-            .await
-            .unwrap_or_else(|_| {
-                Err(Error::Timeout {
-                    operation: script.name.to_owned(),
-                    timeout: self.command_timeout,
-                })
-            });
         if let Err(error) = &result {
             span.in_scope(|| telemetry::span_failed(error));
         }
         result
     }
 
+    /// One attempt, its script loaded first if Redis lacks it, every step
+    /// within `deadline`.
     async fn eval_once_loaded(
         &self,
         connection: &Client,
         script: ScriptSource<'_>,
         keys: &[Key],
         args: &[Value],
+        deadline: Instant,
     ) -> Result<Reply> {
         match self
-            .evalsha(connection, script.sha1, keys, args, script.name)
+            .evalsha(connection, script.sha1, keys, args, script.name, deadline)
             .await
         {
             Err(EvalError::NoScript) if self.clustered => {
@@ -284,14 +278,17 @@ impl RedisConnection {
                     keys.to_vec(),
                     args.to_vec(),
                 );
-                let value = self.bounded(script.name, Box::pin(call)).await?;
+                let value = self
+                    .bounded_until(deadline, script.name, Box::pin(call))
+                    .await?;
                 Ok(to_reply(value))
             }
             Err(EvalError::NoScript) => {
                 let load = connection.script_load::<String, _>(script.source.to_owned());
-                self.bounded("SCRIPT LOAD", Box::pin(load)).await?;
+                self.bounded_until(deadline, "SCRIPT LOAD", Box::pin(load))
+                    .await?;
                 match self
-                    .evalsha(connection, script.sha1, keys, args, script.name)
+                    .evalsha(connection, script.sha1, keys, args, script.name, deadline)
                     .await
                 {
                     Ok(reply) => Ok(reply),
@@ -311,11 +308,12 @@ impl RedisConnection {
         keys: &[Key],
         args: &[Value],
         name: &str,
+        deadline: Instant,
     ) -> std::result::Result<Reply, EvalError> {
         // Boxed, as in [`Self::bounded`].
         let call: FredCall<'_, Value> =
             Box::pin(connection.evalsha(sha, keys.to_vec(), args.to_vec()));
-        match tokio::time::timeout(self.command_timeout + SLACK, call).await {
+        match tokio::time::timeout_at(deadline.into(), call).await {
             Ok(Ok(value)) => Ok(to_reply(value)),
             Ok(Err(e)) if e.details().starts_with("NOSCRIPT") => Err(EvalError::NoScript),
             Ok(Err(e)) => Err(EvalError::Other(classify(&e, name, self.command_timeout))),
@@ -330,7 +328,19 @@ impl RedisConnection {
     /// a fred call's future is about 5 KB, and every wrapper that held it
     /// inline would be as large again (see [`FredCall`]).
     pub(super) async fn bounded<T>(&self, operation: &str, call: FredCall<'_, T>) -> Result<T> {
-        match tokio::time::timeout(self.command_timeout + SLACK, call).await {
+        let deadline = Instant::now() + self.command_timeout + SLACK;
+        self.bounded_until(deadline, operation, call).await
+    }
+
+    /// One fred call that ends by `deadline` (the command timeout and its
+    /// slack from when the call it is a step of began).
+    async fn bounded_until<T>(
+        &self,
+        deadline: Instant,
+        operation: &str,
+        call: FredCall<'_, T>,
+    ) -> Result<T> {
+        match tokio::time::timeout_at(deadline.into(), call).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(classify(&e, operation, self.command_timeout)),
             Err(_) => Err(Error::Timeout {
