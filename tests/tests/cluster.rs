@@ -254,15 +254,9 @@ async fn a_client_survives_an_ask_redirect_and_its_waiters_are_granted() {
     assert!(token > holder_token);
 }
 
-/// A lock held with nobody queued has its owner and seq keys but no queue:
-/// while its slot migrates and those keys are still on the source, the
-/// source answers a call with all the lock's keys `TRYAGAIN` (Redis 7: some
-/// keys there, some not), not `ASK`. fred 10.1 returns that as an error;
-/// the release is sent again until the migration is done and frees the
-/// lock. Before, it failed at once with that error and the lock stayed
-/// held for its whole lease (60 s here).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_that_meets_a_slot_migration_frees_the_lock() {
+/// A cluster, two clients, a lock name, its slot and a primary to migrate
+/// that slot to.
+async fn a_lock_to_migrate() -> (RedisCluster, [LockClient; 2], String, u16, String) {
     let cluster = RedisCluster::start().expect("cluster");
     let clients = [
         cluster_client(&cluster).await,
@@ -273,6 +267,31 @@ async fn a_release_that_meets_a_slot_migration_frees_the_lock() {
     let to = cluster
         .other_primary(&cluster.slot_owner(slot).expect("owner"))
         .expect("another primary");
+    (cluster, clients, name, slot, to)
+}
+
+/// After 300 ms, moves the slot's keys and ends the migration (calls sent
+/// meanwhile met it).
+async fn finish_the_migration_soon(cluster: &RedisCluster, slot: u16, from: &str, to: &str) {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster
+        .move_slot_keys(slot, from, to)
+        .expect("move the lock's keys");
+    cluster
+        .finish_slot_migration(slot, from, to)
+        .expect("finish migration");
+}
+
+/// A lock held with nobody queued has its owner and seq keys but no queue:
+/// while its slot migrates and those keys are still on the source, the
+/// source answers a call with all the lock's keys `TRYAGAIN` (Redis 7: some
+/// keys there, some not), not `ASK`. fred 10.1 returns that as an error;
+/// the release is sent again until the migration is done and frees the
+/// lock. Before, it failed at once with that error and the lock stayed
+/// held for its whole lease (60 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_meets_a_slot_migration_frees_the_lock() {
+    let (cluster, clients, name, slot, to) = a_lock_to_migrate().await;
     // A fixed lease longer than the test: only the release frees the lock.
     let holder = clients[0]
         .lock_with(&name, LockOptions::new().lease(Duration::from_secs(60)))
@@ -284,13 +303,7 @@ async fn a_release_that_meets_a_slot_migration_frees_the_lock() {
         .begin_slot_migration(slot, &to)
         .expect("begin migration");
     let release = tokio::spawn(holder.release());
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    cluster
-        .move_slot_keys(slot, &from, &to)
-        .expect("move the lock's keys");
-    cluster
-        .finish_slot_migration(slot, &from, &to)
-        .expect("finish migration");
+    finish_the_migration_soon(&cluster, slot, &from, &to).await;
     release
         .await
         .expect("task")
@@ -313,16 +326,7 @@ async fn a_release_that_meets_a_slot_migration_frees_the_lock() {
 /// again until the migration is done. Before, both failed at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_on_a_held_lock_are_sent_again_across_a_slot_migration() {
-    let cluster = RedisCluster::start().expect("cluster");
-    let clients = [
-        cluster_client(&cluster).await,
-        cluster_client(&cluster).await,
-    ];
-    let name = lock_names_on_every_primary(&cluster).remove(0);
-    let slot = lock_slot(&name);
-    let to = cluster
-        .other_primary(&cluster.slot_owner(slot).expect("owner"))
-        .expect("another primary");
+    let (cluster, clients, name, slot, to) = a_lock_to_migrate().await;
     let holder = Arc::new(
         clients[0]
             .lock_with(&name, LockOptions::new().lease(Duration::from_secs(60)))
@@ -341,13 +345,7 @@ async fn calls_on_a_held_lock_are_sent_again_across_a_slot_migration() {
         let (client, name) = (clients[1].clone(), name.clone());
         tokio::spawn(async move { client.try_lock(&name).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    cluster
-        .move_slot_keys(slot, &from, &to)
-        .expect("move the lock's keys");
-    cluster
-        .finish_slot_migration(slot, &from, &to)
-        .expect("finish migration");
+    finish_the_migration_soon(&cluster, slot, &from, &to).await;
     let (held, other) = (held.await.expect("task"), other.await.expect("task"));
     assert!(
         matches!((&held, &other), (Ok(true), Ok(None))),
