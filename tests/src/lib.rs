@@ -618,3 +618,33 @@ pub async fn queued_again_within_beats(
     })
     .await
 }
+
+/// Waits (bounded) until the queue at `queue` holds a member other than
+/// `known`: a newcomer has queued.
+pub async fn wait_for_a_newcomer(server: &RedisServer, queue: &str, known: &[&str]) {
+    within("the newcomer to queue", async {
+        while !queue_entries(server, queue)
+            .iter()
+            .any(|member| !known.contains(&member.as_str()))
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+/// The lost-entry tests' verdict: B (whose entry alone was removed) was
+/// queued again within 10 heartbeats (`back`), and with `tokens` of A, B
+/// and the newcomer C, granted after A and before C.
+pub fn assert_queued_again_before_the_newcomer(back: bool, tokens: [u64; 3]) {
+    let [a, b, c] = tokens;
+    let grants = format!("grants: A {a}, B {b}, C {c}");
+    assert!(
+        back,
+        "B was not queued again within 10 heartbeats of its process; {grants}"
+    );
+    assert!(
+        a < b && b < c,
+        "B came back before C arrived, so it goes before C; {grants}"
+    );
+}

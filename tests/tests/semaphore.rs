@@ -628,27 +628,11 @@ async fn a_permit_waiter_whose_entry_alone_was_lost_is_queued_again() {
     let back = queued_again_within_beats(&server, set.queue(), set.alive(), &b_id, &tag, 10).await;
     // A waiter of another process arrives after that.
     let c = spawn_permit_turn(&q);
-    within("the newcomer to queue", async {
-        while !queue_entries(&server, set.queue())
-            .iter()
-            .any(|m| *m != a_id && *m != b_id)
-        {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
+    wait_for_a_newcomer(&server, set.queue(), &[&a_id, &b_id]).await;
     holder.release().await.expect("release");
     let (a_got, a_token) = within("A", a).await.expect("A");
     let (b_got, b_token) = within("B", b).await.expect("B");
     let (_, c_token) = within("C", c).await.expect("C");
     assert_eq!((a_got, b_got), (a_id, b_id));
-    let grants = format!("grants: A {a_token}, B {b_token}, C {c_token}");
-    assert!(
-        back,
-        "B was not queued again within 10 heartbeats of its process; {grants}"
-    );
-    assert!(
-        a_token < b_token && b_token < c_token,
-        "B came back before C arrived, so it goes before C; {grants}"
-    );
+    assert_queued_again_before_the_newcomer(back, [a_token, b_token, c_token]);
 }
