@@ -204,6 +204,22 @@ async fn the_config_builder_checks_every_value_before_any_connection() {
                 .build(),
         ),
         (
+            // Accepted before: a heartbeat call slower than 10 ms cost
+            // every live waiter of the process its place.
+            "waiter TTL just over the heartbeat",
+            builder()
+                .heartbeat_interval(Duration::from_millis(4_990))
+                .waiter_timeout(Duration::from_secs(5))
+                .build(),
+        ),
+        (
+            "waiter TTL under twice the heartbeat",
+            builder()
+                .heartbeat_interval(Duration::from_millis(2_600))
+                .waiter_timeout(Duration::from_secs(5))
+                .build(),
+        ),
+        (
             "a lease of days (a unit mistake)",
             builder()
                 .watchdog_lease(Duration::from_secs(90_000))

@@ -185,7 +185,8 @@ pub struct ClientConfig {
     /// also moves to the primary fred reached after a fail-over at the
     /// next such check.
     pub heartbeat_interval: Duration,
-    /// A waiter without a heartbeat for this long is dead and skipped.
+    /// A waiter without a heartbeat for this long is dead and skipped. At
+    /// least twice the heartbeat interval (three times or more is safe).
     pub waiter_timeout: Duration,
     /// Lease of watchdog-kept locks. The watchdog ticks every heartbeat
     /// interval, or every third of the lease if that is shorter, and renews
@@ -299,9 +300,13 @@ impl ClientConfig {
                 "max_in_flight {calls} is out of range: give 1 to {MAX_IN_FLIGHT_LIMIT} script calls per connection, or leave it None for no bound"
             )));
         }
-        if self.heartbeat_interval >= self.waiter_timeout {
+        // Half the waiter timeout is left for a heartbeat call to take:
+        // an interval just under the timeout was accepted, and a heartbeat
+        // a little slow then cost every live waiter of the process its
+        // place.
+        if self.heartbeat_interval * 2 > self.waiter_timeout {
             return Err(Error::InvalidOptions(format!(
-                "heartbeat interval {:?} must be shorter than the waiter timeout {:?} (a third of it or less is safe), or live waiters would be evicted",
+                "heartbeat interval {:?} must be at most half the waiter timeout {:?} (a third of it or less is safe), or a slow heartbeat would evict live waiters",
                 self.heartbeat_interval, self.waiter_timeout
             )));
         }
