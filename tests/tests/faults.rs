@@ -499,8 +499,8 @@ async fn a_grant_connection_opened_again_on_a_replica_does_not_subscribe_there()
 /// `EVALSHA`; each was once given the whole command timeout, so with every
 /// reply held back 0.9 s behind a 1 s command timeout a `try_lock` took
 /// 2.7 s (and succeeded). Now it ends with `Error::Timeout` at the
-/// command timeout and its 250 ms slack; checked against twice the
-/// timeout, between the two.
+/// command timeout and its 250 ms slack, before the second reply: the
+/// outcome tells the two apart, with no clock read in the test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_that_must_load_its_script_stays_within_the_command_timeout() {
     let server = server();
@@ -511,15 +511,12 @@ async fn a_call_that_must_load_its_script_stays_within_the_command_timeout() {
     let client = LockClient::with_config(config).await.expect("connect");
     server.cmd(&["SCRIPT", "FLUSH"]).expect("SCRIPT FLUSH");
     proxy.delay_replies(Duration::from_millis(900));
-    let started = std::time::Instant::now();
     let result = within("a try_lock behind slow replies", client.try_lock("slow")).await;
-    let took = started.elapsed();
     assert!(
         matches!(result, Err(fairlock::Error::Timeout { .. })),
-        "{:?} after {took:?}",
+        "{:?}",
         result.map(|guard| guard.is_some())
     );
-    assert!(took < Duration::from_secs(2), "took {took:?}");
     proxy.delay_replies(Duration::ZERO);
     client.shutdown().await;
 }
