@@ -126,6 +126,14 @@ async fn a_key_of_another_type_is_a_typed_error_and_stays_untouched() {
                 matches!(result, Err(Error::WrongType(_))),
                 "{role}: {result:?}"
             );
+            // Said once (the script's message and the error's advice
+            // once both said it).
+            let text = result.map_or_else(|e| e.to_string(), |()| String::new());
+            assert_eq!(
+                text.matches("another program uses this key").count(),
+                1,
+                "{role}: {text}"
+            );
         }
         assert_eq!(
             dump(&server),

@@ -41,7 +41,7 @@ local function wrong_type(key, drawn)
     restore_seq(drawn[1])
   end
   return redis.error_reply('WRONGTYPE fairlock key ' .. key ..
-    ' holds a value of another type; another program uses this key')
+    ' holds a value of another type')
 end
 
 -- The caller already owns the lock (a resend of the call that was

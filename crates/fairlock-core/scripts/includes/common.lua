@@ -103,7 +103,7 @@ end
 
 local function foreign_owner_error()
   return redis.error_reply('WRONGTYPE fairlock key ' .. K[1] ..
-    ' holds a value fairlock did not write; another program uses this key')
+    ' holds a value fairlock did not write')
 end
 
 -- The next number of the lock's sequence, shared by fencing tokens and

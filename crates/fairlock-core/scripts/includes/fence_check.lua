@@ -32,7 +32,7 @@ local function fence_check()
     local t, h = string.match(stored, '^(%d+) (%S+)$')
     if not t or #t > 18 then
       return redis.error_reply('WRONGTYPE fairlock fence key ' .. KEYS[1] ..
-        ' holds a value fairlock did not write (not "<token> <holder>"); another program uses this key')
+        ' holds a value fairlock did not write (not "<token> <holder>")')
     end
     newest, holder = tonumber(t), h
   end

@@ -65,7 +65,7 @@ local function read_key(i, command, ...)
   if type(reply) == 'table' and reply.err then
     if string.sub(reply.err, 1, 9) == 'WRONGTYPE' then
       error({err = 'WRONGTYPE fairlock key ' .. KEYS[i] ..
-        ' holds a value of another type; another program uses this key'})
+        ' holds a value of another type'})
     end
     error(reply)
   end
