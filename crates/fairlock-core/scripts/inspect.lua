@@ -33,7 +33,7 @@ if limit > 0 then
     -- An entry fairlock did not write (a member that is no owner id, a
     -- score that is no ticket) is left out: the next caller drops it.
     -- Listed, it failed the whole reply's decoding.
-    if parse_owner_id(owner_id) and ticket and ticket >= 0 and ticket < 2 ^ 53 then
+    if parse_owner_id(owner_id) and ticket and ticket >= 0 and ticket < 2 ^ 64 then
       local deadline = tonumber(redis.call('ZSCORE', KEYS[3], tag_of(owner_id)) or '-1')
       if not deadline or deadline < 0 or deadline >= 2 ^ 53 then
         -- Not alive, or alive for ever (no heartbeat writes that).
