@@ -110,6 +110,13 @@ fn batch<'a>(timings: &'a Timings, items: Vec<HeartbeatItem<'a>>) -> HeartbeatBa
     }
 }
 
+/// Runs `call` on `server` and reads its reply, lock by lock.
+fn beat(server: &RedisServer, call: &HeartbeatBatch<'_>) -> Vec<HeartbeatReply> {
+    let reply = run_script(server, HeartbeatBatch::script(), &call.keys(), &call.args())
+        .expect("heartbeat script");
+    call.decode(reply).expect("a reply the batch reads")
+}
+
 /// The held lock with `ours` (our waiter) as probes, then the free lock,
 /// no probe.
 fn held_and_free<'a>(locks: &'a Locks, ours: &'a [&'a str]) -> Vec<HeartbeatItem<'a>> {
@@ -138,14 +145,7 @@ fn one_call_answers_every_lock_as_its_own_heartbeat_would() {
     });
     let call = batch(&timings, items);
     let before = server_ms(&locks.server);
-    let reply = run_script(
-        &locks.server,
-        HeartbeatBatch::script(),
-        &call.keys(),
-        &call.args(),
-    )
-    .unwrap();
-    let replies = call.decode(reply).unwrap();
+    let replies = beat(&locks.server, &call);
     let none = Purged {
         dropped: 0,
         more: false,
@@ -289,14 +289,7 @@ fn each_probe_of_a_lock_is_answered_on_its_own() {
         ],
     );
     let before = server_ms(&locks.server);
-    let reply = run_script(
-        &locks.server,
-        HeartbeatBatch::script(),
-        &call.keys(),
-        &call.args(),
-    )
-    .unwrap();
-    let replies = call.decode(reply).unwrap();
+    let replies = beat(&locks.server, &call);
     let queued = replies[0].queued;
     assert_eq!(
         (queued.get(0), queued.get(1), queued.get(2)),
