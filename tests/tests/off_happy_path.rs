@@ -225,7 +225,7 @@ async fn a_resent_acquire_of_an_unheard_grant_sets_the_waiters_own_lease() {
     const WAITER: &str = "bb000000000000000000000000000000.00000000000000b2.60000";
     let name = "resent";
     let holder_token = match raw(&server, name, &waiting_acquire(HOLDER, &timings)) {
-        AcquireReply::Granted { token } => token,
+        AcquireReply::Granted { token, .. } => token,
         other => panic!("{other:?}"),
     };
     assert!(matches!(
@@ -252,7 +252,7 @@ async fn a_resent_acquire_of_an_unheard_grant_sets_the_waiters_own_lease() {
         "an unheard grant's lease is the waiter TTL: {cut} ms"
     );
     match raw(&server, name, &waiting_acquire(WAITER, &timings)) {
-        AcquireReply::Granted { token } => assert!(token > holder_token),
+        AcquireReply::Granted { token, .. } => assert!(token > holder_token),
         other => panic!("the resend answers the grant: {other:?}"),
     }
     let left = pttl(&server, keys(name).owner());

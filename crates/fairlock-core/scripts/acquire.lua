@@ -11,6 +11,8 @@
 --
 -- Replies:
 --   {1, token}                            granted to the caller
+--   {1, token, dropped, 0}                granted after dropping dead waiters
+--                                         (a lock grant leaves none to purge)
 --   {2, ticket, position, dropped, more}  queued: waiters ahead of the caller
 --   {3, dropped, more}                    busy (mode "try" only)
 --   dropped: dead waiters removed on the way; more: 1 if dead waiters are
@@ -82,6 +84,15 @@ local function enqueue(now, now_str, ticket, ticket_str, drawn, ahead, queue_was
   return ticket, ahead
 end
 
+-- The caller's grant, made past `dropped` dead waiters (counted only if
+-- there were any: the usual grant stays two numbers).
+local function granted_after(token, dropped)
+  if dropped == 0 then
+    return {1, token}
+  end
+  return {1, token, dropped, 0}
+end
+
 local waiting = redis.call('ZCARD', KEYS[2])
 if waiting == 0 then
   -- Nobody waits: take the lock unless it is held.
@@ -141,14 +152,14 @@ if not held then
       -- caller learns of it from this reply, so it keeps its own lease.
       redis.call('PEXPIRE', KEYS[1], lease_str)
     end
-    return {1, head_token}
+    return granted_after(head_token, dropped)
   end
   if not head then
     waiting = redis.call('ZCARD', KEYS[2])
     if waiting == 0 then
       -- Only dead waiters were queued: the lock is the caller's.
       local now, now_str = now_us()
-      return {1, (grant(now, owner_id, idle_ms, lease_str, now_str))}
+      return granted_after((grant(now, owner_id, idle_ms, lease_str, now_str)), dropped)
     end
   else
     waiting = waiting - dropped - 1

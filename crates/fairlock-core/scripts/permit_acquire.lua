@@ -14,6 +14,8 @@
 --
 -- Replies (as acquire.lua's):
 --   {1, token}                            granted to the caller
+--   {1, token, dropped, more}             granted after dropping dead
+--                                         waiters (more: some are left)
 --   {2, ticket, position, dropped, more}  queued: entries ahead of the caller
 --   {3, dropped, more}                    busy (mode "try" only)
 --
@@ -38,12 +40,21 @@ local stored = read_key(5, 'HGET', 'limit')
 local now = now_us()
 local now_ms = math.floor(now / 1000)
 
+-- The grant reply; what a purge on the way did, only if it did something
+-- (an uncontended grant stays two numbers).
+local function granted_reply(token, dropped, flags)
+  if dropped == 0 and flags == 0 then
+    return {1, token}
+  end
+  return {1, token, dropped, flags}
+end
+
 -- The caller holds, with its own lease from now.
-local function holding(token)
+local function holding(token, dropped, flags)
   redis.call('ZADD', KEYS[1], 'XX', now_ms + lease_ms, owner_id)
   keep_for(KEYS[1], lease_ms)
   keep_for(KEYS[5], lease_ms)
-  return {1, token}
+  return granted_reply(token, dropped or 0, flags or 0)
 end
 
 if held and tonumber(held) > now_ms then
@@ -66,7 +77,7 @@ local flags = more and 1 or 0
 if ticket then
   for i = 1, #granted, 3 do
     if granted[i] == owner_id then
-      return holding(granted[i + 1])
+      return holding(granted[i + 1], dropped, flags)
     end
   end
   if redis.call('ZSCORE', KEYS[2], owner_id) then
@@ -82,7 +93,7 @@ end
 
 local waiting = redis.call('ZCARD', KEYS[2])
 if waiting == 0 and fits(permits, permits) then
-  return {1, grant_permit(now, owner_id, lease_ms, idle_ms)}
+  return granted_reply(grant_permit(now, owner_id, lease_ms, idle_ms), dropped, flags)
 end
 if ARGV[2] == 'try' then
   return {3, dropped, flags}

@@ -153,7 +153,13 @@ pub struct Purged {
 }
 
 impl Purged {
-    fn read(f: &mut Fields) -> Result<Self, ProtocolError> {
+    /// The purge fields a grant reply carries only when it purged: an
+    /// uncontended grant is `{1, token}`, so the hot path sends no more.
+    pub(crate) fn read_if_sent(f: &mut Fields) -> Self {
+        f.optional(Self::read).unwrap_or_default()
+    }
+
+    pub(crate) fn read(f: &mut Fields) -> Result<Self, ProtocolError> {
         Ok(Self {
             dropped: f.uint()?,
             more: f.int()? == 1,
@@ -168,6 +174,11 @@ pub enum AcquireReply {
     Granted {
         /// Fencing token of this grant.
         token: u64,
+        /// Dead waiters this call removed before granting the caller (it
+        /// headed the queue behind them), and whether more are left: for
+        /// a permit set, waiters that would fit a permit still free may
+        /// wait behind them.
+        purged: Purged,
     },
     /// The caller waits in the queue.
     Queued {
@@ -207,7 +218,10 @@ impl ScriptCall for Acquire<'_> {
     fn decode(reply: Reply) -> Result<AcquireReply, ProtocolError> {
         let mut f = Fields::new(ACQUIRE.name(), reply)?;
         match f.int()? {
-            1 => Ok(AcquireReply::Granted { token: f.uint()? }),
+            1 => Ok(AcquireReply::Granted {
+                token: f.uint()?,
+                purged: Purged::read_if_sent(&mut f),
+            }),
             2 => Ok(AcquireReply::Queued {
                 ticket: f.uint()?,
                 position: f.uint()?,

@@ -16,7 +16,10 @@
 //! connection; anything that can be checked without Redis is checked here.
 //!
 //! ```
-//! use fairlock_core::{Acquire, AcquireMode, AcquireReply, KeyPrefix, LockKeys, LockName, OwnerId, Reply, ScriptCall, Timings};
+//! use fairlock_core::{
+//!     Acquire, AcquireMode, AcquireReply, KeyPrefix, LockKeys, LockName, OwnerId, Purged, Reply,
+//!     ScriptCall, Timings,
+//! };
 //!
 //! let keys = LockKeys::new(&KeyPrefix::default(), &LockName::new("orders:42")?);
 //! assert_eq!(keys.owner(), "fairlock:{orders:42}:owner");
@@ -30,7 +33,10 @@
 //! };
 //! assert_eq!(call.args()[0], owner_id.as_str());
 //! let granted = Acquire::decode(Reply::Array(vec![Reply::Int(1), Reply::Int(7)]))?;
-//! assert_eq!(granted, AcquireReply::Granted { token: 7 });
+//! assert_eq!(
+//!     granted,
+//!     AcquireReply::Granted { token: 7, purged: Purged::default() }
+//! );
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![deny(missing_docs)]

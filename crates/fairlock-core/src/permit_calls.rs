@@ -65,13 +65,6 @@ impl PermitOwnerId {
     }
 }
 
-fn purged(f: &mut Fields) -> Result<Purged, ProtocolError> {
-    Ok(Purged {
-        dropped: f.uint()?,
-        more: f.int()? == 1,
-    })
-}
-
 /// `permit_acquire.lua`.
 #[derive(Debug, Clone)]
 pub struct PermitAcquire<'a> {
@@ -107,14 +100,17 @@ impl crate::ScriptCall for PermitAcquire<'_> {
     fn decode(reply: Reply) -> Result<AcquireReply, ProtocolError> {
         let mut f = Fields::new(PERMIT_ACQUIRE.name(), reply)?;
         match f.int()? {
-            1 => Ok(AcquireReply::Granted { token: f.uint()? }),
+            1 => Ok(AcquireReply::Granted {
+                token: f.uint()?,
+                purged: Purged::read_if_sent(&mut f),
+            }),
             2 => Ok(AcquireReply::Queued {
                 ticket: f.uint()?,
                 position: f.uint()?,
-                purged: purged(&mut f)?,
+                purged: Purged::read(&mut f)?,
             }),
             3 => Ok(AcquireReply::Busy {
-                purged: purged(&mut f)?,
+                purged: Purged::read(&mut f)?,
             }),
             other => Err(f.unknown_status(other)),
         }
@@ -174,7 +170,7 @@ impl crate::ScriptCall for PermitRelease<'_> {
         let mut f = Fields::new(PERMIT_RELEASE.name(), reply)?;
         match f.int()? {
             1 => {
-                let purged = purged(&mut f)?;
+                let purged = Purged::read(&mut f)?;
                 let mut granted = Vec::with_capacity(f.remaining() / 3);
                 while f.remaining() >= 3 {
                     let owner_id = f.string()?;
@@ -223,7 +219,7 @@ impl crate::ScriptCall for PermitCancel<'_> {
         Ok(CancelReply {
             was_queued: f.int()? == 1,
             was_owner: f.int()? == 1,
-            purged: purged(&mut f)?,
+            purged: Purged::read(&mut f)?,
         })
     }
 }
@@ -286,7 +282,7 @@ impl crate::ScriptCall for PermitHeartbeat<'_> {
         let mut f = Fields::new(PERMIT_HEARTBEAT.name(), reply)?;
         Ok(PermitHeartbeatReply {
             queued: ProbeFlags::read(&mut f)?,
-            purged: purged(&mut f)?,
+            purged: Purged::read(&mut f)?,
             holds: ProbeFlags::read(&mut f)?,
             unheard: ProbeFlags::read(&mut f)?,
         })

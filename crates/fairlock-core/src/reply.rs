@@ -127,6 +127,23 @@ impl Fields {
         }
     }
 
+    /// Reads optional trailing fields with `read`; if they are missing or
+    /// are not what `read` expects (fields a later script version added),
+    /// `None`, with nothing consumed.
+    pub(crate) fn optional<T>(
+        &mut self,
+        read: impl FnOnce(&mut Self) -> Result<T, ProtocolError>,
+    ) -> Option<T> {
+        let before = self.items.clone();
+        match read(self) {
+            Ok(value) => Some(value),
+            Err(_) => {
+                self.items = before;
+                None
+            }
+        }
+    }
+
     pub(crate) fn next(&mut self) -> Option<Reply> {
         self.items.next()
     }

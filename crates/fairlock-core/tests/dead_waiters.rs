@@ -69,7 +69,7 @@ struct Crowd {
 const DEAD_TAG: &str = "000000000000dead";
 const LIVE_TAG: &str = "00000000000000a1";
 
-fn crowd(with_holder: bool) -> Crowd {
+fn crowd(with_holder: bool, dead: u64) -> Crowd {
     let server = RedisServer::start().unwrap();
     load_scripts(&server);
     let keys = LockKeys::new(&KeyPrefix::default(), &LockName::new("crowd").unwrap());
@@ -80,7 +80,8 @@ fn crowd(with_holder: bool) -> Crowd {
         .as_str()
         .to_owned();
     let key_refs: Vec<&str> = keys.all().iter().map(String::as_str).collect();
-    let dead = DEAD.to_string();
+    let dead_count = dead;
+    let dead = dead.to_string();
     let owner = if with_holder { holder.as_str() } else { "" };
     let queued = eval(
         &server,
@@ -88,7 +89,7 @@ fn crowd(with_holder: bool) -> Crowd {
         &key_refs,
         &[&dead, DEAD_TAG, LIVE_TAG, &live_waiter, owner],
     );
-    assert_eq!(queued, Reply::Int(DEAD as i64 + 1));
+    assert_eq!(queued, Reply::Int(dead_count as i64 + 1));
     Crowd {
         _listener: Subscriber::psubscribe(&server.addr(), &format!("{CHANNEL_PREFIX}{LIVE_TAG}")),
         server,
@@ -182,7 +183,7 @@ fn assert_granted_to_live_waiter(crowd: &Crowd) {
 /// purge calls then grant the live waiter behind them, with its own lease.
 #[test]
 fn release_is_bounded_behind_ten_thousand_dead_waiters() {
-    let crowd = crowd(true);
+    let crowd = crowd(true, DEAD);
     let key_refs: Vec<&str> = crowd.keys.all().iter().map(String::as_str).collect();
     let timings = timings();
     let release = Release {
@@ -219,7 +220,7 @@ fn release_is_bounded_behind_ten_thousand_dead_waiters() {
 /// grant that waiter.
 #[test]
 fn acquire_is_bounded_behind_ten_thousand_dead_waiters() {
-    let crowd = crowd(false);
+    let crowd = crowd(false, DEAD);
     let key_refs: Vec<&str> = crowd.keys.all().iter().map(String::as_str).collect();
     let timings = timings();
     let newcomer = OwnerId::new(&"d".repeat(32), LIVE_TAG, 30_000);
@@ -251,5 +252,37 @@ fn acquire_is_bounded_behind_ten_thousand_dead_waiters() {
     );
     let (_, dropped) = purge_until_granted(&crowd);
     assert_eq!(SCANNED_PER_CALL + dropped, DEAD);
+    assert_granted_to_live_waiter(&crowd);
+}
+
+/// The live waiter behind a few dead ones asks again (a re-check: its
+/// grant message was missed) after the holder's lease ran out: its own
+/// acquire purges the dead waiters and grants it. The reply counts them,
+/// as every other reply that purges does, for `fairlock_waiters_evicted`.
+/// Before the fix the grant reply was `{1, token}` alone.
+#[test]
+fn an_acquire_granted_past_dead_waiters_counts_them() {
+    const FEW: u64 = 5;
+    let crowd = crowd(false, FEW);
+    let key_refs: Vec<&str> = crowd.keys.all().iter().map(String::as_str).collect();
+    let timings = timings();
+    let acquire = Acquire {
+        owner_id: &crowd.live_waiter,
+        mode: AcquireMode::Wait,
+        timings: &timings,
+        channel_prefix: CHANNEL_PREFIX,
+    };
+    let reply = run_script(&crowd.server, Acquire::SCRIPT, &key_refs, &acquire.args()).unwrap();
+    let AcquireReply::Granted { token, purged } = Acquire::decode(reply).unwrap() else {
+        panic!("the oldest live waiter is granted");
+    };
+    assert!(token > FEW + 2, "token {token} above every ticket");
+    assert_eq!(
+        purged,
+        Purged {
+            dropped: FEW,
+            more: false
+        }
+    );
     assert_granted_to_live_waiter(&crowd);
 }

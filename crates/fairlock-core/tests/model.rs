@@ -557,14 +557,19 @@ impl Model {
         if self.state.owner.is_none() {
             let (head, token);
             (head, token, dropped, more) = self.grant_next();
+            // A grant past dead waiters counts them.
+            let granted = |token| match dropped {
+                0 => Reply::Array(vec![int(1), int(token)]),
+                _ => Reply::Array(vec![int(1), int(token), int(dropped), int(0)]),
+            };
             if head.as_deref() == Some(owner_id) {
-                return Reply::Array(vec![int(1), int(token)]);
+                return granted(token);
             }
             if head.is_none() && self.state.queue.is_empty() {
                 // Only dead waiters were queued: no live one is older.
                 let token = self.draw();
                 self.grant_with(owner_id, token);
-                return Reply::Array(vec![int(1), int(token)]);
+                return granted(token);
             }
         }
         if mode == AcquireMode::Try {
@@ -1387,7 +1392,10 @@ impl<'a> Case<'a> {
             let first = Acquire::decode(first.clone()).map_err(|e| e.to_string())?;
             let second = Acquire::decode(second.clone()).map_err(|e| e.to_string())?;
             let same_answer = match (first, second) {
-                (AcquireReply::Granted { token: a }, AcquireReply::Granted { token: b }) => a == b,
+                (
+                    AcquireReply::Granted { token: a, .. },
+                    AcquireReply::Granted { token: b, .. },
+                ) => a == b,
                 (
                     AcquireReply::Queued { ticket: a, .. },
                     AcquireReply::Queued { ticket: b, .. },

@@ -361,7 +361,11 @@ impl Case<'_> {
         let model = &mut self.model;
         if let Some(&token) = model.holders.get(&who) {
             return check(
-                reply == AcquireReply::Granted { token },
+                reply
+                    == AcquireReply::Granted {
+                        token,
+                        purged: Purged::default(),
+                    },
                 format!("holder {who} asking again: {reply:?}"),
             );
         }
@@ -380,7 +384,7 @@ impl Case<'_> {
             if granted.contains(&who) {
                 let token = model.holders[&who];
                 return check(
-                    reply == AcquireReply::Granted { token },
+                    reply == AcquireReply::Granted { token, purged },
                     format!("queued {who} granted: {reply:?}"),
                 );
             }
@@ -401,7 +405,7 @@ impl Case<'_> {
         }
         if model.queue.is_empty() && model.fits(who) {
             return match reply {
-                AcquireReply::Granted { .. } => {
+                AcquireReply::Granted { purged: p, .. } if p == purged => {
                     self.model.holders.insert(who, 0);
                     self.bind_new_grants(&[who])
                 }
@@ -580,20 +584,30 @@ fn release_on(
 }
 
 /// What a permit set holds: holders and queue with their scores, the grants
-/// hash, the counter, and the members of `alive` (their scores are
-/// deadlines a resend may move, as a lock's resend rewrites `freed`).
+/// hash, the counter, and the members of `alive` in name order (their
+/// scores are deadlines a resend may move, as a lock's resend rewrites
+/// `freed`, and a moved deadline can change their order by score).
 fn permit_set_state(server: &RedisServer, keys: &LockKeys) -> Vec<String> {
     let [holders, queue, alive, seq, grants] = keys.all();
-    [
+    let mut state: Vec<String> = [
         server.cmd(&["ZRANGE", holders, "0", "-1", "WITHSCORES"]),
         server.cmd(&["ZRANGE", queue, "0", "-1", "WITHSCORES"]),
-        server.cmd(&["ZRANGE", alive, "0", "-1"]),
         server.cmd(&["GET", seq]),
         server.cmd(&["HGETALL", grants]),
     ]
     .into_iter()
     .map(|resp| format!("{:?}", resp.expect("read")))
-    .collect()
+    .collect();
+    let alive = server.cmd(&["ZRANGE", alive, "0", "-1"]).expect("read");
+    let mut members: Vec<&str> = alive
+        .as_array()
+        .expect("an array")
+        .iter()
+        .filter_map(Resp::as_str)
+        .collect();
+    members.sort_unstable();
+    state.push(members.join(","));
+    state
 }
 
 /// A permit release can reach Redis twice: fred and fairlock's own call
@@ -785,4 +799,89 @@ fn a_foreign_key_fails_a_permit_script_and_changes_nothing() {
         let left = server.cmd(&["DBSIZE"]).expect("DBSIZE").as_int();
         assert_eq!(left, Some(1), "only the foreign key is left ({key})");
     }
+}
+
+/// A queued permit waiter asks again (a re-check: its grant message was
+/// missed) once both holders' leases ran out. Its own acquire grants it and
+/// then drops dead waiters until its scan ends, with a permit still free
+/// for the live waiter behind them. The reply must say dead waiters are
+/// left, so the client goes on purging at once instead of leaving that
+/// waiter for the next heartbeat. Before the fix the grant reply was
+/// `{1, token}` alone: dropped count and "more" were lost.
+#[test]
+fn a_permit_grant_that_leaves_dead_waiters_says_so() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let keys = LockKeys::permits(
+        &KeyPrefix::default(),
+        &LockName::new("purged").expect("name"),
+        PermitFamily::Semaphore,
+    );
+    let [holders, queue, alive, _, _] = keys.all();
+    let owner = |nonce: usize, process: usize| {
+        PermitOwnerId::new(
+            &format!("{:032x}", nonce + 1),
+            &tag(process),
+            LEASE_MS,
+            PermitRequest::Shared(2),
+        )
+        .as_str()
+        .to_owned()
+    };
+    let (first, second, caller) = (owner(0, 0), owner(1, 0), owner(2, 1));
+    assert!(matches!(
+        acquire_on(&server, &keys, &first),
+        AcquireReply::Granted { .. }
+    ));
+    assert!(matches!(
+        acquire_on(&server, &keys, &second),
+        AcquireReply::Granted { .. }
+    ));
+    let AcquireReply::Queued { ticket, .. } = acquire_on(&server, &keys, &caller) else {
+        panic!("both permits are held: the caller queues");
+    };
+
+    // Behind the caller: 127 waiters of a dead process (the caller and
+    // they fill one call's scan of 128 entries), then a live waiter.
+    let dead_process = 2;
+    let scanned = 128;
+    let mut entries = vec!["ZADD".to_owned(), queue.clone()];
+    for i in 1..scanned {
+        entries.push((ticket + i as u64).to_string());
+        entries.push(owner(100 + i, dead_process));
+    }
+    let live = owner(999, 0);
+    entries.push((ticket + scanned as u64).to_string());
+    entries.push(live.clone());
+    let entries: Vec<&str> = entries.iter().map(String::as_str).collect();
+    server.cmd(&entries).expect("queue the crowd");
+    server
+        .cmd(&["ZADD", alive, "1", &tag(dead_process)])
+        .expect("the dead process");
+    // Both holders' leases run out.
+    for holder in [&first, &second] {
+        server
+            .cmd(&["ZADD", holders, "XX", "1", holder])
+            .expect("expire a holder");
+    }
+
+    let AcquireReply::Granted { purged, .. } = acquire_on(&server, &keys, &caller) else {
+        panic!("the caller heads the queue and a permit is free");
+    };
+    assert_eq!(
+        purged,
+        Purged {
+            dropped: scanned as u64 - 1,
+            more: true
+        },
+        "the live waiter behind the dead ones still waits for a free permit"
+    );
+    let queued = server.cmd(&["ZRANGE", queue, "0", "-1"]).expect("queue");
+    let queued: Vec<&str> = queued
+        .as_array()
+        .expect("an array")
+        .iter()
+        .filter_map(Resp::as_str)
+        .collect();
+    assert_eq!(queued, [live.as_str()], "only the live waiter is left");
 }

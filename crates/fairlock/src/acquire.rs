@@ -219,11 +219,15 @@ async fn acquire_validated(
                 Err(error) => return Err(pending.failed(error)),
             };
             match reply {
-                AcquireReply::Granted { token } => {
+                AcquireReply::Granted { token, purged } => {
                     // As for a handed-over grant below.
                     state
                         .check_open()
                         .map_err(|closed| pending.failed(closed))?;
+                    // A grant past dead waiters: count them, and go on
+                    // purging if more are left (a permit may be free for
+                    // a live waiter behind them).
+                    state.after_purge(&keys, purged);
                     telemetry.granted(token);
                     Answer::Granted(pending.granted(name, grant(token, ticket, sent_at)), mark)
                 }
