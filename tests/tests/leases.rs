@@ -652,3 +652,91 @@ async fn a_revocation_of_an_earlier_grant_does_not_mark_the_next_lost() {
     );
     guard.release().await.expect("release");
 }
+
+/// A grant handed over from the queue to a process that then stalls (a
+/// blocked runtime) for longer than the fixed lease the waiter asked for:
+/// Redis ends that lease while the grant waits in the socket, unread. The
+/// guard the process finally gets must know its lease is over, from the
+/// moment Redis drew the grant's token, not count a whole lease from when
+/// the stalled task took it. Before the fix `is_lost()` answered false,
+/// with the key long gone from Redis, until the watchdog's next check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_taken_after_its_lease_ran_out_in_redis_is_lost_at_once() {
+    const LEASE: Duration = Duration::from_millis(300);
+    let server = server();
+    let keys = fairlock_core::LockKeys::new(
+        &fairlock_core::KeyPrefix::default(),
+        &fairlock_core::LockName::new("stalled-taker").expect("name"),
+    );
+    let owner_key = keys.owner().to_owned();
+    let holder_client = client(&server).await;
+    let holder = holder_client.lock("stalled-taker").await.expect("holder");
+    // No heartbeat or watchdog check while the test runs: it would find
+    // the grant gone and queue again, which is right but not this case.
+    let mut config = fast_config(&server);
+    config.heartbeat_interval = Duration::from_secs(30);
+    config.waiter_timeout = Duration::from_secs(60);
+    let (queued_tx, queued_rx) = std::sync::mpsc::channel::<()>();
+    let (unblock_tx, unblock_rx) = std::sync::mpsc::channel::<()>();
+    let waiter = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async move {
+            let client = LockClient::with_config(config).await.expect("client");
+            let task = {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    client
+                        .lock_with("stalled-taker", LockOptions::new().lease(LEASE))
+                        .await
+                })
+            };
+            while client
+                .inspect("stalled-taker")
+                .await
+                .expect("inspect")
+                .queue_len
+                < 1
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let _ = queued_tx.send(());
+            // Blocks the runtime's only thread: the grant waits unread.
+            let _ = unblock_rx.recv();
+            let guard = task.await.expect("task").expect("granted");
+            let lost = guard.is_lost();
+            drop(guard);
+            client.shutdown().await;
+            lost
+        })
+    });
+    queued_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the waiter queued");
+    holder.release().await.expect("release");
+    // The handoff made the waiter the owner with its 300 ms lease; wait
+    // until Redis has ended it.
+    let handed_on = server.cmd(&["GET", &owner_key]).expect("GET");
+    assert!(
+        handed_on.as_str().is_some(),
+        "the release handed the lock to the waiter"
+    );
+    while server
+        .cmd(&["EXISTS", &owner_key])
+        .expect("EXISTS")
+        .as_int()
+        != Some(0)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    unblock_tx.send(()).expect("unblock");
+    let lost = tokio::task::spawn_blocking(move || waiter.join().expect("waiter thread"))
+        .await
+        .expect("join");
+    assert!(
+        lost,
+        "a guard whose lease Redis ended before the process took it is not marked lost"
+    );
+}

@@ -21,7 +21,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
@@ -163,6 +163,10 @@ async fn acquire_validated(
         .filter(|_| mode == Mode::Wait)
         .map(|timeout| Box::pin(tokio::time::sleep_until((started + timeout).into())));
     let mut ticket = None;
+    // When the call that drew the current ticket was sent: a handed-over
+    // grant's lease is counted from here plus the server time between
+    // ticket and token (see `handed_on_at`).
+    let mut ticket_sent_at = started;
     // Callers ahead when this waiter joined, and when: a grant rate sample.
     let mut joined: Option<(u64, Instant)> = None;
     // Whether this waiter's grants may be heard where they are not
@@ -262,7 +266,11 @@ async fn acquire_validated(
             // A heartbeat round subscribes the slot where it is now.
             state.heartbeat_now.notify_one();
         }
-        if ticket.replace(queued_with).is_none() {
+        let previous_ticket = ticket.replace(queued_with);
+        if previous_ticket != Some(queued_with) {
+            ticket_sent_at = sent_at;
+        }
+        if previous_ticket.is_none() {
             joined = Some((position, sent_at));
             let join = Join {
                 position,
@@ -316,11 +324,17 @@ async fn acquire_validated(
             state
                 .check_open()
                 .map_err(|closed| pending.failed(closed))?;
-            let lease_from = Instant::now();
+            let taken_at = Instant::now();
             // With replica acknowledgement on, the waiter writes once (its
             // own lease) so that WAIT on its connection covers the handoff
             // that came before it in the replication stream.
             let confirm = confirm || heard_elsewhere || state.config.replica_acks.is_some();
+            // A confirmed grant's lease is set again from now; otherwise
+            // it runs from when the releasing script drew the token.
+            let lease_from = match confirm {
+                true => taken_at,
+                false => handed_on_at(ticket, ticket_sent_at, token, taken_at),
+            };
             let mark = state.replication_mark();
             let still_held = if confirm {
                 Box::pin(confirm_lease(state, &keys, &owner_id, lease_len)).await
@@ -341,8 +355,6 @@ async fn acquire_validated(
                     .record(keys.owner(), position, at.elapsed());
             }
             tracing::debug!(token, "fairlock lock handed on to this waiter");
-            // The releasing script set this waiter's own lease moments
-            // ago; it is counted from the moment the grant arrived.
             let held = pending.granted(name, grant(token, ticket, lease_from));
             if state.config.replica_acks.is_none() {
                 return Ok(Some(held));
@@ -359,6 +371,28 @@ async fn acquire_validated(
         // we still have one, and queues us again otherwise.
         telemetry.recheck();
     }
+}
+
+/// When, by this process's clock, the releasing script most likely set a
+/// handed-over grant's lease, never later than it did: tickets and tokens
+/// are drawn from one counter that follows the server clock in µs, so
+/// `token - ticket` is the server time from the enqueue to the handoff,
+/// and the enqueue ran after the call that drew the ticket was sent. So a
+/// process that took the grant late (a stalled runtime, a starved CPU)
+/// does not count a whole lease from then: its guard knows at once how
+/// much of the lease Redis has left, or that it is over. Never later than
+/// `taken_at`; `taken_at` if the numbers do not fit (a token below the
+/// ticket, after a fail-over to a server whose clock is behind).
+fn handed_on_at(
+    ticket: Option<u64>,
+    ticket_sent_at: Instant,
+    token: u64,
+    taken_at: Instant,
+) -> Instant {
+    ticket
+        .and_then(|ticket| token.checked_sub(ticket))
+        .and_then(|server_us| ticket_sent_at.checked_add(Duration::from_micros(server_us)))
+        .map_or(taken_at, |at| at.min(taken_at))
 }
 
 /// What one acquire call answered, with the reply itself gone: a waiting
@@ -600,7 +634,7 @@ async fn confirm_lease(
     state: &ClientState,
     keys: &LockKeys,
     owner_id: &str,
-    lease: std::time::Duration,
+    lease: Duration,
 ) -> Result<bool> {
     let lease_ms = millis(lease);
     let statuses = match keys.permit_family() {

@@ -30,10 +30,10 @@ pub(crate) struct HeldLock {
     pub(crate) granted_at: Instant,
     /// The start of the call that last set the lease (the granting call,
     /// a renewal or an extend): counted from before Redis set it, so local
-    /// expiry is early, never late. The exception is a grant handed over
-    /// from the queue, counted from when this process learned of it: the
-    /// releasing script set the lease up to one trip from Redis (and a
-    /// task wake-up) earlier, which local expiry can be late by.
+    /// expiry is early, never late. A grant handed over from the queue is
+    /// counted from the call that drew its ticket plus the server time
+    /// from ticket to token (`acquire::handed_on_at`), early too while
+    /// the server clock runs steadily.
     lease_from: Mutex<Instant>,
     /// The current lease length (changed by `extend` for fixed leases).
     lease_len: Mutex<Duration>,
@@ -48,9 +48,9 @@ pub(crate) struct Grant {
     pub(crate) ticket: Option<u64>,
     pub(crate) lease: Lease,
     pub(crate) lease_len: Duration,
-    /// When the granting call was sent; for a handoff, when the grant
-    /// reached the waiting task (counting from when it queued would end a
-    /// long wait's lease at once; see `HeldLock::lease_from`).
+    /// When the granting call was sent; for a handoff, when the
+    /// releasing script set the lease, as the ticket and token tell it
+    /// (see `HeldLock::lease_from`).
     pub(crate) lease_from: Instant,
 }
 
