@@ -217,6 +217,7 @@ pub fn waiting_acquire<'a>(owner_id: &'a str, timings: &'a Timings) -> Acquire<'
         mode: AcquireMode::Wait,
         timings,
         channel_prefix: "test:nobody:",
+        rejoin: None,
     }
 }
 

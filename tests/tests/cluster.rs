@@ -424,6 +424,7 @@ async fn core_cases_hold_on_the_cluster() {
         mode: AcquireMode::Wait,
         timings: &dead_timings,
         channel_prefix: "test:nobody:",
+        rejoin: None,
     };
     let queued = raw(owner_of(&names[1]), &names[1], &dead);
     assert!(matches!(queued, AcquireReply::Queued { .. }), "{queued:?}");

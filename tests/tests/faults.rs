@@ -127,6 +127,7 @@ async fn dead_waiter_at_the_head_is_skipped() {
         mode: AcquireMode::Wait,
         timings: &dead_timings,
         channel_prefix: "test:nobody:",
+        rejoin: None,
     };
 
     for (name, hold) in [

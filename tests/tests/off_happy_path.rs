@@ -431,6 +431,7 @@ async fn a_grant_nobody_waits_for_is_handed_back() {
             mode: AcquireMode::Wait,
             timings: &timings,
             channel_prefix: "fairlock:notify:",
+            rejoin: None,
         },
     );
     assert!(matches!(queued, AcquireReply::Queued { .. }));
@@ -858,6 +859,7 @@ async fn a_heartbeat_whose_probe_was_just_granted_keeps_the_process_alive() {
             mode: AcquireMode::Wait,
             timings: &timings,
             channel_prefix: "test:c3:",
+            rejoin: None,
         },
     );
     assert!(matches!(queued, AcquireReply::Queued { .. }), "{queued:?}");
@@ -955,6 +957,64 @@ async fn a_waiter_whose_entry_alone_was_lost_is_queued_again() {
     let (_, c_token) = within("C", c).await.expect("C");
     assert_eq!((a_got, b_got), (a_id, b_id));
     assert_queued_again_before_the_newcomer(back, [a_token, b_token, c_token]);
+}
+
+/// A waiter whose queue entry was lost keeps its place when it is queued
+/// again: it joins with the ticket it was given, not a new one, so a caller
+/// who came after it (and stayed queued meanwhile) does not overtake it.
+/// The loss is a `ZREM` here; a fail-over to a replica that lacked the
+/// enqueue leaves the same. (Before the fix the waiter was queued again at
+/// the back, behind the later caller, and granted after it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_entry_was_lost_keeps_its_place_before_later_callers() {
+    let server = server();
+    let clients = clients(&server, 3).await;
+    let (h, p, q) = (&clients[0], &clients[1], &clients[2]);
+    let name = "lost-place";
+    let lock_keys = keys(name);
+    let holder = h.lock(name).await.expect("holder");
+    let a = spawn_turn(p, name);
+    wait_for_queue_len(h, name, 1).await;
+    let a_id = queue_entries(&server, lock_keys.queue())[0].clone();
+    let ticket = server
+        .cmd(&["ZSCORE", lock_keys.queue(), &a_id])
+        .expect("ZSCORE")
+        .as_str()
+        .expect("A's ticket")
+        .to_owned();
+    // A later caller of another process queues behind A.
+    let c = spawn_turn(q, name);
+    wait_for_queue_len(h, name, 2).await;
+    let tag = OwnerId::tag_of(&a_id).expect("an owner id").to_owned();
+    server
+        .cmd(&["ZREM", lock_keys.queue(), &a_id])
+        .expect("ZREM");
+    let back = queued_again_within_beats(
+        &server,
+        lock_keys.queue(),
+        lock_keys.alive(),
+        &a_id,
+        &tag,
+        10,
+    )
+    .await;
+    assert!(back, "A was not queued again within 10 heartbeats");
+    let rejoined = server
+        .cmd(&["ZSCORE", lock_keys.queue(), &a_id])
+        .expect("ZSCORE");
+    assert_eq!(
+        rejoined.as_str(),
+        Some(ticket.as_str()),
+        "A is queued again with its own ticket"
+    );
+    holder.release().await.expect("release");
+    let (a_got, a_token) = within("A", a).await.expect("A");
+    let (_, c_token) = within("C", c).await.expect("C");
+    assert_eq!(a_got, a_id);
+    assert!(
+        a_token < c_token,
+        "A, queued before C, is granted first: A {a_token}, C {c_token}"
+    );
 }
 
 /// The same for a waiter in the middle of its process's waiters on one

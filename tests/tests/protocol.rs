@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fairlock::{Error, LockOptions};
-use fairlock_core::{Acquire, AcquireMode, AcquireReply, Timings};
+use fairlock_core::{Acquire, AcquireMode, AcquireReply, ScriptCall, Timings};
 use fairlock_tests::*;
 
 /// Invariant: a non-atomic GET-then-SET under the lock loses no update.
@@ -139,6 +139,7 @@ async fn try_lock_never_overtakes_a_queued_waiter() {
         mode: AcquireMode::Wait,
         timings: &timings,
         channel_prefix: "test:nobody:",
+        rejoin: None,
     };
     let name = "gate2";
     let _b2_process = listener(&server, "fairlock:notify:00000000000000b2").await;
@@ -269,4 +270,78 @@ async fn a_forced_release_names_the_grant_it_revoked() {
             keys("named").owner()
         )
     );
+}
+
+/// The rules of a rejoin (`Acquire::rejoin`), run as raw script calls: a
+/// waiter whose entry was lost joins again with its old ticket, ahead of
+/// those who queued after it; a waiter still queued keeps its place and
+/// the counter is not moved; a "ticket" above every number issued, or not
+/// digits, is not taken: the caller queues at the back as any newcomer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejoin_takes_back_an_issued_ticket_and_nothing_else() {
+    let server = server();
+    let timings = Timings::default();
+    let name = "rejoin";
+    let queue = keys(name).queue().to_owned();
+    let seq = keys(name).seq().to_owned();
+    const HOLDER: &str = "a1000000000000000000000000000000.00000000000000a1.60000";
+    const LOST: &str = "b2000000000000000000000000000000.00000000000000b2.60000";
+    const LATER: &str = "c3000000000000000000000000000000.00000000000000c3.60000";
+    const FORGER: &str = "d4000000000000000000000000000000.00000000000000d4.60000";
+    let acquire = |owner_id: &'static str, rejoin: Option<u64>| Acquire {
+        rejoin,
+        ..waiting_acquire(owner_id, &timings)
+    };
+    let queued = |reply: AcquireReply| match reply {
+        AcquireReply::Queued {
+            ticket, position, ..
+        } => (ticket, position),
+        other => panic!("expected queued: {other:?}"),
+    };
+    assert!(matches!(
+        raw(&server, name, &acquire(HOLDER, None)),
+        AcquireReply::Granted { .. }
+    ));
+    let (lost_ticket, _) = queued(raw(&server, name, &acquire(LOST, None)));
+    let (later_ticket, later_at) = queued(raw(&server, name, &acquire(LATER, None)));
+    assert_eq!(later_at, 1);
+
+    // Still queued: the rejoin is a resend; nothing moves.
+    let counter = server.cmd(&["GET", &seq]).expect("GET seq");
+    assert_eq!(
+        queued(raw(&server, name, &acquire(LOST, Some(lost_ticket)))),
+        (lost_ticket, 0)
+    );
+    assert_eq!(server.cmd(&["GET", &seq]).expect("GET seq"), counter);
+
+    // Lost, then back in its old place, ahead of the later caller.
+    server.cmd(&["ZREM", &queue, LOST]).expect("ZREM");
+    assert_eq!(
+        queued(raw(&server, name, &acquire(LOST, Some(lost_ticket)))),
+        (lost_ticket, 0)
+    );
+    let order = queue_entries(&server, &queue);
+    assert_eq!(order, [LOST, LATER]);
+
+    // A number never issued is not a place to take: at the back.
+    let (forged_ticket, forged_at) = queued(raw(
+        &server,
+        name,
+        &acquire(FORGER, Some(later_ticket + 1_000_000_000)),
+    ));
+    assert!(forged_ticket > later_ticket && forged_ticket < later_ticket + 1_000_000_000);
+    assert_eq!(forged_at, 2);
+    // Nor is text that is no number.
+    let keys = keys(name);
+    let numkeys = keys.all().len().to_string();
+    let mut args = acquire(FORGER, None).args();
+    args.push("1e3".to_owned());
+    server.cmd(&["ZREM", &queue, FORGER]).expect("ZREM");
+    let mut cmd: Vec<&str> = vec!["EVAL", Acquire::SCRIPT.source(), &numkeys];
+    cmd.extend(keys.all().iter().map(String::as_str));
+    cmd.extend(args.iter().map(String::as_str));
+    let reply = Acquire::decode(to_reply(server.cmd(&cmd).expect("EVAL"))).expect("reply");
+    let (text_ticket, text_at) = queued(reply);
+    assert!(text_ticket > forged_ticket);
+    assert_eq!(text_at, 2);
 }

@@ -8,6 +8,11 @@
 -- ARGV[4] queue_ttl_ms    TTL of the queue keys, refreshed by every heartbeat
 -- ARGV[5] idle_ms         TTL of the seq and freed keys
 -- ARGV[6] channel_prefix  waiters are woken on channel_prefix .. client tag
+-- ARGV[7] rejoin          (optional) the ticket this caller was given when
+--                         it queued before: a waiter whose entry was lost
+--                         (a fail-over, taken for dead) joins again with
+--                         it, in its old place, not at the back; used only
+--                         if below the number drawn now (it was issued)
 --
 -- Replies:
 --   {1, token}                            granted to the caller
@@ -32,6 +37,10 @@ local waiter_ttl_ms = tonumber(ARGV[3])
 local queue_ttl_ms = ARGV[4]
 local idle_ms = ARGV[5]
 local channel_prefix = ARGV[6]
+-- The old ticket, if it is digits fairlock could have issued (below 2^63).
+local rejoin_str = ARGV[7]
+local rejoin = rejoin_str and #rejoin_str <= 18 and string.match(rejoin_str, '^[1-9]%d*$')
+  and tonumber(rejoin_str)
 local tag, lease_ms, lease_str = parse_owner_id(owner_id)
 if not tag or not usable(lease_ms) then
   return redis.error_reply('ERR fairlock acquire: malformed owner id ' .. owner_id)
@@ -57,8 +66,9 @@ local function own_grant(token)
 end
 
 -- Join the queue with `ticket` (number and digits; or a new one drawn at
--- `now`, number and digits), `ahead` waiters in front.
-local function enqueue(now, now_str, ticket, ticket_str, drawn, ahead, queue_was_empty)
+-- `now`, number and digits), `ahead` waiters in front; or, rejoining, with
+-- the caller's old ticket, in its old place.
+local function enqueue(now, now_str, ticket, ticket_str, drawn, ahead)
   local fresh_tag = only_wrongtype(redis.pcall('ZADD', KEYS[3], math.floor(now / 1000) + waiter_ttl_ms, tag))
   if type(fresh_tag) == 'table' then
     return wrong_type(KEYS[3], drawn)
@@ -68,11 +78,17 @@ local function enqueue(now, now_str, ticket, ticket_str, drawn, ahead, queue_was
     ticket, previous, ticket_str = next_seq(now, idle_ms, now_str)
     drawn = {previous}
   end
+  local rejoined = rejoin and rejoin < ticket
+  if rejoined then
+    ticket, ticket_str = rejoin, rejoin_str
+  end
   if redis.call('ZADD', KEYS[2], 'NX', ticket_str, owner_id) == 0 then
     -- A resend: keep the place taken the first time, and the counter as
     -- it was.
     restore_seq(drawn[1])
     ticket = tonumber(redis.call('ZSCORE', KEYS[2], owner_id))
+    ahead = redis.call('ZRANK', KEYS[2], owner_id)
+  elseif rejoined then
     ahead = redis.call('ZRANK', KEYS[2], owner_id)
   end
   -- Both keys live on from every join, as from every heartbeat: this
@@ -125,7 +141,7 @@ if waiting == 0 then
   end
   -- The number just drawn serves as the ticket: it is above every token
   -- and ticket issued before.
-  local ticket, ahead = enqueue(now, now_str, seq, seq_str, {previous}, 0, true)
+  local ticket, ahead = enqueue(now, now_str, seq, seq_str, {previous}, 0)
   if type(ticket) == 'table' then
     return ticket
   end
@@ -169,7 +185,7 @@ if ARGV[2] == 'try' then
   return {3, dropped, more and 1 or 0}
 end
 local now, now_str = now_us()
-local ticket, ahead = enqueue(now, now_str, false, nil, nil, waiting, waiting == 0)
+local ticket, ahead = enqueue(now, now_str, false, nil, nil, waiting)
 if type(ticket) == 'table' then
   return ticket
 end

@@ -140,6 +140,9 @@ pub struct Acquire<'a> {
     pub timings: &'a Timings,
     /// Where waiters are woken.
     pub channel_prefix: &'a str,
+    /// The ticket this caller was given when it queued before, if it did:
+    /// if its entry was lost meanwhile it joins again in its old place.
+    pub rejoin: Option<u64>,
 }
 
 /// Dead waiters an operation removed, and whether more are left at the head
@@ -205,14 +208,18 @@ impl ScriptCall for Acquire<'_> {
             AcquireMode::Wait => "wait",
             AcquireMode::Try => "try",
         };
-        vec![
+        let mut args = vec![
             self.owner_id.to_owned(),
             mode.to_owned(),
             self.timings.waiter_ttl_ms.to_string(),
             self.timings.queue_ttl_ms.to_string(),
             self.timings.idle_ms.to_string(),
             self.channel_prefix.to_owned(),
-        ]
+        ];
+        if let Some(ticket) = self.rejoin {
+            args.push(ticket.to_string());
+        }
+        args
     }
 
     fn decode(reply: Reply) -> Result<AcquireReply, ProtocolError> {

@@ -30,6 +30,7 @@
 //!     mode: AcquireMode::Wait,
 //!     timings: &Timings::default(),
 //!     channel_prefix: "fairlock:notify:",
+//!     rejoin: None,
 //! };
 //! assert_eq!(call.args()[0], owner_id.as_str());
 //! let granted = Acquire::decode(Reply::Array(vec![Reply::Int(1), Reply::Int(7)]))?;

@@ -229,6 +229,7 @@ fn acquire_is_bounded_behind_ten_thousand_dead_waiters() {
         mode: AcquireMode::Try,
         timings: &timings,
         channel_prefix: CHANNEL_PREFIX,
+        rejoin: None,
     };
     let (reply, inside, usec) = measured(&crowd.server, Acquire::SCRIPT, || {
         run_script(&crowd.server, Acquire::SCRIPT, &key_refs, &acquire.args()).unwrap()
@@ -271,6 +272,7 @@ fn an_acquire_granted_past_dead_waiters_counts_them() {
         mode: AcquireMode::Wait,
         timings: &timings,
         channel_prefix: CHANNEL_PREFIX,
+        rejoin: None,
     };
     let reply = run_script(&crowd.server, Acquire::SCRIPT, &key_refs, &acquire.args()).unwrap();
     let AcquireReply::Granted { token, purged } = Acquire::decode(reply).unwrap() else {

@@ -262,6 +262,7 @@ impl Call {
                     mode: *mode,
                     timings: &TIMINGS,
                     channel_prefix: CHANNEL_PREFIX,
+                    rejoin: None,
                 };
                 let reply = run_script(server, Acquire::SCRIPT, &lock_keys, &call.args())?;
                 (reply.clone(), Acquire::decode(reply).map(drop))

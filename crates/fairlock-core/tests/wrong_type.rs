@@ -56,6 +56,7 @@ fn setup(server: &RedisServer, lock: &Lock, start: Start) {
             mode: AcquireMode::Wait,
             timings: &timings,
             channel_prefix: CHANNEL_PREFIX,
+            rejoin: None,
         };
         run_script(server, Acquire::SCRIPT, &keys, &call.args()).unwrap();
     };
@@ -110,6 +111,7 @@ fn calls(lock: &Lock, t: &Timings) -> Vec<(&'static Script, Vec<String>, &'stati
             mode,
             timings: t,
             channel_prefix: c,
+            rejoin: None,
         }
         .args()
     };

@@ -205,6 +205,9 @@ async fn acquire_validated(
                         mode: mode.script_mode(),
                         timings: &state.timings,
                         channel_prefix: &channel_prefix,
+                        // After a re-check: back in its old place if its
+                        // entry was lost.
+                        rejoin: ticket,
                     };
                     state.run(&keys, &call).await
                 }

@@ -141,10 +141,10 @@ impl LockGuard {
 
     /// The queue ticket this grant waited with, or `None` if the lock was
     /// free and granted at once. Among the waiters of one lock, grants
-    /// follow ticket order. A waiter taken for dead (no heartbeat for the
-    /// waiter timeout: a stall, a fail-over) loses its place; if it then
-    /// finds the lock free, it is granted at once and still shows the
-    /// ticket it first waited with.
+    /// follow ticket order. A waiter whose entry was lost (taken for dead
+    /// after no heartbeat for the waiter timeout, or a fail-over) queues
+    /// again with the same ticket, in its old place; if it then finds the
+    /// lock free, it is granted at once and still shows that ticket.
     pub fn ticket(&self) -> Option<u64> {
         self.held.ticket
     }
