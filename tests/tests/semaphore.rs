@@ -600,6 +600,51 @@ fn spawn_permit_turn(semaphore: &Semaphore) -> tokio::task::JoinHandle<(String, 
     })
 }
 
+/// A permit waiter whose queue entry was lost keeps its place when it is
+/// queued again, as a lock waiter does: it joins with its own ticket,
+/// ahead of a caller who queued after it. (Before the fix it got a new
+/// ticket, behind that caller, and was granted after it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_waiter_whose_entry_was_lost_keeps_its_place() {
+    let server = server();
+    let clients = clients(&server, 3).await;
+    let name = "lost-place";
+    let set = sem_keys(name);
+    let [h, p, q] = [0, 1, 2].map(|i| clients[i].semaphore(name, 1).expect("semaphore"));
+    let holder = h.acquire().await.expect("holder");
+    let a = spawn_permit_turn(&p);
+    until_queued(&server, name, 1).await;
+    let a_id = queue_entries(&server, set.queue())[0].clone();
+    let ticket = server
+        .cmd(&["ZSCORE", set.queue(), &a_id])
+        .expect("ZSCORE")
+        .as_str()
+        .expect("A's ticket")
+        .to_owned();
+    let c = spawn_permit_turn(&q);
+    until_queued(&server, name, 2).await;
+    let tag = fairlock_core::OwnerId::tag_of(&a_id)
+        .expect("an owner id")
+        .to_owned();
+    server.cmd(&["ZREM", set.queue(), &a_id]).expect("ZREM");
+    let back = queued_again_within_beats(&server, set.queue(), set.alive(), &a_id, &tag, 10).await;
+    assert!(back, "A was not queued again within 10 heartbeats");
+    let rejoined = server.cmd(&["ZSCORE", set.queue(), &a_id]).expect("ZSCORE");
+    assert_eq!(
+        rejoined.as_str(),
+        Some(ticket.as_str()),
+        "A is queued again with its own ticket"
+    );
+    holder.release().await.expect("release");
+    let (a_got, a_token) = within("A", a).await.expect("A");
+    let (_, c_token) = within("C", c).await.expect("C");
+    assert_eq!(a_got, a_id);
+    assert!(
+        a_token < c_token,
+        "A, queued before C, is granted first: A {a_token}, C {c_token}"
+    );
+}
+
 /// A permit waiter whose queue entry alone was lost, while an older
 /// waiter of its process stayed queued (a fail-over to a replica that had
 /// the older enqueue but not the newer; here a ZREM), is queued again

@@ -12,7 +12,7 @@
 --                         it queued before: a waiter whose entry was lost
 --                         (a fail-over, taken for dead) joins again with
 --                         it, in its old place, not at the back; used only
---                         if below the number drawn now (it was issued)
+--                         if below the number drawn now (one it could have issued)
 --
 -- Replies:
 --   {1, token}                            granted to the caller

@@ -11,6 +11,12 @@
 -- ARGV[4] queue_ttl_ms    TTL of the queue keys, refreshed by every heartbeat
 -- ARGV[5] idle_ms         TTL of the seq key and of a stored limit
 -- ARGV[6] channel_prefix  waiters are woken on channel_prefix .. client tag
+-- ARGV[7] rejoin          (optional) the ticket this caller was given when
+--                         it queued before: a waiter whose entry was lost
+--                         joins again with it, in its old place (and is
+--                         granted if that makes it the head and it fits);
+--                         used only if below the server clock (one it
+--                         could have issued)
 --
 -- Replies (as acquire.lua's):
 --   {1, token}                            granted to the caller
@@ -32,6 +38,10 @@ local tag, lease_ms, permits = parse_permit_owner_id(owner_id)
 if not tag then
   return redis.error_reply('ERR fairlock permit_acquire: malformed owner id ' .. owner_id)
 end
+-- The old ticket, if it is digits fairlock could have issued (below 2^63).
+local rejoin_str = ARGV[7]
+local rejoin = rejoin_str and #rejoin_str <= 18 and string.match(rejoin_str, '^[1-9]%d*$')
+  and tonumber(rejoin_str)
 
 local held = read_key(1, 'ZSCORE', owner_id)
 local ticket = read_key(2, 'ZSCORE', owner_id)
@@ -87,20 +97,37 @@ if ticket then
     redis.call('PEXPIRE', KEYS[3], queue_ttl_ms)
     return {2, tonumber(ticket), redis.call('ZRANK', KEYS[2], owner_id), dropped, flags}
   end
-  -- Dropped as dead meanwhile (its process missed heartbeats): it joins
-  -- again at the back, below.
+  -- Dropped as dead meanwhile (its process missed heartbeats), or its
+  -- entry was lost: it joins again below, in its old place if it brought
+  -- its ticket, else at the back.
 end
 
+-- Only a number from the past: one the set's counter could have issued.
+if rejoin and rejoin >= now then
+  rejoin = false
+end
 local waiting = redis.call('ZCARD', KEYS[2])
-if waiting == 0 and fits(permits, permits) then
+-- Whether the caller heads the queue: nobody waits, or its old ticket is
+-- older than the head's (which did not fit, or it would be granted).
+local first = waiting == 0
+if rejoin and not first then
+  first = rejoin < tonumber(redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')[2])
+end
+if first and fits(permits, permits) then
   return granted_reply(grant_permit(now, owner_id, lease_ms, idle_ms), dropped, flags)
 end
 if ARGV[2] == 'try' then
   return {3, dropped, flags}
 end
 redis.call('ZADD', KEYS[3], now_ms + waiter_ttl_ms, tag)
-local new_ticket = next_seq(now, idle_ms)
-redis.call('ZADD', KEYS[2], 'NX', digits(new_ticket), owner_id)
+local new_ticket, position = rejoin, waiting
+if rejoin then
+  redis.call('ZADD', KEYS[2], 'NX', rejoin_str, owner_id)
+  position = redis.call('ZRANK', KEYS[2], owner_id)
+else
+  new_ticket = next_seq(now, idle_ms)
+  redis.call('ZADD', KEYS[2], 'NX', digits(new_ticket), owner_id)
+end
 redis.call('PEXPIRE', KEYS[2], queue_ttl_ms)
 redis.call('PEXPIRE', KEYS[3], queue_ttl_ms)
-return {2, new_ticket, waiting, dropped, flags}
+return {2, new_ticket, position, dropped, flags}

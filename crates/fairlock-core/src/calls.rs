@@ -199,27 +199,44 @@ pub enum AcquireReply {
     },
 }
 
+/// The ARGV of `acquire.lua` and `permit_acquire.lua`, which take the same.
+pub(crate) fn acquire_args(
+    owner_id: &str,
+    mode: AcquireMode,
+    timings: &Timings,
+    channel_prefix: &str,
+    rejoin: Option<u64>,
+) -> Vec<String> {
+    let mode = match mode {
+        AcquireMode::Wait => "wait",
+        AcquireMode::Try => "try",
+    };
+    let mut args = vec![
+        owner_id.to_owned(),
+        mode.to_owned(),
+        timings.waiter_ttl_ms.to_string(),
+        timings.queue_ttl_ms.to_string(),
+        timings.idle_ms.to_string(),
+        channel_prefix.to_owned(),
+    ];
+    if let Some(ticket) = rejoin {
+        args.push(ticket.to_string());
+    }
+    args
+}
+
 impl ScriptCall for Acquire<'_> {
     const SCRIPT: &'static Script = &ACQUIRE;
     type Output = AcquireReply;
 
     fn args(&self) -> Vec<String> {
-        let mode = match self.mode {
-            AcquireMode::Wait => "wait",
-            AcquireMode::Try => "try",
-        };
-        let mut args = vec![
-            self.owner_id.to_owned(),
-            mode.to_owned(),
-            self.timings.waiter_ttl_ms.to_string(),
-            self.timings.queue_ttl_ms.to_string(),
-            self.timings.idle_ms.to_string(),
-            self.channel_prefix.to_owned(),
-        ];
-        if let Some(ticket) = self.rejoin {
-            args.push(ticket.to_string());
-        }
-        args
+        acquire_args(
+            self.owner_id,
+            self.mode,
+            self.timings,
+            self.channel_prefix,
+            self.rejoin,
+        )
     }
 
     fn decode(reply: Reply) -> Result<AcquireReply, ProtocolError> {

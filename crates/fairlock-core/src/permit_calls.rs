@@ -76,6 +76,9 @@ pub struct PermitAcquire<'a> {
     pub timings: &'a Timings,
     /// Where waiters are woken.
     pub channel_prefix: &'a str,
+    /// The ticket this caller was given when it queued before, if it did:
+    /// if its entry was lost meanwhile it joins again in its old place.
+    pub rejoin: Option<u64>,
 }
 
 impl crate::ScriptCall for PermitAcquire<'_> {
@@ -83,18 +86,13 @@ impl crate::ScriptCall for PermitAcquire<'_> {
     type Output = AcquireReply;
 
     fn args(&self) -> Vec<String> {
-        let mode = match self.mode {
-            AcquireMode::Wait => "wait",
-            AcquireMode::Try => "try",
-        };
-        vec![
-            self.owner_id.to_owned(),
-            mode.to_owned(),
-            self.timings.waiter_ttl_ms.to_string(),
-            self.timings.queue_ttl_ms.to_string(),
-            self.timings.idle_ms.to_string(),
-            self.channel_prefix.to_owned(),
-        ]
+        crate::calls::acquire_args(
+            self.owner_id,
+            self.mode,
+            self.timings,
+            self.channel_prefix,
+            self.rejoin,
+        )
     }
 
     fn decode(reply: Reply) -> Result<AcquireReply, ProtocolError> {

@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use fairlock_core::{
     AcquireMode, AcquireReply, CancelReply, KeyPrefix, LockKeys, LockName, PermitAcquire,
     PermitCancel, PermitFamily, PermitHeartbeat, PermitOwnerId, PermitRelease, PermitReleaseReply,
-    PermitRequest, Purged, ScriptCall, Timings,
+    PermitRequest, Purged, ScriptCall, Timings, MAX_PERMITS,
 };
 use fairlock_testkit::{RedisServer, Resp};
 use proptest::prelude::*;
@@ -357,6 +357,7 @@ impl Case<'_> {
             },
             timings: &TIMINGS,
             channel_prefix: CHANNEL_PREFIX,
+            rejoin: None,
         })?;
         let model = &mut self.model;
         if let Some(&token) = model.holders.get(&who) {
@@ -560,6 +561,7 @@ fn acquire_on(server: &RedisServer, keys: &LockKeys, owner_id: &str) -> AcquireR
             mode: AcquireMode::Wait,
             timings: &TIMINGS,
             channel_prefix: CHANNEL_PREFIX,
+            rejoin: None,
         },
     )
 }
@@ -789,6 +791,7 @@ fn a_foreign_key_fails_a_permit_script_and_changes_nothing() {
             mode: AcquireMode::Wait,
             timings: &TIMINGS,
             channel_prefix: CHANNEL_PREFIX,
+            rejoin: None,
         };
         let error = run_script(&server, PermitAcquire::SCRIPT, &all, &call.args())
             .expect_err("a foreign key type fails the call");
@@ -884,4 +887,86 @@ fn a_permit_grant_that_leaves_dead_waiters_says_so() {
         .filter_map(Resp::as_str)
         .collect();
     assert_eq!(queued, [live.as_str()], "only the live waiter is left");
+}
+
+/// A rejoin (`PermitAcquire::rejoin`) on a read-write lock: a reader whose
+/// entry was lost, with a ticket older than the writer now heading the
+/// queue, is the head again; it fits beside the reader that holds, so it
+/// is granted at once. A number from the future is not taken: that caller
+/// queues at the back. (Before the fix the reader got a new ticket behind
+/// the writer and waited for it.)
+#[test]
+fn a_reader_rejoining_ahead_of_a_waiting_writer_is_granted() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let keys = LockKeys::permits(
+        &KeyPrefix::default(),
+        &LockName::new("rejoin").expect("name"),
+        PermitFamily::ReadWrite,
+    );
+    let queue = keys.queue().to_owned();
+    let owner = |nonce: usize, request: PermitRequest| {
+        PermitOwnerId::new(
+            &format!("{:032x}", nonce + 1),
+            &tag(nonce),
+            LEASE_MS,
+            request,
+        )
+        .as_str()
+        .to_owned()
+    };
+    let read = PermitRequest::Shared(MAX_PERMITS);
+    let reader = owner(0, read);
+    let gone = owner(1, PermitRequest::Exclusive);
+    let lost = owner(2, read);
+    let writer = owner(3, PermitRequest::Exclusive);
+    let forger = owner(4, read);
+    let rejoin = |owner_id: &str, ticket: u64| {
+        call_on(
+            &server,
+            &keys,
+            &PermitAcquire {
+                owner_id,
+                mode: AcquireMode::Wait,
+                timings: &TIMINGS,
+                channel_prefix: CHANNEL_PREFIX,
+                rejoin: Some(ticket),
+            },
+        )
+    };
+    let queued = |reply: AcquireReply| match reply {
+        AcquireReply::Queued {
+            ticket, position, ..
+        } => (ticket, position),
+        other => panic!("expected queued: {other:?}"),
+    };
+    // A reader holds; a writer, a reader and a writer queue behind it.
+    assert!(matches!(
+        acquire_on(&server, &keys, &reader),
+        AcquireReply::Granted { .. }
+    ));
+    queued(acquire_on(&server, &keys, &gone));
+    let (lost_ticket, _) = queued(acquire_on(&server, &keys, &lost));
+    let (writer_ticket, _) = queued(acquire_on(&server, &keys, &writer));
+    // The first writer's entry goes (so the second heads the queue) and
+    // the reader's is lost.
+    server.cmd(&["ZREM", &queue, &gone, &lost]).expect("ZREM");
+
+    // The lost reader comes back with its old ticket: it heads the queue
+    // and fits beside the holding reader.
+    let back = rejoin(&lost, lost_ticket);
+    assert!(matches!(back, AcquireReply::Granted { .. }), "{back:?}");
+    let waiting = server.cmd(&["ZRANGE", &queue, "0", "-1"]).expect("queue");
+    let waiting: Vec<&str> = waiting
+        .as_array()
+        .expect("an array")
+        .iter()
+        .filter_map(Resp::as_str)
+        .collect();
+    assert_eq!(waiting, [writer.as_str()], "the writer still waits");
+
+    // A ticket from the future is no place to take: behind the writer.
+    let (ticket, position) = queued(rejoin(&forger, u64::MAX >> 2));
+    assert_eq!(position, 1);
+    assert!(ticket > writer_ticket);
 }

@@ -217,6 +217,7 @@ async fn acquire_validated(
                         mode: mode.script_mode(),
                         timings: &state.timings,
                         channel_prefix: &channel_prefix,
+                        rejoin: ticket,
                     };
                     state.run(&keys, &call).await
                 }

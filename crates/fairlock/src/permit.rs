@@ -61,7 +61,8 @@ impl Permit {
     }
 
     /// The queue ticket this permit waited with, or `None` if it was
-    /// granted at once. Grants follow ticket order.
+    /// granted at once. Grants follow ticket order; a waiter whose entry
+    /// was lost queues again with the same ticket, in its old place.
     pub fn ticket(&self) -> Option<u64> {
         self.held.ticket
     }
