@@ -124,9 +124,8 @@ async fn without_acknowledgement_a_failover_can_lose_a_grant_but_not_rewind_toke
 /// heartbeat there; their queue entries came across (a waiter whose entry
 /// did not queues again at once); and once the holder releases on the new
 /// primary every waiter is granted, in ticket order, with tokens above the
-/// holder's. The waiter timeout outlasts the fail-over: a waiter taken for
-/// dead meanwhile loses its place by design (and may find the lock free
-/// later, its guard still showing the ticket it first waited with).
+/// holder's. The waiter timeout outlasts the fail-over (a waiter taken for
+/// dead meanwhile queues again with its own ticket, in its old place).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_re_register_with_the_new_primary_and_are_granted() {
     const WAITERS: usize = 4;
