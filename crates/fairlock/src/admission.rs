@@ -9,11 +9,13 @@
 //! at once that it would wait about `(p + 1) × per_grant`, instead of
 //! holding a place in line until its timeout.
 //!
-//! It is a guess from this process's own grants: the average does not age
-//! (a lock quiet for an hour keeps its last pace), one unusually long hold
+//! It is a guess from this process's own grants: one unusually long hold
 //! moves it by a fifth of the difference, the table starts again past
 //! 10,000 locks, and a re-check late in a wait can refuse a caller whose
-//! line moved faster than the estimate said.
+//! line moved faster than the estimate said. An estimate no grant has
+//! confirmed for [`STALE_AFTER`] is forgotten: otherwise one slow spell
+//! would refuse every later caller with a shorter timeout, none of them
+//! would be granted after a wait, and no sample would ever correct it.
 //!
 //! A burst can queue thousands of callers before the lock's first grant
 //! gives an estimate. So the estimate also announces itself: when a lock
@@ -23,7 +25,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -36,12 +38,22 @@ const MAX_LOCKS: usize = 10_000;
 /// How far (as a fraction) an estimate moves before waiters re-check.
 const ANNOUNCE_CHANGE: f64 = 0.25;
 
-/// One lock's estimate: the moving average, and its value when waiters
-/// were last told.
+/// How long an estimate lasts without a new sample.
+pub(crate) const STALE_AFTER: Duration = Duration::from_secs(60);
+
+/// One lock's estimate: the moving average, its value when waiters were
+/// last told, and when its last sample came.
 #[derive(Clone, Copy)]
 struct Estimate {
     average: f64,
     announced: f64,
+    sampled_at: Instant,
+}
+
+impl Estimate {
+    fn is_stale(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.sampled_at) >= STALE_AFTER
+    }
 }
 
 /// Time per grant, per lock (owner key).
@@ -63,17 +75,27 @@ impl Default for GrantRates {
 impl GrantRates {
     /// A waiter that had `position` callers ahead was granted after `waited`.
     pub(crate) fn record(&self, lock: &str, position: u64, waited: Duration) {
+        self.record_at(lock, position, waited, Instant::now());
+    }
+
+    fn record_at(&self, lock: &str, position: u64, waited: Duration, now: Instant) {
         let sample = waited.as_secs_f64() / (position as f64 + 1.0);
         let announce = {
             let mut table = self.per_grant.lock().unwrap_or_else(|p| p.into_inner());
             if table.len() >= MAX_LOCKS && !table.contains_key(lock) {
                 table.clear();
             }
-            let estimate = table.entry(lock.to_owned()).or_insert(Estimate {
+            let fresh = Estimate {
                 average: sample,
                 announced: 0.0,
-            });
+                sampled_at: now,
+            };
+            let estimate = table.entry(lock.to_owned()).or_insert(fresh);
+            if estimate.is_stale(now) {
+                *estimate = fresh;
+            }
             estimate.average += ALPHA * (sample - estimate.average);
+            estimate.sampled_at = now;
             let moved = (estimate.average - estimate.announced).abs()
                 > ANNOUNCE_CHANGE * estimate.announced;
             if moved {
@@ -86,11 +108,17 @@ impl GrantRates {
         }
     }
 
-    /// The time between grants seen on `lock`, if any.
+    /// The time between grants seen on `lock`, if any sample came within
+    /// [`STALE_AFTER`].
     pub(crate) fn per_grant(&self, lock: &str) -> Option<Duration> {
+        self.per_grant_at(lock, Instant::now())
+    }
+
+    fn per_grant_at(&self, lock: &str, now: Instant) -> Option<Duration> {
         let table = self.per_grant.lock().unwrap_or_else(|p| p.into_inner());
         table
             .get(lock)
+            .filter(|e| !e.is_stale(now))
             .and_then(|e| Duration::try_from_secs_f64(e.average).ok())
     }
 
@@ -114,6 +142,29 @@ mod tests {
         assert_eq!(rates.per_grant("a"), Some(Duration::from_millis(100)));
         rates.record("a", 0, Duration::from_millis(600));
         assert_eq!(rates.per_grant("a"), Some(Duration::from_millis(200)));
+    }
+
+    /// An estimate nobody has confirmed for a while is forgotten. Before,
+    /// one slow spell stayed the lock's pace for good: admission refused
+    /// every caller whose timeout was shorter, so none of them was ever
+    /// granted after a wait, and no sample could correct it.
+    #[test]
+    fn an_estimate_no_grant_confirms_is_forgotten() {
+        let rates = GrantRates::default();
+        let then = Instant::now();
+        rates.record_at("a", 0, Duration::from_secs(10), then);
+        assert_eq!(
+            rates.per_grant_at("a", then + STALE_AFTER / 2),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(rates.per_grant_at("a", then + STALE_AFTER), None);
+        // A fresh sample starts a fresh estimate, not an average with the
+        // forgotten one.
+        rates.record_at("a", 0, Duration::from_millis(50), then + STALE_AFTER);
+        assert_eq!(
+            rates.per_grant_at("a", then + STALE_AFTER),
+            Some(Duration::from_millis(50))
+        );
     }
 
     #[test]

@@ -112,7 +112,8 @@ impl LockOptions {
     /// joined at, whenever the estimate is new or moves by more than a
     /// quarter: those that cannot make it leave then, within one grant of
     /// the first estimate. The estimate is a guess: a caller refused on it
-    /// might have been served had the holders ahead been quicker.
+    /// might have been served had the holders ahead been quicker. One that
+    /// no grant after a wait has confirmed for 60 s is forgotten.
     pub fn admission(mut self, on: bool) -> Self {
         self.admission = on;
         self
