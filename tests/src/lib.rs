@@ -634,6 +634,37 @@ pub async fn wait_for_a_newcomer(server: &RedisServer, queue: &str, known: &[&st
     .await;
 }
 
+/// The ticket (score) of `member` in `queue`, as Redis prints it.
+pub fn ticket_of(server: &RedisServer, queue: &str, member: &str) -> String {
+    server
+        .cmd(&["ZSCORE", queue, member])
+        .expect("ZSCORE")
+        .as_str()
+        .unwrap_or_else(|| panic!("{member} is not queued"))
+        .to_owned()
+}
+
+/// Removes `member` from `queue` (a lost entry) and checks that its
+/// process, of client tag `tag`, queues it again within 10 of its
+/// heartbeats, with the same `ticket`: back in its old place.
+pub async fn lose_entry_and_see_it_rejoin(
+    server: &RedisServer,
+    queue: &str,
+    alive: &str,
+    member: &str,
+    tag: &str,
+    ticket: &str,
+) {
+    server.cmd(&["ZREM", queue, member]).expect("ZREM");
+    let back = queued_again_within_beats(server, queue, alive, member, tag, 10).await;
+    assert!(back, "{member} was not queued again within 10 heartbeats");
+    assert_eq!(
+        ticket_of(server, queue, member),
+        ticket,
+        "{member} is queued again with its own ticket"
+    );
+}
+
 /// The lost-entry tests' verdict: B (whose entry alone was removed) was
 /// queued again within 10 heartbeats (`back`), and with `tokens` of A, B
 /// and the newcomer C, granted after A and before C.

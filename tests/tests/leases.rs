@@ -549,42 +549,7 @@ async fn a_forced_release_before_the_grant_is_taken_marks_the_guard_lost() {
     // timeout well above the few calls the test makes meanwhile.
     let mut config = fast_config(&server);
     config.waiter_timeout = Duration::from_secs(10);
-    let (queued_tx, queued_rx) = std::sync::mpsc::channel::<()>();
-    let (unblock_tx, unblock_rx) = std::sync::mpsc::channel::<()>();
-    let waiter = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async move {
-            let client = LockClient::with_config(config).await.expect("client");
-            let task = {
-                let client = client.clone();
-                tokio::spawn(async move { client.lock("revoked-early").await })
-            };
-            while client
-                .inspect("revoked-early")
-                .await
-                .expect("inspect")
-                .queue_len
-                < 1
-            {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            let _ = queued_tx.send(());
-            // Blocks the runtime's only thread: the grant and its
-            // revocation wait in the socket, unread.
-            let _ = unblock_rx.recv();
-            let guard = task.await.expect("task").expect("granted");
-            let lost = guard.is_lost();
-            drop(guard);
-            client.shutdown().await;
-            lost
-        })
-    });
-    queued_rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("the waiter queued");
+    let waiter = StalledWaiter::queue(config, "revoked-early", LockOptions::new());
     holder.release().await.expect("release");
     assert!(
         holder_client
@@ -600,12 +565,8 @@ async fn a_forced_release_before_the_grant_is_taken_marks_the_guard_lost() {
     // the grant, where the held lock's own check handles it).
     server.cmd_ok(&["PING"]).expect("PING");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    unblock_tx.send(()).expect("unblock");
-    let lost = tokio::task::spawn_blocking(move || waiter.join().expect("waiter thread"))
-        .await
-        .expect("join");
     assert!(
-        lost,
+        waiter.take_grant_and_ask_if_lost().await,
         "the guard of a force-released grant is not marked lost"
     );
 }
@@ -664,11 +625,7 @@ async fn a_revocation_of_an_earlier_grant_does_not_mark_the_next_lost() {
 async fn a_grant_taken_after_its_lease_ran_out_in_redis_is_lost_at_once() {
     const LEASE: Duration = Duration::from_millis(300);
     let server = server();
-    let keys = fairlock_core::LockKeys::new(
-        &fairlock_core::KeyPrefix::default(),
-        &fairlock_core::LockName::new("stalled-taker").expect("name"),
-    );
-    let owner_key = keys.owner().to_owned();
+    let owner_key = keys("stalled-taker").owner().to_owned();
     let holder_client = client(&server).await;
     let holder = holder_client.lock("stalled-taker").await.expect("holder");
     // No heartbeat or watchdog check while the test runs: it would find
@@ -676,45 +633,7 @@ async fn a_grant_taken_after_its_lease_ran_out_in_redis_is_lost_at_once() {
     let mut config = fast_config(&server);
     config.heartbeat_interval = Duration::from_secs(30);
     config.waiter_timeout = Duration::from_secs(60);
-    let (queued_tx, queued_rx) = std::sync::mpsc::channel::<()>();
-    let (unblock_tx, unblock_rx) = std::sync::mpsc::channel::<()>();
-    let waiter = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async move {
-            let client = LockClient::with_config(config).await.expect("client");
-            let task = {
-                let client = client.clone();
-                tokio::spawn(async move {
-                    client
-                        .lock_with("stalled-taker", LockOptions::new().lease(LEASE))
-                        .await
-                })
-            };
-            while client
-                .inspect("stalled-taker")
-                .await
-                .expect("inspect")
-                .queue_len
-                < 1
-            {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            let _ = queued_tx.send(());
-            // Blocks the runtime's only thread: the grant waits unread.
-            let _ = unblock_rx.recv();
-            let guard = task.await.expect("task").expect("granted");
-            let lost = guard.is_lost();
-            drop(guard);
-            client.shutdown().await;
-            lost
-        })
-    });
-    queued_rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("the waiter queued");
+    let waiter = StalledWaiter::queue(config, "stalled-taker", LockOptions::new().lease(LEASE));
     holder.release().await.expect("release");
     // The handoff made the waiter the owner with its 300 ms lease; wait
     // until Redis has ended it.
@@ -731,12 +650,63 @@ async fn a_grant_taken_after_its_lease_ran_out_in_redis_is_lost_at_once() {
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    unblock_tx.send(()).expect("unblock");
-    let lost = tokio::task::spawn_blocking(move || waiter.join().expect("waiter thread"))
-        .await
-        .expect("join");
     assert!(
-        lost,
+        waiter.take_grant_and_ask_if_lost().await,
         "a guard whose lease Redis ended before the process took it is not marked lost"
     );
+}
+
+/// A waiter in a process of its own (a current-thread runtime on a plain
+/// thread) that queues for a lock and then blocks its only thread: what
+/// Redis sends it meanwhile (a grant, a revocation) waits in its sockets,
+/// unread, and no heartbeat or watchdog check runs.
+struct StalledWaiter {
+    unblock: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<bool>,
+}
+
+impl StalledWaiter {
+    /// Starts the waiter and returns once it is queued and blocked.
+    fn queue(config: fairlock::ClientConfig, name: &'static str, options: LockOptions) -> Self {
+        let (queued_tx, queued_rx) = std::sync::mpsc::channel::<()>();
+        let (unblock, unblock_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                let client = LockClient::with_config(config).await.expect("client");
+                let task = {
+                    let client = client.clone();
+                    tokio::spawn(async move { client.lock_with(name, options).await })
+                };
+                while client.inspect(name).await.expect("inspect").queue_len < 1 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let _ = queued_tx.send(());
+                // Blocks the runtime's only thread.
+                let _ = unblock_rx.recv();
+                let guard = task.await.expect("task").expect("granted");
+                let lost = guard.is_lost();
+                drop(guard);
+                client.shutdown().await;
+                lost
+            })
+        });
+        queued_rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the waiter queued");
+        Self { unblock, thread }
+    }
+
+    /// Unblocks the waiter: its task takes the grant, and the answer is
+    /// whether that guard is lost the moment it is taken.
+    async fn take_grant_and_ask_if_lost(self) -> bool {
+        self.unblock.send(()).expect("unblock");
+        let thread = self.thread;
+        tokio::task::spawn_blocking(move || thread.join().expect("waiter thread"))
+            .await
+            .expect("join")
+    }
 }

@@ -976,37 +976,20 @@ async fn a_waiter_whose_entry_was_lost_keeps_its_place_before_later_callers() {
     let a = spawn_turn(p, name);
     wait_for_queue_len(h, name, 1).await;
     let a_id = queue_entries(&server, lock_keys.queue())[0].clone();
-    let ticket = server
-        .cmd(&["ZSCORE", lock_keys.queue(), &a_id])
-        .expect("ZSCORE")
-        .as_str()
-        .expect("A's ticket")
-        .to_owned();
+    let ticket = ticket_of(&server, lock_keys.queue(), &a_id);
     // A later caller of another process queues behind A.
     let c = spawn_turn(q, name);
     wait_for_queue_len(h, name, 2).await;
     let tag = OwnerId::tag_of(&a_id).expect("an owner id").to_owned();
-    server
-        .cmd(&["ZREM", lock_keys.queue(), &a_id])
-        .expect("ZREM");
-    let back = queued_again_within_beats(
+    lose_entry_and_see_it_rejoin(
         &server,
         lock_keys.queue(),
         lock_keys.alive(),
         &a_id,
         &tag,
-        10,
+        &ticket,
     )
     .await;
-    assert!(back, "A was not queued again within 10 heartbeats");
-    let rejoined = server
-        .cmd(&["ZSCORE", lock_keys.queue(), &a_id])
-        .expect("ZSCORE");
-    assert_eq!(
-        rejoined.as_str(),
-        Some(ticket.as_str()),
-        "A is queued again with its own ticket"
-    );
     holder.release().await.expect("release");
     let (a_got, a_token) = within("A", a).await.expect("A");
     let (_, c_token) = within("C", c).await.expect("C");

@@ -615,26 +615,13 @@ async fn a_permit_waiter_whose_entry_was_lost_keeps_its_place() {
     let a = spawn_permit_turn(&p);
     until_queued(&server, name, 1).await;
     let a_id = queue_entries(&server, set.queue())[0].clone();
-    let ticket = server
-        .cmd(&["ZSCORE", set.queue(), &a_id])
-        .expect("ZSCORE")
-        .as_str()
-        .expect("A's ticket")
-        .to_owned();
+    let ticket = ticket_of(&server, set.queue(), &a_id);
     let c = spawn_permit_turn(&q);
     until_queued(&server, name, 2).await;
     let tag = fairlock_core::OwnerId::tag_of(&a_id)
         .expect("an owner id")
         .to_owned();
-    server.cmd(&["ZREM", set.queue(), &a_id]).expect("ZREM");
-    let back = queued_again_within_beats(&server, set.queue(), set.alive(), &a_id, &tag, 10).await;
-    assert!(back, "A was not queued again within 10 heartbeats");
-    let rejoined = server.cmd(&["ZSCORE", set.queue(), &a_id]).expect("ZSCORE");
-    assert_eq!(
-        rejoined.as_str(),
-        Some(ticket.as_str()),
-        "A is queued again with its own ticket"
-    );
+    lose_entry_and_see_it_rejoin(&server, set.queue(), set.alive(), &a_id, &tag, &ticket).await;
     holder.release().await.expect("release");
     let (a_got, a_token) = within("A", a).await.expect("A");
     let (_, c_token) = within("C", c).await.expect("C");
