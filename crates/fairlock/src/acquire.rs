@@ -335,9 +335,10 @@ async fn acquire_validated(
             let confirm = confirm || heard_elsewhere || state.config.replica_acks.is_some();
             // A confirmed grant's lease is set again from now; otherwise
             // it runs from when the releasing script drew the token.
-            let lease_from = match confirm {
-                true => taken_at,
-                false => handed_on_at(ticket, ticket_sent_at, token, taken_at),
+            let lease_from = if confirm {
+                taken_at
+            } else {
+                handed_on_at(ticket, ticket_sent_at, token, taken_at)
             };
             let mark = state.replication_mark();
             let still_held = if confirm {
