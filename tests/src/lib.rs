@@ -123,9 +123,18 @@ pub fn keys(name: &str) -> LockKeys {
 /// connection, bypassing the client: for crafting states like a waiter
 /// that never heartbeats.
 pub fn raw<C: ScriptCall>(server: &RedisServer, name: &str, call: &C) -> C::Output {
+    raw_with_args::<C>(server, name, &call.args())
+}
+
+/// [`raw`] with the script's arguments given as they are, for arguments
+/// the call type would never make (bad input the script must survive).
+pub fn raw_with_args<C: ScriptCall>(
+    server: &RedisServer,
+    name: &str,
+    args: &[String],
+) -> C::Output {
     let keys = keys(name);
     let numkeys = keys.all().len().to_string();
-    let args = call.args();
     let mut cmd: Vec<&str> = vec!["EVAL", C::SCRIPT.source(), &numkeys];
     cmd.extend(keys.all().iter().map(String::as_str));
     cmd.extend(args.iter().map(String::as_str));

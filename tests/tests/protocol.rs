@@ -332,16 +332,10 @@ async fn a_rejoin_takes_back_an_issued_ticket_and_nothing_else() {
     assert!(forged_ticket > later_ticket && forged_ticket < later_ticket + 1_000_000_000);
     assert_eq!(forged_at, 2);
     // Nor is text that is no number.
-    let keys = keys(name);
-    let numkeys = keys.all().len().to_string();
     let mut args = acquire(FORGER, None).args();
     args.push("1e3".to_owned());
     server.cmd(&["ZREM", &queue, FORGER]).expect("ZREM");
-    let mut cmd: Vec<&str> = vec!["EVAL", Acquire::SCRIPT.source(), &numkeys];
-    cmd.extend(keys.all().iter().map(String::as_str));
-    cmd.extend(args.iter().map(String::as_str));
-    let reply = Acquire::decode(to_reply(server.cmd(&cmd).expect("EVAL"))).expect("reply");
-    let (text_ticket, text_at) = queued(reply);
+    let (text_ticket, text_at) = queued(raw_with_args::<Acquire>(&server, name, &args));
     assert!(text_ticket > forged_ticket);
     assert_eq!(text_at, 2);
 }
