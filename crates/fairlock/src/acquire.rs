@@ -14,12 +14,15 @@
 //! Cancellation safety lives in [`PendingAcquire`]: until a grant is taken,
 //! dropping the acquire future at any await point deregisters the waiter
 //! and runs `cancel.lua`, which removes the queue entry and, if a grant
-//! raced the cancellation, hands the lock on at once. Commands of one
-//! client travel one pipelined connection in order, so the cancel always
-//! runs after any acquire call it races.
+//! raced the cancellation, hands the lock on at once. The cancel always
+//! runs after any acquire call it races: both travel one pipelined
+//! connection in order, or, if the acquire went on the script socket
+//! and its reply was never read, the cancel is written behind it there
+//! (`redis/script_socket.rs`).
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -209,7 +212,7 @@ async fn acquire_validated(
                         // entry was lost.
                         rejoin: ticket,
                     };
-                    state.run(&keys, &call).await
+                    state.run_direct(&keys, &call, &pending.unanswered).await
                 }
                 Request::Permit(_) => {
                     let call = PermitAcquire {
@@ -680,6 +683,10 @@ struct PendingAcquire<'a> {
     started: Instant,
     telemetry: &'a LockTelemetry,
     done: bool,
+    /// Set while an acquire call of this waiter sits on the script socket
+    /// with its reply unread (and after, if that reply was left owed): its
+    /// cancel must then be written behind it there.
+    unanswered: AtomicBool,
 }
 
 impl<'a> PendingAcquire<'a> {
@@ -702,6 +709,7 @@ impl<'a> PendingAcquire<'a> {
             started: Instant::now(),
             telemetry,
             done: false,
+            unanswered: AtomicBool::new(false),
         }
     }
 
@@ -782,8 +790,9 @@ impl<'a> PendingAcquire<'a> {
         let state = Arc::clone(self.state);
         let keys = Arc::clone(self.keys);
         let owner_id = self.owner_id.to_owned();
+        let after_socket = self.unanswered.load(Ordering::SeqCst);
         self.state
-            .spawn_cleanup(async move { state.cancel(&keys, &owner_id).await })
+            .spawn_cleanup(async move { state.cancel(&keys, &owner_id, after_socket).await })
     }
 }
 

@@ -77,7 +77,7 @@ fn start_round(state: &Arc<ClientState>, lanes: &mut Lanes<u16>, only: Option<u1
             let state = Arc::clone(state);
             lanes.spawn_free(async move {
                 for owner_id in owner_ids {
-                    state.cancel(&keys, &owner_id).await;
+                    state.cancel(&keys, &owner_id, false).await;
                 }
             });
         }

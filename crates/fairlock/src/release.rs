@@ -15,7 +15,7 @@ use fairlock_core::{LockKeys, Release, ReleaseAgain, ReleaseReply};
 
 use crate::error::{Error, Result};
 use crate::held::HeldLock;
-use crate::redis::Lane;
+use crate::redis::{Lane, Order, Via};
 use crate::state::{retry_may_cure, ClientState, Replication};
 
 impl ClientState {
@@ -132,7 +132,10 @@ impl ClientState {
             self.run_while_closing(Lane::Holders, keys, &ReleaseAgain(release))
                 .await?
         } else {
-            self.run_while_closing(Lane::Holders, keys, &release)
+            // On the holders' script socket if it is free: a release
+            // is half of every uncontended cycle.
+            let via = Via::Socket(Order::IfFree, None);
+            self.run_while_closing_via(Lane::Holders, via, keys, &release)
                 .await?
         };
         match reply {

@@ -1,12 +1,16 @@
-//! The few RESP2 frames fairlock's grant connection writes and reads.
+//! The RESP2 frames fairlock's own connections write and read.
 //!
-//! That connection (see `grant_connection.rs`) only ever sends `AUTH`,
+//! The grant connection (see `grant_connection.rs`) only ever sends `AUTH`,
 //! `SUBSCRIBE` and `PING`, and reads their answers and the messages of
 //! its one channel. Frames are read in place from the connection's
 //! buffer: a message hands out slices of it, so a grant costs no copy and
-//! no allocation.
+//! no allocation. The script socket (`script_socket.rs`) sends `EVALSHA`
+//! and reads a script's whole reply ([`reply`]).
 
+use std::io::Write;
 use std::str;
+
+use fairlock_core::Reply;
 
 /// Refuse a frame announcing more than this (a bulk string or an array):
 /// no answer or message on a grant connection comes near it, so a larger
@@ -181,12 +185,85 @@ fn value(buf: &[u8], at: usize, depth: usize) -> Value<'_> {
 
 /// Appends a command (an array of bulk strings) to `out`.
 pub(crate) fn command(out: &mut Vec<u8>, args: &[&[u8]]) {
-    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+    command_of(out, args.len(), args.iter().copied());
+}
+
+/// Appends a command of `count` arguments, taken from `args`, to `out`
+/// (no allocation beyond `out`'s growth).
+pub(crate) fn command_of<'a>(
+    out: &mut Vec<u8>,
+    count: usize,
+    args: impl Iterator<Item = &'a [u8]>,
+) {
+    // Writing to a Vec cannot fail.
+    let _ = write!(out, "*{count}\r\n");
     for arg in args {
-        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        let _ = write!(out, "${}\r\n", arg.len());
         out.extend_from_slice(arg);
         out.extend_from_slice(b"\r\n");
     }
+}
+
+/// A whole reply read from the start of `buf`: the reply (an error reply
+/// as its text, `Err`) and how many bytes it took, or `Ok(None)` while it
+/// is incomplete. Bulk strings that are UTF-8 become [`Reply::Str`], as
+/// fred's do for `calls.rs`; others [`Reply::Bytes`].
+#[allow(clippy::type_complexity)]
+pub(crate) fn reply(buf: &[u8]) -> Result<Option<(Result<Reply, String>, usize)>, Malformed> {
+    let Some((head, next)) = line(buf, 0) else {
+        return Ok(None);
+    };
+    if let Some(error) = head.strip_prefix(b"-") {
+        return Ok(Some((
+            Err(String::from_utf8_lossy(error).into_owned()),
+            next,
+        )));
+    }
+    Ok(owned(buf, 0, 0)?.map(|(reply, used)| (Ok(reply), used)))
+}
+
+/// The value at `at` as an owned [`Reply`], and where the next begins.
+fn owned(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Reply, usize)>, Malformed> {
+    let Some((head, next)) = line(buf, at) else {
+        return Ok(None);
+    };
+    let (&kind, rest) = head.split_first().ok_or(Malformed("empty line"))?;
+    let text = |bytes: &[u8]| Reply::from_bulk(bytes.to_vec());
+    Ok(match kind {
+        b'+' => Some((text(rest), next)),
+        // An error inside an array: as Redis's clients give it, its text.
+        b'-' => Some((text(rest), next)),
+        b':' => {
+            let n = str::from_utf8(rest)
+                .ok()
+                .and_then(|d| d.parse().ok())
+                .ok_or(Malformed("bad integer"))?;
+            Some((Reply::Int(n), next))
+        }
+        b'$' => bulk(buf, rest, next)?.map(|(data, end)| (data.map_or(Reply::Nil, text), end)),
+        b'*' => {
+            if depth >= MAX_DEPTH {
+                return Err(Malformed("arrays nested too deep"));
+            }
+            let Some(count) = length(rest)? else {
+                return Ok(Some((Reply::Nil, next)));
+            };
+            // Not trusting the count for the allocation: items arrive one by one.
+            let mut items = Vec::with_capacity(count.min(64));
+            let mut at = next;
+            for _ in 0..count {
+                match owned(buf, at, depth + 1)? {
+                    Some((item, end)) => {
+                        items.push(item);
+                        at = end;
+                    }
+                    None => return Ok(None),
+                }
+            }
+            Some((Reply::Array(items), at))
+        }
+        _ => return Err(Malformed("unknown frame type")),
+    })
 }
 
 #[cfg(test)]
@@ -298,6 +375,35 @@ mod tests {
         assert_eq!(parse(b"$999999999\r\n"), Err(Malformed("frame too large")));
         assert_eq!(
             parse(b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n"),
+            Err(Malformed("arrays nested too deep"))
+        );
+    }
+
+    /// A script's reply is read whole, as fred reads it for `calls.rs`:
+    /// integers, text, binary bulk strings, nulls, nested arrays; an error
+    /// reply as its text; a cut reply waits for the rest.
+    #[test]
+    fn a_script_reply_is_read_whole() {
+        let buf = b"*5\r\n:1\r\n$3\r\nabc\r\n$2\r\n\xff\x00\r\n$-1\r\n*2\r\n+OK\r\n:-7\r\n";
+        let expected = Reply::Array(vec![
+            Reply::Int(1),
+            Reply::Str("abc".into()),
+            Reply::Bytes(vec![0xff, 0]),
+            Reply::Nil,
+            Reply::Array(vec![Reply::Str("OK".into()), Reply::Int(-7)]),
+        ]);
+        assert_eq!(reply(buf), Ok(Some((Ok(expected), buf.len()))));
+        for cut in 0..buf.len() {
+            assert_eq!(reply(&buf[..cut]), Ok(None), "cut at {cut}");
+        }
+        assert_eq!(
+            reply(b"-NOSCRIPT No matching script\r\n:1\r\n"),
+            Ok(Some((Err("NOSCRIPT No matching script".into()), 30)))
+        );
+        assert_eq!(reply(b"*-1\r\n"), Ok(Some((Ok(Reply::Nil), 5))));
+        assert_eq!(reply(b":x\r\n"), Err(Malformed("bad integer")));
+        assert_eq!(
+            reply(b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n"),
             Err(Malformed("arrays nested too deep"))
         );
     }

@@ -30,7 +30,7 @@ use crate::config::ClientConfig;
 use crate::error::{Error, Result};
 use crate::held::{HeldLock, HeldLocks};
 use crate::key_cache::KeyCache;
-use crate::redis::{Lane, ReconnectMark, RedisConnection};
+use crate::redis::{Lane, Order, ReconnectMark, RedisConnection, Via};
 use crate::telemetry::waiters_evicted;
 use crate::waiters::WaiterRegistry;
 
@@ -478,6 +478,20 @@ impl ClientState {
         self.run_on(Lane::Waiters, keys, call).await
     }
 
+    /// Runs a lock script call on the waiters' lane, on its script socket
+    /// if that is free (`redis/script_socket.rs`); `unanswered` says while
+    /// the call's reply there is unread (see [`Via::Socket`]).
+    pub(crate) async fn run_direct<C: ScriptCall>(
+        &self,
+        keys: &LockKeys,
+        call: &C,
+        unanswered: &AtomicBool,
+    ) -> Result<C::Output> {
+        self.check_open()?;
+        let via = Via::Socket(Order::IfFree, Some(unanswered));
+        Box::pin(self.redis.run_via(Lane::Waiters, via, keys, call)).await
+    }
+
     /// Runs a lock script call on `lane` (see [`Lane`]).
     pub(crate) async fn run_on<C: ScriptCall>(
         &self,
@@ -501,10 +515,22 @@ impl ClientState {
         keys: &LockKeys,
         call: &C,
     ) -> Result<C::Output> {
+        self.run_while_closing_via(lane, Via::Fred, keys, call)
+            .await
+    }
+
+    /// [`Self::run_while_closing`], travelling `via`.
+    pub(crate) async fn run_while_closing_via<C: ScriptCall>(
+        &self,
+        lane: Lane,
+        via: Via<'_>,
+        keys: &LockKeys,
+        call: &C,
+    ) -> Result<C::Output> {
         if self.quitting.load(Ordering::SeqCst) {
             return Err(Error::Closed);
         }
-        Box::pin(self.redis.run(lane, keys, call)).await
+        Box::pin(self.redis.run_via(lane, via, keys, call)).await
     }
 
     /// Closes the connections (the last step of shutting down); every
@@ -548,8 +574,16 @@ impl ClientState {
     }
 
     /// Leaves the queue for `owner_id`, passing on a grant that raced the
-    /// cancellation. A failure is retried by the heartbeat.
-    pub(crate) async fn cancel(self: &Arc<Self>, keys: &Arc<LockKeys>, owner_id: &str) {
+    /// cancellation. A failure is retried by the heartbeat. `after_socket`:
+    /// the waiter's acquire went on the script socket and its reply was
+    /// never read, so the cancel is written behind it there (Redis may
+    /// not have run it yet; through fred the cancel could overtake it).
+    pub(crate) async fn cancel(
+        self: &Arc<Self>,
+        keys: &Arc<LockKeys>,
+        owner_id: &str,
+        after_socket: bool,
+    ) {
         let result = if keys.permit_family().is_some() {
             self.cancel_permit_call(keys, owner_id).await
         } else {
@@ -558,9 +592,14 @@ impl ClientState {
                 timings: &self.timings,
                 channel_prefix: &self.channel_prefix(keys),
             };
+            let via = if after_socket {
+                Via::Socket(Order::AfterSocket, None)
+            } else {
+                Via::Fred
+            };
             // Also while the client closes: leaving the queue is what a
             // closing client's waiters do last.
-            self.run_while_closing(Lane::Waiters, keys, &call)
+            self.run_while_closing_via(Lane::Waiters, via, keys, &call)
                 .await
                 .map(|reply| reply.purged)
         };

@@ -19,7 +19,8 @@ use tracing::Instrument;
 
 use super::errors::classify;
 use super::keeper::RESTART_PAUSE;
-use super::{Lane, ReconnectMark, RedisConnection};
+use super::script_socket::{EvalSha, Outcome, SocketTarget};
+use super::{Lane, ReconnectMark, RedisConnection, Via};
 use crate::error::{Error, Result};
 use crate::telemetry;
 
@@ -32,9 +33,23 @@ impl RedisConnection {
         keys: &LockKeys,
         call: &C,
     ) -> Result<C::Output> {
+        self.run_via(lane, Via::Fred, keys, call).await
+    }
+
+    /// [`Self::run`], on the lane's script socket where `via` says so.
+    pub(crate) async fn run_via<C: ScriptCall>(
+        &self,
+        lane: Lane,
+        via: Via<'_>,
+        keys: &LockKeys,
+        call: &C,
+    ) -> Result<C::Output> {
         let keys: Vec<&str> = keys.all().iter().map(String::as_str).collect();
         let args = call.args().into_iter().map(String::into_bytes).collect();
-        let reply = match self.eval(lane, C::SCRIPT.as_source(), &keys, args).await {
+        let reply = match self
+            .eval_resending(lane, via, C::SCRIPT.as_source(), &keys, args, true)
+            .await
+        {
             Ok(reply) => reply,
             // Boxed: a rare path, kept out of every call's future.
             Err(Error::WrongType(detail)) => {
@@ -174,7 +189,8 @@ impl RedisConnection {
         keys: &[&str],
         args: Vec<Vec<u8>>,
     ) -> Result<Reply> {
-        self.eval_resending(lane, script, keys, args, true).await
+        self.eval_resending(lane, Via::Fred, script, keys, args, true)
+            .await
     }
 
     /// A user's script (a fenced write or fenced script), which may not be
@@ -188,23 +204,20 @@ impl RedisConnection {
         keys: &[&str],
         args: Vec<Vec<u8>>,
     ) -> Result<Reply> {
-        self.eval_resending(lane, script, keys, args, false).await
+        self.eval_resending(lane, Via::Fred, script, keys, args, false)
+            .await
     }
 
     async fn eval_resending(
         &self,
         lane: Lane,
+        via: Via<'_>,
         script: ScriptSource<'_>,
         keys: &[&str],
         args: Vec<Vec<u8>>,
         resend: bool,
     ) -> Result<Reply> {
         let span = telemetry::script_span(script.name);
-        let keys: Vec<Key> = keys.iter().map(|k| Key::from(*k)).collect();
-        let args: Vec<Value> = args
-            .into_iter()
-            .map(|arg| Value::Bytes(arg.into()))
-            .collect();
         // A place in the lane's window, for the whole call (resends
         // included), waited for at most the command timeout.
         let _place = match &self.windows {
@@ -232,6 +245,21 @@ impl RedisConnection {
         // behind slow replies took three times it.
         let in_redis = Instant::now();
         let deadline = in_redis + self.command_timeout + SLACK;
+        if let Some(answer) = self
+            .on_socket(lane, via, script, keys, &args)
+            .instrument(span.clone())
+            .await
+        {
+            if let Err(error) = &answer {
+                span.in_scope(|| telemetry::span_failed(error));
+            }
+            return answer;
+        }
+        let keys: Vec<Key> = keys.iter().map(|k| Key::from(*k)).collect();
+        let args: Vec<Value> = args
+            .into_iter()
+            .map(|arg| Value::Bytes(arg.into()))
+            .collect();
         let result = loop {
             let result = self
                 .eval_once_loaded(self.lane(lane), script, &keys, &args, deadline)
@@ -253,6 +281,54 @@ impl RedisConnection {
             span.in_scope(|| telemetry::span_failed(error));
         }
         result
+    }
+
+    /// The call on the lane's script socket, if `via` asks for it and the
+    /// socket takes it (`script_socket.rs`): its answer, or `None` for the
+    /// call to go through fred (not sent there; or sent, and the socket
+    /// failed before the reply, which a resend through fred answers; or
+    /// Redis lacks the script, which fred's path loads).
+    async fn on_socket(
+        &self,
+        lane: Lane,
+        via: Via<'_>,
+        script: ScriptSource<'_>,
+        keys: &[&str],
+        args: &[Vec<u8>],
+    ) -> Option<Result<Reply>> {
+        let (Via::Socket(order, unanswered), Some(sockets), Some(endpoint)) =
+            (via, &self.sockets, self.grant_endpoint())
+        else {
+            return None;
+        };
+        let target = SocketTarget {
+            endpoint,
+            database: sockets.database,
+            connect_timeout: sockets.connect_timeout.min(self.command_timeout),
+        };
+        let call = EvalSha {
+            sha: script.sha1,
+            keys,
+            args,
+        };
+        let deadline = Instant::now() + self.command_timeout;
+        let socket = &sockets.lanes[lane.index()];
+        // Boxed, as fred's calls are (see [`FredCall`]): kept out of every
+        // call's future, the ones through fred included.
+        match Box::pin(socket.call(&target, &call, order, deadline, unanswered)).await {
+            Outcome::Answered(Ok(reply)) => Some(Ok(reply)),
+            Outcome::Answered(Err(error)) if error.starts_with("NOSCRIPT") => None,
+            Outcome::Answered(Err(error)) => Some(Err(classify(
+                &FredError::new(ErrorKind::Unknown, error),
+                script.name,
+                self.command_timeout,
+            ))),
+            Outcome::NotSent | Outcome::Lost => None,
+            Outcome::TimedOut => Some(Err(Error::Timeout {
+                operation: format!("script {}", script.name),
+                timeout: self.command_timeout,
+            })),
+        }
     }
 
     /// One attempt, its script loaded first if Redis lacks it, every step

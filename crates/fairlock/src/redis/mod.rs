@@ -1,10 +1,13 @@
-//! The only module that talks to fred.
+//! The only module that talks to fred, and the one that sends every
+//! command call.
 //!
 //! Everything else in the client speaks in fairlock-core's terms (script
 //! calls, [`Reply`](fairlock_core::Reply)) so the Redis client can be
 //! swapped by rewriting this module alone. Three connections per process:
 //! two command lanes and one subscriber that carries the process's single
-//! pub/sub channel. On a single server, on a Sentinel-managed primary and
+//! pub/sub channel; on a single server two more, the lanes' script
+//! sockets, which the hot path's calls (a lock's acquire and release) take
+//! when they are free (`script_socket.rs`). On a single server, on a Sentinel-managed primary and
 //! on a cluster's nodes, over plain TCP or TLS, that subscriber is not fred's but fairlock's own
 //! grant connection (`grant_connection.rs`, one per node in
 //! `sharded_grants.rs`), read by the task that wakes the waiters; this
@@ -28,6 +31,8 @@
 //! (scripts, with their `NOSCRIPT` reload, resend and timeout);
 //! `grant_endpoint.rs` says where fairlock's own grant connections go;
 //! `fred_pubsub.rs` is fred's subscriber where it still carries grants;
+//! `script_socket.rs` is the socket of fairlock's own that a calling task
+//! writes a hot-path script call to and reads its reply from;
 //! `keeper.rs` restarts a fred connection task that ended; `errors.rs`
 //! turns fred's errors into fairlock's; `reconnect_count.rs` tells a
 //! `WAIT` answered on the write's connection from one answered after a
@@ -39,6 +44,7 @@ mod fred_pubsub;
 mod grant_endpoint;
 mod keeper;
 mod reconnect_count;
+mod script_socket;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -64,6 +70,9 @@ pub(crate) use errors::redact;
 pub(crate) use fred_pubsub::{Messages, Reconnects};
 pub(crate) use grant_endpoint::{check_tls_scheme, GrantEndpoint};
 pub(crate) use reconnect_count::ReconnectMark;
+pub(crate) use script_socket::Order;
+
+use script_socket::ScriptSocket;
 
 /// Which command connection a call goes on (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +91,18 @@ impl Lane {
             Lane::Holders => 1,
         }
     }
+}
+
+/// How a script call travels: through the lane's fred connection, or on
+/// the lane's script socket (`script_socket.rs`) where there is one.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Via<'a> {
+    /// fred's connection of the lane, behind every call sent on it before.
+    Fred,
+    /// The lane's script socket in `Order`, else fred; the flag, if given,
+    /// is set while the call's reply on the socket is unread (see
+    /// [`ScriptSocket::call`]).
+    Socket(Order, Option<&'a AtomicBool>),
 }
 
 /// Which connection carries a client's pub/sub subscriptions.
@@ -128,6 +149,18 @@ pub(crate) struct RedisConnection {
     /// reconnects: a `WAIT` is not believed across one
     /// (`reconnect_count.rs`).
     reconnects: Option<ReconnectCount>,
+    /// fairlock's own sockets for the hot path's script calls, one per
+    /// lane, `[waiters, holders]` (`script_socket.rs`); `None` where every
+    /// call goes through fred.
+    sockets: Option<Sockets>,
+}
+
+/// The script sockets of a client on a single server.
+struct Sockets {
+    lanes: [ScriptSocket; 2],
+    /// The URL's database.
+    database: Option<u8>,
+    connect_timeout: Duration,
 }
 
 impl RedisConnection {
@@ -150,6 +183,16 @@ impl RedisConnection {
             PubSub::Fred => None,
         };
         let (username, password) = (fred_config.username.clone(), fred_config.password.clone());
+        // Only on a single server (see `script_socket.rs`), where grants
+        // come on fairlock's own connection too.
+        let sockets = (config.direct_calls
+            && config.replica_acks.is_none()
+            && matches!(grant_place, Some(GrantPlace::Fixed(_))))
+        .then(|| Sockets {
+            lanes: [ScriptSocket::new(), ScriptSocket::new()],
+            database: fred_config.database,
+            connect_timeout: config.connect_timeout,
+        });
         let mut builder = Builder::from_config(fred_config);
         builder
             .with_connection_config(|c| {
@@ -269,6 +312,7 @@ impl RedisConnection {
             keepers: Mutex::new(keepers),
             closing: AtomicBool::new(false),
             reconnects,
+            sockets,
         })
     }
 
@@ -307,6 +351,18 @@ impl RedisConnection {
         }
     }
 
+    /// Whether each lane's script socket, `[waiters, holders]`, is
+    /// connected now (both false without sockets).
+    #[cfg(test)]
+    pub(crate) fn sockets_connected(&self) -> [bool; 2] {
+        self.sockets.as_ref().map_or([false; 2], |sockets| {
+            [
+                sockets.lanes[0].is_connected(),
+                sockets.lanes[1].is_connected(),
+            ]
+        })
+    }
+
     /// Script calls of `lane` in flight now, with a window (0 without).
     #[cfg(test)]
     pub(crate) fn in_flight(&self, lane: Lane, limit: usize) -> usize {
@@ -339,6 +395,11 @@ impl RedisConnection {
         let keepers = std::mem::take(&mut *self.keepers.lock().unwrap_or_else(|p| p.into_inner()));
         for mut keeper in keepers {
             keeper.shutdown().await;
+        }
+        if let Some(sockets) = &self.sockets {
+            for socket in &sockets.lanes {
+                socket.close(self.command_timeout).await;
+            }
         }
         if let Some(subscriber) = self.fred_subscriber() {
             let _ = tokio::time::timeout(self.command_timeout, subscriber.quit()).await;

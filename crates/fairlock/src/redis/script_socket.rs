@@ -1,0 +1,716 @@
+//! A command socket of fairlock's own for the hot path's script calls (a
+//! lock's acquire and release), written and read by the calling task
+//! itself.
+//!
+//! A call through fred crosses tasks twice: the caller hands it to fred's
+//! connection task, which writes it, reads the reply and hands that back.
+//! On a multi-threaded runtime each crossing wakes a parked worker: 4
+//! context switches and about 15-20 µs per call on an idle local server
+//! (a fred `PING` took 39-44 µs, the same `PING` written and read by the
+//! calling task 24-30 µs, on 2 workers). Here the caller writes the
+//! command and reads its reply on the socket: the reply wakes the caller
+//! and nobody else.
+//!
+//! One call at a time per socket, one socket per command lane: a call that
+//! finds its lane's socket busy goes on the lane's fred connection as
+//! before, so a burst is never queued here. Order is what a lane's
+//! callers rely on, and both paths keep it where it matters:
+//! - a call whose reply it stopped waiting for (its timeout, or its future
+//!   dropped) leaves the reply owed; the socket is not closed, since Redis
+//!   may still run the command. Calls that find replies owed go to fred,
+//!   except one that must run after the call that left them ([`Order`]): it
+//!   is written behind it on this socket, which Redis reads in order (an
+//!   acquire's cancel, see `acquire.rs`).
+//! - a socket that Redis closed, or that failed, runs nothing more, so
+//!   nothing written to it can overtake what comes after.
+//!
+//! Used on a single server only, plain TCP or TLS (see
+//! [`RedisConnection::connect`](super::RedisConnection::connect)); behind
+//! Sentinel, on a cluster, with replica acknowledgement (a `WAIT` covers
+//! fred's connections only) and for RedLock every call goes through fred.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex as StdMutex;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use fairlock_core::Reply;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{Mutex, MutexGuard};
+
+use super::grant_endpoint::GrantEndpoint;
+use crate::grant_stream::GrantStream;
+use crate::resp2;
+
+/// After a connect that failed, calls go through fred for this long before
+/// the next attempt (a server that is down is not asked on every call).
+const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
+
+/// Bytes kept for replies; a lock script's reply is far smaller.
+const BUFFER: usize = 512;
+
+/// Whether a call may go on the socket, and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Order {
+    /// If the socket is free and owes no reply; else through fred.
+    IfFree,
+    /// Behind everything written to the socket, waiting for it: the call
+    /// must run after one that went on the socket and whose reply was
+    /// never read. Through fred if the socket is closed (nothing written
+    /// to it runs any more).
+    AfterSocket,
+}
+
+/// How a call on the socket ended.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// Redis answered: a reply, or an error reply's text.
+    Answered(Result<Reply, String>),
+    /// Not written (the socket busy, owing replies, or not connected): the
+    /// call goes through fred.
+    NotSent,
+    /// Written, and the socket failed before the reply came: the call may
+    /// have run; it is sent again through fred (every script sent here is
+    /// safe to run twice).
+    Lost,
+    /// No reply by the deadline (it is owed; see the module docs); or, for
+    /// [`Order::AfterSocket`], the socket stayed busy until then.
+    TimedOut,
+}
+
+/// Where the socket connects and how it logs in.
+pub(crate) struct SocketTarget<'a> {
+    /// The single server's address, TLS and credentials.
+    pub(crate) endpoint: &'a GrantEndpoint,
+    /// The URL's database, selected on connect.
+    pub(crate) database: Option<u8>,
+    /// Limit for connecting and logging in.
+    pub(crate) connect_timeout: Duration,
+}
+
+/// One command lane's socket (see the module docs).
+pub(crate) struct ScriptSocket {
+    slot: Mutex<Slot>,
+    /// No connect before this, after one failed.
+    pause_until: StdMutex<Option<Instant>>,
+    /// Set by [`ScriptSocket::close`]: nothing is sent any more.
+    closed: AtomicBool,
+}
+
+#[derive(Default)]
+struct Slot {
+    connection: Option<Connection>,
+    /// Replies of calls that stopped waiting, to be read and dropped before
+    /// the next call's own.
+    owed: usize,
+}
+
+impl Slot {
+    /// The socket failed: what was written to it and not answered never
+    /// runs now, or has run.
+    fn lose(&mut self) {
+        self.connection = None;
+        self.owed = 0;
+    }
+}
+
+struct Connection {
+    stream: GrantStream,
+    /// Read and not parsed yet.
+    buf: Vec<u8>,
+    /// The command being written (kept: no allocation per call).
+    out: Vec<u8>,
+}
+
+/// A script call as written: `EVALSHA sha numkeys keys... args...`.
+pub(crate) struct EvalSha<'a> {
+    pub(crate) sha: &'a str,
+    pub(crate) keys: &'a [&'a str],
+    pub(crate) args: &'a [Vec<u8>],
+}
+
+impl EvalSha<'_> {
+    fn write_to(&self, out: &mut Vec<u8>) {
+        let numkeys = self.keys.len().to_string();
+        let head = [
+            b"EVALSHA".as_slice(),
+            self.sha.as_bytes(),
+            numkeys.as_bytes(),
+        ];
+        let args = head
+            .into_iter()
+            .chain(self.keys.iter().map(|key| key.as_bytes()))
+            .chain(self.args.iter().map(Vec::as_slice));
+        resp2::command_of(out, 3 + self.keys.len() + self.args.len(), args);
+    }
+}
+
+/// Where a call on the socket stands, for when its future is dropped.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Part of the command may be on the wire: the socket cannot be used
+    /// again (what follows would be read as the rest of it).
+    Writing,
+    /// Written; the reply is owed if nobody reads it.
+    Awaiting,
+    Done,
+}
+
+/// A call holding the socket; dropped mid-call it leaves the socket in a
+/// state the next call can use (see [`Phase`]).
+struct InFlight<'a> {
+    slot: MutexGuard<'a, Slot>,
+    phase: Phase,
+    /// The caller's record that its call sits on the socket unanswered.
+    unanswered: Option<&'a AtomicBool>,
+}
+
+impl InFlight<'_> {
+    /// The call ended with its reply read, or with the socket lost.
+    fn end(&mut self, outcome: Outcome) -> Outcome {
+        self.phase = Phase::Done;
+        if let Some(flag) = self.unanswered {
+            flag.store(false, Ordering::SeqCst);
+        }
+        outcome
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        match self.phase {
+            Phase::Writing => self.slot.lose(),
+            Phase::Awaiting => self.slot.owed += 1,
+            Phase::Done => {}
+        }
+    }
+}
+
+impl ScriptSocket {
+    pub(crate) fn new() -> Self {
+        Self {
+            slot: Mutex::new(Slot::default()),
+            pause_until: StdMutex::new(None),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// Runs `call` on the socket, answered by `deadline`, in `order`.
+    /// `unanswered`, if given, is set while the call sits on the socket
+    /// without its reply read, and stays set if its reply is left owed:
+    /// the caller's later call that must follow it then goes
+    /// [`Order::AfterSocket`].
+    pub(crate) async fn call(
+        &self,
+        target: &SocketTarget<'_>,
+        call: &EvalSha<'_>,
+        order: Order,
+        deadline: Instant,
+        unanswered: Option<&AtomicBool>,
+    ) -> Outcome {
+        if self.closed.load(Ordering::SeqCst) {
+            return Outcome::NotSent;
+        }
+        let mut slot = match order {
+            Order::IfFree => match self.slot.try_lock() {
+                Ok(slot) => slot,
+                Err(_) => return Outcome::NotSent,
+            },
+            Order::AfterSocket => {
+                match tokio::time::timeout_at(deadline.into(), self.slot.lock()).await {
+                    Ok(slot) => slot,
+                    Err(_) => return Outcome::TimedOut,
+                }
+            }
+        };
+        if order == Order::IfFree {
+            if slot.owed > 0 && !read_owed_now(&mut slot) {
+                return Outcome::NotSent;
+            }
+            if slot.connection.is_none() {
+                slot.connection = self.connect(target).await;
+            }
+        }
+        if slot.connection.is_none() || self.closed.load(Ordering::SeqCst) {
+            return Outcome::NotSent;
+        }
+        if let Some(flag) = unanswered {
+            flag.store(true, Ordering::SeqCst);
+        }
+        let mut flight = InFlight {
+            slot,
+            phase: Phase::Writing,
+            unanswered,
+        };
+        let Some(connection) = flight.slot.connection.as_mut() else {
+            return flight.end(Outcome::NotSent);
+        };
+        connection.out.clear();
+        call.write_to(&mut connection.out);
+        let written = tokio::time::timeout_at(deadline.into(), async {
+            connection.stream.write_all(&connection.out).await?;
+            // TLS keeps written bytes in its session until flushed.
+            connection.stream.flush().await
+        })
+        .await;
+        match written {
+            Ok(Ok(())) => flight.phase = Phase::Awaiting,
+            // Failed or timed out part-way: what was written never runs
+            // (Redis waits for the rest of the command, then sees the
+            // socket close), so the call goes through fred.
+            _ => {
+                flight.slot.lose();
+                return flight.end(Outcome::Lost);
+            }
+        }
+        loop {
+            let Some(Connection { stream, buf, .. }) = flight.slot.connection.as_mut() else {
+                return flight.end(Outcome::Lost);
+            };
+            match resp2::reply(buf) {
+                Ok(Some((reply, used))) => {
+                    buf.drain(..used);
+                    if flight.slot.owed > 0 {
+                        flight.slot.owed -= 1;
+                        continue;
+                    }
+                    return flight.end(Outcome::Answered(reply));
+                }
+                Ok(None) => {}
+                Err(malformed) => {
+                    tracing::warn!(
+                        error = malformed.0,
+                        "fairlock's script socket read a malformed reply; closing it"
+                    );
+                    flight.slot.lose();
+                    return flight.end(Outcome::Lost);
+                }
+            }
+            match tokio::time::timeout_at(deadline.into(), stream.read_buf(buf)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                Ok(_) => {
+                    flight.slot.lose();
+                    return flight.end(Outcome::Lost);
+                }
+                // Left owed, by the Drop of `flight` (still `Awaiting`);
+                // the caller's flag stays set.
+                Err(_) => return Outcome::TimedOut,
+            }
+        }
+    }
+
+    /// Connects and logs in, within the connect timeout; `None` (and no
+    /// attempt for [`RECONNECT_PAUSE`]) if that fails.
+    async fn connect(&self, target: &SocketTarget<'_>) -> Option<Connection> {
+        let now = Instant::now();
+        {
+            let mut pause = self.pause_until.lock().unwrap_or_else(|p| p.into_inner());
+            if pause.is_some_and(|until| now < until) {
+                return None;
+            }
+            *pause = None;
+        }
+        let opened = tokio::time::timeout(target.connect_timeout, open(target)).await;
+        match opened {
+            Ok(Ok(connection)) => Some(connection),
+            failed => {
+                let reason = match failed {
+                    Ok(Err(reason)) => reason,
+                    _ => "no answer within the connect timeout".to_owned(),
+                };
+                tracing::debug!(%reason, "fairlock's script socket could not connect; calls go through fred meanwhile");
+                *self.pause_until.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(now + RECONNECT_PAUSE);
+                None
+            }
+        }
+    }
+
+    /// Closes the socket: later calls go through fred (which a closing
+    /// client refuses). Waits at most `timeout` for a call on it to end.
+    pub(crate) async fn close(&self, timeout: Duration) {
+        self.closed.store(true, Ordering::SeqCst);
+        if let Ok(mut slot) = tokio::time::timeout(timeout, self.slot.lock()).await {
+            slot.lose();
+        }
+    }
+
+    /// Whether the socket is connected now (for tests).
+    #[cfg(test)]
+    pub(crate) fn is_connected(&self) -> bool {
+        self.slot
+            .try_lock()
+            .is_ok_and(|slot| slot.connection.is_some())
+    }
+}
+
+/// Reads the replies owed that have arrived, without waiting; whether none
+/// is owed now (a socket found closed owes none).
+fn read_owed_now(slot: &mut Slot) -> bool {
+    while slot.owed > 0 {
+        let Some(Connection { stream, buf, .. }) = slot.connection.as_mut() else {
+            slot.owed = 0;
+            break;
+        };
+        match resp2::reply(buf) {
+            Ok(Some((_, used))) => {
+                buf.drain(..used);
+                slot.owed -= 1;
+                continue;
+            }
+            Ok(None) => {}
+            Err(_) => {
+                slot.lose();
+                break;
+            }
+        }
+        // One poll: the bytes the socket has now, if any.
+        let mut context = Context::from_waker(Waker::noop());
+        match pin!(stream.read_buf(buf)).poll(&mut context) {
+            Poll::Ready(Ok(n)) if n > 0 => {}
+            Poll::Ready(_) => slot.lose(),
+            Poll::Pending => return false,
+        }
+    }
+    true
+}
+
+/// Opens the connection: TCP (and TLS), then `AUTH` and `SELECT` as the
+/// URL asks (or a `PING`), in one write, and reads their answers.
+async fn open(target: &SocketTarget<'_>) -> Result<Connection, String> {
+    let endpoint = target.endpoint;
+    let address = endpoint
+        .address()
+        .ok_or_else(|| "no server address".to_owned())?;
+    let stream = GrantStream::connect(&address, endpoint.tls())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut connection = Connection {
+        stream,
+        buf: Vec::with_capacity(BUFFER),
+        out: Vec::with_capacity(BUFFER),
+    };
+    let mut answers = 0;
+    let out = &mut connection.out;
+    match (&endpoint.username, &endpoint.password) {
+        (Some(user), Some(password)) => {
+            resp2::command(out, &[b"AUTH", user.as_bytes(), password.as_bytes()]);
+            answers += 1;
+        }
+        (None, Some(password)) => {
+            resp2::command(out, &[b"AUTH", password.as_bytes()]);
+            answers += 1;
+        }
+        _ => {}
+    }
+    if let Some(database) = target.database.filter(|&db| db != 0) {
+        resp2::command(out, &[b"SELECT", database.to_string().as_bytes()]);
+        answers += 1;
+    }
+    if answers == 0 {
+        // Answered before the socket takes a call: a server that refuses
+        // the connection (at its `maxclients`, it writes an error and
+        // closes) fails the connect, not the call.
+        resp2::command(out, &[b"PING"]);
+        answers += 1;
+    }
+    let io = |e: std::io::Error| e.to_string();
+    connection
+        .stream
+        .write_all(&connection.out)
+        .await
+        .map_err(io)?;
+    connection.stream.flush().await.map_err(io)?;
+    while answers > 0 {
+        match resp2::reply(&connection.buf).map_err(|m| m.0.to_owned())? {
+            Some((Ok(_), used)) => {
+                connection.buf.drain(..used);
+                answers -= 1;
+            }
+            Some((Err(error), _)) => return Err(format!("Redis refused the login: {error}")),
+            None => {
+                if connection
+                    .stream
+                    .read_buf(&mut connection.buf)
+                    .await
+                    .map_err(io)?
+                    == 0
+                {
+                    return Err("Redis closed the connection".to_owned());
+                }
+            }
+        }
+    }
+    Ok(connection)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    use fairlock_core::Reply;
+    use fairlock_testkit::RedisServer;
+
+    use super::super::grant_endpoint::{GrantEndpoint, GrantPlace};
+    use super::{EvalSha, Order, Outcome, ScriptSocket, SocketTarget};
+
+    /// A script that keeps Redis busy for `ARGV[1]` ms, then answers
+    /// `ARGV[2]`.
+    const SLOW: &str = "local t = redis.call('TIME') \
+        local start = t[1] * 1000000 + t[2] \
+        repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start >= ARGV[1] * 1000 \
+        return ARGV[2]";
+
+    fn endpoint(server: &RedisServer) -> GrantEndpoint {
+        let (_, never) = tokio::sync::broadcast::channel(1);
+        GrantEndpoint::new(GrantPlace::Fixed(server.addr()), || never, None, None, None)
+    }
+
+    fn eval<'a>(sha: &'a str, args: &'a [Vec<u8>]) -> EvalSha<'a> {
+        EvalSha {
+            sha,
+            keys: &[],
+            args,
+        }
+    }
+
+    fn answered(outcome: Outcome) -> String {
+        match outcome {
+            Outcome::Answered(Ok(Reply::Str(text))) => text,
+            other => panic!("expected an answer, got {other:?}"),
+        }
+    }
+
+    /// A call whose reply it stopped waiting for leaves that reply owed:
+    /// a call that must come after it is written behind it on the socket
+    /// and gets its own reply, not the owed one; a call that may go
+    /// anywhere is not sent while a reply is owed, and once it arrived
+    /// the socket is used again. The caller's flag says when its reply was
+    /// left unread.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unread_reply_is_owed_and_a_later_call_gets_its_own() {
+        let server = RedisServer::start().expect("redis-server");
+        let sha = match server.cmd_ok(&["SCRIPT", "LOAD", SLOW]).expect("load") {
+            fairlock_testkit::Resp::Bulk(Some(sha)) => String::from_utf8(sha).expect("sha"),
+            other => panic!("SCRIPT LOAD answered {other:?}"),
+        };
+        let endpoint = endpoint(&server);
+        let target = SocketTarget {
+            endpoint: &endpoint,
+            database: None,
+            connect_timeout: Duration::from_secs(5),
+        };
+        let socket = ScriptSocket::new();
+        let args =
+            |ms: &str, answer: &str| vec![ms.as_bytes().to_vec(), answer.as_bytes().to_vec()];
+        let soon = || Instant::now() + Duration::from_secs(5);
+
+        let quick = args("0", "first");
+        let flag = AtomicBool::new(false);
+        let first = socket
+            .call(
+                &target,
+                &eval(&sha, &quick),
+                Order::IfFree,
+                soon(),
+                Some(&flag),
+            )
+            .await;
+        assert_eq!(answered(first), "first");
+        assert!(
+            !flag.load(Ordering::SeqCst),
+            "an answered call is not unanswered"
+        );
+
+        // Its deadline passes while Redis runs it: the reply is owed.
+        let slow = args("400", "slow");
+        let deadline = Instant::now() + Duration::from_millis(50);
+        let outcome = socket
+            .call(
+                &target,
+                &eval(&sha, &slow),
+                Order::IfFree,
+                deadline,
+                Some(&flag),
+            )
+            .await;
+        assert!(matches!(outcome, Outcome::TimedOut), "{outcome:?}");
+        assert!(flag.load(Ordering::SeqCst), "its reply was left unread");
+
+        // Redis still runs it: a call that may go anywhere is not sent.
+        let other = args("0", "other");
+        let outcome = socket
+            .call(&target, &eval(&sha, &other), Order::IfFree, soon(), None)
+            .await;
+        assert!(matches!(outcome, Outcome::NotSent), "{outcome:?}");
+
+        // One that must follow it goes behind it, and gets its own reply.
+        let after = args("0", "after");
+        let outcome = socket
+            .call(
+                &target,
+                &eval(&sha, &after),
+                Order::AfterSocket,
+                soon(),
+                None,
+            )
+            .await;
+        assert_eq!(answered(outcome), "after");
+
+        // A call dropped while it waits leaves its reply owed too.
+        let dropped = args("300", "dropped");
+        let flag = AtomicBool::new(false);
+        let gave_up = tokio::time::timeout(
+            Duration::from_millis(50),
+            socket.call(
+                &target,
+                &eval(&sha, &dropped),
+                Order::IfFree,
+                soon(),
+                Some(&flag),
+            ),
+        )
+        .await;
+        assert!(gave_up.is_err(), "the slow call was still waiting");
+        assert!(flag.load(Ordering::SeqCst), "its reply was left unread");
+        // Once the owed reply has arrived, the socket takes calls again.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let last = args("0", "last");
+        let outcome = socket
+            .call(&target, &eval(&sha, &last), Order::IfFree, soon(), None)
+            .await;
+        assert_eq!(answered(outcome), "last");
+    }
+
+    /// A socket that Redis closed runs nothing more: a call that finds it
+    /// so is lost (sent again through fred by the caller), and the next one
+    /// connects afresh. After `close`, nothing is sent.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_socket_redis_closed_is_opened_again() {
+        let server = RedisServer::start().expect("redis-server");
+        let endpoint = endpoint(&server);
+        let target = SocketTarget {
+            endpoint: &endpoint,
+            database: None,
+            connect_timeout: Duration::from_secs(5),
+        };
+        let sha = match server
+            .cmd_ok(&["SCRIPT", "LOAD", "return ARGV[1]"])
+            .expect("load")
+        {
+            fairlock_testkit::Resp::Bulk(Some(sha)) => String::from_utf8(sha).expect("sha"),
+            other => panic!("SCRIPT LOAD answered {other:?}"),
+        };
+        let args = vec![b"hi".to_vec()];
+        let call = EvalSha {
+            sha: &sha,
+            keys: &[],
+            args: &args,
+        };
+        let soon = || Instant::now() + Duration::from_secs(5);
+        let socket = ScriptSocket::new();
+        let outcome = socket.call(&target, &call, Order::IfFree, soon(), None);
+        assert_eq!(answered(outcome.await), "hi");
+        assert!(socket.is_connected());
+        server
+            .cmd_ok(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"])
+            .expect("kill");
+        let outcome = socket
+            .call(&target, &call, Order::IfFree, soon(), None)
+            .await;
+        assert!(matches!(outcome, Outcome::Lost), "{outcome:?}");
+        assert!(!socket.is_connected());
+        let outcome = socket.call(&target, &call, Order::IfFree, soon(), None);
+        assert_eq!(answered(outcome.await), "hi");
+        socket.close(Duration::from_secs(1)).await;
+        let outcome = socket
+            .call(&target, &call, Order::IfFree, soon(), None)
+            .await;
+        assert!(matches!(outcome, Outcome::NotSent), "{outcome:?}");
+    }
+
+    /// A lock's acquire and release go on the lanes' sockets (the
+    /// waiters' and the holders'), in the URL's database; switched off,
+    /// neither socket is opened.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lock_cycle_goes_on_the_sockets_in_the_urls_database() {
+        let server = RedisServer::start().expect("redis-server");
+        let url = format!("{}/3", server.url().trim_end_matches('/'));
+        let client = crate::LockClient::connect(&url).await.expect("client");
+        let state = client.state().clone();
+        assert_eq!(state.redis.sockets_connected(), [false, false]);
+        // The first cycle finds the scripts missing: fred's path loads them.
+        let guard = client.lock("direct").await.expect("lock");
+        assert_eq!(state.redis.sockets_connected(), [true, false]);
+        guard.release().await.expect("release");
+        assert_eq!(state.redis.sockets_connected(), [true, true]);
+        // Written by the socket's acquire, read through fred: one database,
+        // not the server's first.
+        server.cmd_ok(&["FLUSHALL"]).expect("flush");
+        let guard = client.lock("direct").await.expect("lock");
+        let seen = client.inspect("direct").await.expect("inspect");
+        assert!(seen.owner.is_some(), "the lock is held in database 3");
+        assert_eq!(
+            server.cmd_ok(&["DBSIZE"]).expect("dbsize"),
+            fairlock_testkit::Resp::Int(0),
+            "nothing written to database 0"
+        );
+        guard.release().await.expect("release");
+        assert!(client
+            .inspect("direct")
+            .await
+            .expect("inspect")
+            .owner
+            .is_none());
+        client.shutdown().await;
+        assert_eq!(state.redis.sockets_connected(), [false, false]);
+
+        let config = crate::ClientConfig::builder(server.url())
+            .direct_calls(false)
+            .build()
+            .expect("config");
+        let client = crate::LockClient::with_config(config)
+            .await
+            .expect("client");
+        let state = client.state().clone();
+        client
+            .lock("direct")
+            .await
+            .expect("lock")
+            .release()
+            .await
+            .expect("release");
+        assert_eq!(state.redis.sockets_connected(), [false, false]);
+        client.shutdown().await;
+    }
+
+    /// A server that refuses the connection (at its `maxclients`, it writes
+    /// an error and closes) fails the connect, and the call goes through
+    /// fred; the call itself is never answered with that error.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_connection_sends_the_call_through_fred() {
+        let server = RedisServer::start().expect("redis-server");
+        let endpoint = endpoint(&server);
+        let target = SocketTarget {
+            endpoint: &endpoint,
+            database: None,
+            connect_timeout: Duration::from_secs(5),
+        };
+        let _only_client = std::net::TcpStream::connect(server.addr()).expect("connect");
+        server
+            .cmd_ok(&["CONFIG", "SET", "maxclients", "1"])
+            .expect("maxclients");
+        let args = vec![b"hi".to_vec()];
+        let call = eval("0000000000000000000000000000000000000000", &args);
+        let socket = ScriptSocket::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let outcome = socket
+            .call(&target, &call, Order::IfFree, deadline, None)
+            .await;
+        assert!(matches!(outcome, Outcome::NotSent), "{outcome:?}");
+        assert!(!socket.is_connected());
+    }
+}
