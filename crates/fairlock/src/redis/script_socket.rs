@@ -469,6 +469,23 @@ mod tests {
         GrantEndpoint::new(GrantPlace::Fixed(server.addr()), || never, None, None, None)
     }
 
+    /// The server's single-server target, no database selected.
+    fn target(endpoint: &GrantEndpoint) -> SocketTarget<'_> {
+        SocketTarget {
+            endpoint,
+            database: None,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Loads `script` into the server; its SHA1.
+    fn load(server: &RedisServer, script: &str) -> String {
+        match server.cmd_ok(&["SCRIPT", "LOAD", script]).expect("load") {
+            fairlock_testkit::Resp::Bulk(Some(sha)) => String::from_utf8(sha).expect("sha"),
+            other => panic!("SCRIPT LOAD answered {other:?}"),
+        }
+    }
+
     fn eval<'a>(sha: &'a str, args: &'a [Vec<u8>]) -> EvalSha<'a> {
         EvalSha {
             sha,
@@ -493,16 +510,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_unread_reply_is_owed_and_a_later_call_gets_its_own() {
         let server = RedisServer::start().expect("redis-server");
-        let sha = match server.cmd_ok(&["SCRIPT", "LOAD", SLOW]).expect("load") {
-            fairlock_testkit::Resp::Bulk(Some(sha)) => String::from_utf8(sha).expect("sha"),
-            other => panic!("SCRIPT LOAD answered {other:?}"),
-        };
+        let sha = load(&server, SLOW);
         let endpoint = endpoint(&server);
-        let target = SocketTarget {
-            endpoint: &endpoint,
-            database: None,
-            connect_timeout: Duration::from_secs(5),
-        };
+        let target = target(&endpoint);
         let socket = ScriptSocket::new();
         let args =
             |ms: &str, answer: &str| vec![ms.as_bytes().to_vec(), answer.as_bytes().to_vec()];
@@ -592,18 +602,8 @@ mod tests {
     async fn a_socket_redis_closed_is_opened_again() {
         let server = RedisServer::start().expect("redis-server");
         let endpoint = endpoint(&server);
-        let target = SocketTarget {
-            endpoint: &endpoint,
-            database: None,
-            connect_timeout: Duration::from_secs(5),
-        };
-        let sha = match server
-            .cmd_ok(&["SCRIPT", "LOAD", "return ARGV[1]"])
-            .expect("load")
-        {
-            fairlock_testkit::Resp::Bulk(Some(sha)) => String::from_utf8(sha).expect("sha"),
-            other => panic!("SCRIPT LOAD answered {other:?}"),
-        };
+        let target = target(&endpoint);
+        let sha = load(&server, "return ARGV[1]");
         let args = vec![b"hi".to_vec()];
         let call = EvalSha {
             sha: &sha,
@@ -694,11 +694,7 @@ mod tests {
     async fn a_refused_connection_sends_the_call_through_fred() {
         let server = RedisServer::start().expect("redis-server");
         let endpoint = endpoint(&server);
-        let target = SocketTarget {
-            endpoint: &endpoint,
-            database: None,
-            connect_timeout: Duration::from_secs(5),
-        };
+        let target = target(&endpoint);
         let _only_client = std::net::TcpStream::connect(server.addr()).expect("connect");
         server
             .cmd_ok(&["CONFIG", "SET", "maxclients", "1"])
