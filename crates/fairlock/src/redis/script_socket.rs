@@ -22,7 +22,12 @@
 //!   is written behind it on this socket, which Redis reads in order (an
 //!   acquire's cancel, see `acquire.rs`).
 //! - a socket that Redis closed, or that failed, runs nothing more, so
-//!   nothing written to it can overtake what comes after.
+//!   nothing written to it can overtake what comes after. The exception:
+//!   a write that cannot finish by its deadline closes the socket from
+//!   this side, and replies owed on it may then still run after a cancel
+//!   sent through fred (Redis must have stopped reading the socket while a
+//!   send buffer of a megabyte or so filled, which one small call at a
+//!   time does not do; the README states it).
 //!
 //! Used on a single server only, plain TCP or TLS (see
 //! [`RedisConnection::connect`](super::RedisConnection::connect)); behind
