@@ -48,7 +48,8 @@ usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]... [--cell C:H]... [--
                written to topologies.md
   --out DIR    where to write results (default: benchmarks/results)
   --impl NAME  only this implementation (repeatable): fairlock, spin-10ms,
-               spin-100ms, rslock, rslock-10ms
+               spin-100ms, rslock, rslock-10ms; or fairlock-fred (fairlock
+               with direct_calls(false), only when named)
   --cell C:H   only this one-hot-lock cell, C contenders holding H ms
                (repeatable; e.g. --cell 1:0 --cell 64:1), for a look at
                one spot; the report then covers these cells only

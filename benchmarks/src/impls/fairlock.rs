@@ -32,6 +32,25 @@ impl LockImpl for FairlockImpl {
     }
 }
 
+/// fairlock with its script sockets off (`direct_calls(false)`): every
+/// call through fred's connections, as before the sockets.
+pub struct FairlockFredImpl;
+
+impl LockImpl for FairlockFredImpl {
+    type Conn = FairlockConn;
+
+    async fn connect(&self, url: &str) -> Result<FairlockConn> {
+        let config = ClientConfig::builder(url).direct_calls(false).build()?;
+        Ok(FairlockConn {
+            client: LockClient::with_config(config).await?,
+        })
+    }
+
+    fn top_level_commands(&self) -> &'static [&'static str] {
+        FairlockImpl.top_level_commands()
+    }
+}
+
 /// fairlock with replica acknowledgement: every grant, handoff, release
 /// and renewal waits for `WAIT replicas` (behind Sentinel).
 pub struct FairlockAcksImpl {

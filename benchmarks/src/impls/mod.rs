@@ -69,6 +69,9 @@ pub trait LockConn: Clone + Send + Sync + 'static {
 pub enum Implementation {
     /// `fairlock::LockClient::lock`, watchdog lease.
     Fairlock,
+    /// fairlock with `direct_calls(false)`: every call through fred, none
+    /// on the script sockets (for an A/B in one run; only on request).
+    FairlockFred,
     /// `SET NX PX 30000`, sleep 10 ms on failure.
     Spin10,
     /// `SET NX PX 30000`, sleep 100 ms on failure.
@@ -89,10 +92,14 @@ impl Implementation {
         Implementation::Rslock10,
     ];
 
+    /// Implementations run only when named with `--impl`.
+    pub const ON_REQUEST: [Implementation; 1] = [Implementation::FairlockFred];
+
     /// The name used in reports and on the command line.
     pub fn label(self) -> &'static str {
         match self {
             Implementation::Fairlock => "fairlock",
+            Implementation::FairlockFred => "fairlock-fred",
             Implementation::Spin10 => "spin-10ms",
             Implementation::Spin100 => "spin-100ms",
             Implementation::Rslock => "rslock",
@@ -104,6 +111,7 @@ impl Implementation {
     pub fn from_label(label: &str) -> Option<Implementation> {
         Implementation::ALL
             .into_iter()
+            .chain(Implementation::ON_REQUEST)
             .find(|imp| imp.label() == label)
     }
 }
@@ -116,6 +124,10 @@ macro_rules! with_impl {
         match $which {
             $crate::impls::Implementation::Fairlock => {
                 let $imp = $crate::impls::fairlock::FairlockImpl;
+                $body
+            }
+            $crate::impls::Implementation::FairlockFred => {
+                let $imp = $crate::impls::fairlock::FairlockFredImpl;
                 $body
             }
             $crate::impls::Implementation::Spin10 => {
