@@ -363,6 +363,15 @@ impl RedisConnection {
         })
     }
 
+    /// Calls written behind the waiters' script socket's owed replies
+    /// (0 without sockets).
+    #[cfg(test)]
+    pub(crate) fn written_after_socket(&self) -> usize {
+        self.sockets
+            .as_ref()
+            .map_or(0, |sockets| sockets.lanes[0].written_after())
+    }
+
     /// Script calls of `lane` in flight now, with a window (0 without).
     #[cfg(test)]
     pub(crate) fn in_flight(&self, lane: Lane, limit: usize) -> usize {

@@ -102,6 +102,9 @@ pub(crate) struct ScriptSocket {
     pause_until: StdMutex<Option<Instant>>,
     /// Set by [`ScriptSocket::close`]: nothing is sent any more.
     closed: AtomicBool,
+    /// Calls written in [`Order::AfterSocket`] (for tests).
+    #[cfg(test)]
+    written_after: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Default)]
@@ -199,6 +202,8 @@ impl ScriptSocket {
             slot: Mutex::new(Slot::default()),
             pause_until: StdMutex::new(None),
             closed: AtomicBool::new(false),
+            #[cfg(test)]
+            written_after: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -243,6 +248,10 @@ impl ScriptSocket {
         }
         if let Some(flag) = unanswered {
             flag.store(true, Ordering::SeqCst);
+        }
+        #[cfg(test)]
+        if order == Order::AfterSocket {
+            self.written_after.fetch_add(1, Ordering::SeqCst);
         }
         let mut flight = InFlight {
             slot,
@@ -340,6 +349,13 @@ impl ScriptSocket {
         if let Ok(mut slot) = tokio::time::timeout(timeout, self.slot.lock()).await {
             slot.lose();
         }
+    }
+
+    /// How many calls were written behind the socket's owed replies
+    /// ([`Order::AfterSocket`]).
+    #[cfg(test)]
+    pub(crate) fn written_after(&self) -> usize {
+        self.written_after.load(Ordering::SeqCst)
     }
 
     /// Whether the socket is connected now (for tests).
@@ -729,5 +745,56 @@ mod tests {
             .await;
         assert!(matches!(outcome, Outcome::NotSent), "{outcome:?}");
         assert!(!socket.is_connected());
+    }
+
+    /// An acquire dropped while its reply on the waiters' socket is unread
+    /// (Redis held by `CLIENT PAUSE`) is cancelled behind it on that
+    /// socket, not through fred, where the cancel could run first; the
+    /// queue ends empty and the lock goes on to nobody.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_acquires_cancel_goes_behind_it_on_the_socket() {
+        let server = RedisServer::start().expect("redis-server");
+        let client = crate::LockClient::connect(&server.url())
+            .await
+            .expect("client");
+        let state = client.state().clone();
+        // Scripts loaded, sockets open.
+        client
+            .lock("q")
+            .await
+            .expect("lock")
+            .release()
+            .await
+            .expect("release");
+        let holder = client.lock("q").await.expect("holder");
+        server
+            .cmd_ok(&["CLIENT", "PAUSE", "500", "ALL"])
+            .expect("pause");
+        let waited = tokio::time::timeout(Duration::from_millis(100), client.lock("q")).await;
+        assert!(waited.is_err(), "the acquire was held by the pause");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while state.redis.written_after_socket() == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "no cancel written behind the acquire"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let seen = client.inspect("q").await.expect("inspect");
+            if seen.queue_len == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the dropped acquire left {seen:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        holder.release().await.expect("release");
+        assert!(client.inspect("q").await.expect("inspect").owner.is_none());
+        assert_eq!(state.redis.written_after_socket(), 1);
+        client.shutdown().await;
     }
 }
