@@ -24,6 +24,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tracing::Instrument;
@@ -82,7 +83,7 @@ pub(crate) async fn acquire(
 ) -> Result<Option<Arc<HeldLock>>> {
     let name = LockName::new(name)?;
     let keys = state.keys_of(&name);
-    acquire_keys(state, &name, keys, options, mode).await
+    acquire_keys(state, &name, keys, &options, mode).await
 }
 
 /// [`acquire`] with the keys computed already (a [`crate::Lock`] handle).
@@ -90,23 +91,28 @@ pub(crate) async fn acquire(
 /// A try with a non-zero wait timeout waits for the lock up to that long,
 /// in the queue like any waiter (so it never overtakes one), and ends in
 /// `None` instead of [`Error::WaitTimeout`] when the time runs out.
-pub(crate) async fn acquire_keys(
-    state: &Arc<ClientState>,
-    name: &LockName,
+// An `async fn` would keep its arguments twice (see `acquire_validated`).
+#[allow(clippy::manual_async_fn)]
+pub(crate) fn acquire_keys<'a>(
+    state: &'a Arc<ClientState>,
+    name: &'a LockName,
     keys: Arc<LockKeys>,
-    options: LockOptions,
+    options: &'a LockOptions,
     mode: Mode,
-) -> Result<Option<Arc<HeldLock>>> {
-    options.validate()?;
-    let try_waits = mode == Mode::Try && options.wait_timeout.is_some_and(|t| !t.is_zero());
-    let mode = if try_waits { Mode::Wait } else { mode };
-    let span = crate::telemetry::acquire_span(name.as_str(), mode.label());
-    let outcome = acquire_validated(state, name, keys, &options, mode, Request::Lock)
-        .instrument(span)
-        .await;
-    match outcome {
-        Err(Error::WaitTimeout { .. }) if try_waits => Ok(None),
-        outcome => outcome,
+) -> impl Future<Output = Result<Option<Arc<HeldLock>>>> + Send + 'a {
+    // Not an `async fn`, for the reason `acquire_validated` gives.
+    async move {
+        options.validate()?;
+        let try_waits = mode == Mode::Try && options.wait_timeout.is_some_and(|t| !t.is_zero());
+        let mode = if try_waits { Mode::Wait } else { mode };
+        let span = crate::telemetry::acquire_span(name.as_str(), mode.label());
+        let outcome = acquire_validated(state, name, keys, options, mode, Request::Lock)
+            .instrument(span)
+            .await;
+        match outcome {
+            Err(Error::WaitTimeout { .. }) if try_waits => Ok(None),
+            outcome => outcome,
+        }
     }
 }
 
@@ -137,247 +143,253 @@ pub(crate) async fn acquire_permit(
     .await
 }
 
-async fn acquire_validated(
-    state: &Arc<ClientState>,
-    name: &LockName,
+// An `async fn` would keep its arguments twice (see `acquire_validated`).
+#[allow(clippy::manual_async_fn)]
+fn acquire_validated<'a>(
+    state: &'a Arc<ClientState>,
+    name: &'a LockName,
     keys: Arc<LockKeys>,
     // By reference: a by-value argument is kept twice in the future's
     // state (the argument and the local), and a waiting task holds this
     // future for its whole wait.
-    options: &LockOptions,
+    options: &'a LockOptions,
     mode: Mode,
     request: Request,
-) -> Result<Option<Arc<HeldLock>>> {
-    let telemetry = state.config.metrics_lock_label.labels(name.as_str());
-    let started = Instant::now();
-    let lease_len = match options.lease {
-        Lease::Fixed(lease) => lease,
-        Lease::Watchdog => state.config.watchdog_lease,
-    };
-    let owner_id = match request {
-        Request::Lock => state.new_owner_id(millis(lease_len)),
-        Request::Permit(permits) => state.new_permit_owner_id(millis(lease_len), permits),
-    };
-    let mut pending = PendingAcquire::new(state, &keys, &owner_id, &telemetry);
-    // The wait timeout's timer, boxed: most waits have none, and a timer
-    // kept inline would make every waiting task larger.
-    let mut deadline = options
-        .wait_timeout
-        .filter(|_| mode == Mode::Wait)
-        .map(|timeout| Box::pin(tokio::time::sleep_until((started + timeout).into())));
-    let mut ticket = None;
-    // When the call that drew the current ticket was sent: a handed-over
-    // grant's lease is counted from here plus the server time between
-    // ticket and token (see `handed_on_at`).
-    let mut ticket_sent_at = started;
-    // Callers ahead when this waiter joined, and when: a grant rate sample.
-    let mut joined: Option<(u64, Instant)> = None;
-    // Whether this waiter's grants may be heard where they are not
-    // published (see `ClientState::grants_heard_elsewhere`): its grant
-    // then gets its own lease set, as a grant found by a heartbeat does.
-    let mut heard_elsewhere = false;
-    // With admission on: wakes when a new grant-rate estimate says this
-    // waiter cannot make its deadline after all.
-    let mut recheck: Option<Recheck<'_>> = None;
-    // Subscribed before the first call that could make a grant for us.
-    // The rare, larger futures below are boxed: every waiting task carries
-    // its acquire future for its whole wait, so it stays small.
-    if let Err(error) = Box::pin(state.subscribe_slot(&keys, false)).await {
-        return Err(pending.failed(error));
-    }
-    let channel_prefix = state.channel_prefix(&keys);
-    let grant = |token, ticket, lease_from| Grant {
-        token,
-        ticket,
-        lease: options.lease,
-        lease_len,
-        lease_from,
-    };
+) -> impl Future<Output = Result<Option<Arc<HeldLock>>>> + Send + 'a {
+    // Not an `async fn`: its arguments would be kept twice in the future
+    // (as arguments and as locals), and a waiting task carries it.
+    async move {
+        let telemetry = state.config.metrics_lock_label.labels(name.as_str());
+        let started = Instant::now();
+        let lease_len = match options.lease {
+            Lease::Fixed(lease) => lease,
+            Lease::Watchdog => state.config.watchdog_lease,
+        };
+        let owner_id = match request {
+            Request::Lock => state.new_owner_id(millis(lease_len)),
+            Request::Permit(permits) => state.new_permit_owner_id(millis(lease_len), permits),
+        };
+        let mut pending = PendingAcquire::new(state, &keys, &owner_id, &telemetry);
+        // The wait timeout's timer, boxed: most waits have none, and a timer
+        // kept inline would make every waiting task larger.
+        let mut deadline = options
+            .wait_timeout
+            .filter(|_| mode == Mode::Wait)
+            .map(|timeout| Box::pin(tokio::time::sleep_until((started + timeout).into())));
+        let mut ticket = None;
+        // When the call that drew the current ticket was sent: a handed-over
+        // grant's lease is counted from here plus the server time between
+        // ticket and token (see `handed_on_at`).
+        let mut ticket_sent_at = started;
+        // Callers ahead when this waiter joined, and when: a grant rate sample.
+        let mut joined: Option<(u64, Instant)> = None;
+        // Whether this waiter's grants may be heard where they are not
+        // published (see `ClientState::grants_heard_elsewhere`): its grant
+        // then gets its own lease set, as a grant found by a heartbeat does.
+        let mut heard_elsewhere = false;
+        // With admission on: wakes when a new grant-rate estimate says this
+        // waiter cannot make its deadline after all.
+        let mut recheck: Option<Recheck<'_>> = None;
+        // Subscribed before the first call that could make a grant for us.
+        // The rare, larger futures below are boxed: every waiting task carries
+        // its acquire future for its whole wait, so it stays small.
+        if let Err(error) = Box::pin(state.subscribe_slot(&keys, false)).await {
+            return Err(pending.failed(error));
+        }
+        let channel_prefix = state.channel_prefix(&keys);
+        let grant = |token, ticket, lease_from| Grant {
+            token,
+            ticket,
+            lease: options.lease,
+            lease_len,
+            lease_from,
+        };
 
-    loop {
-        let sent_at = Instant::now();
-        let mark = state.replication_mark();
-        // The call and its reply live in their own block, so the reply is
-        // out of scope during the wait below: a binding kept in scope
-        // across that wait would make every waiting task carry it.
-        let answer = {
-            let reply = match request {
-                Request::Lock => {
-                    let call = Acquire {
-                        owner_id: &owner_id,
-                        mode: mode.script_mode(),
-                        timings: &state.timings,
-                        channel_prefix: &channel_prefix,
-                        // After a re-check: back in its old place if its
-                        // entry was lost.
-                        rejoin: ticket,
-                    };
-                    state.run_direct(&keys, &call, &pending.unanswered).await
-                }
-                Request::Permit(_) => {
-                    let call = PermitAcquire {
-                        owner_id: &owner_id,
-                        mode: mode.script_mode(),
-                        timings: &state.timings,
-                        channel_prefix: &channel_prefix,
-                        rejoin: ticket,
-                    };
-                    state.run(&keys, &call).await
-                }
-            };
-            let reply = match reply {
-                Ok(reply) => reply,
-                Err(error) => return Err(pending.failed(error)),
-            };
-            match reply {
-                AcquireReply::Granted { token, purged } => {
-                    // As for a handed-over grant below.
-                    state
-                        .check_open()
-                        .map_err(|closed| pending.failed(closed))?;
-                    // A grant past dead waiters: count them, and go on
-                    // purging if more are left (a permit may be free for
-                    // a live waiter behind them).
-                    state.after_purge(&keys, purged);
-                    telemetry.granted(token);
-                    Answer::Granted(pending.granted(name, grant(token, ticket, sent_at)), mark)
-                }
-                AcquireReply::Busy { purged } => {
-                    state.after_purge(&keys, purged);
-                    pending.finished();
-                    telemetry.acquire_ended("busy", started);
-                    return Ok(None);
-                }
-                AcquireReply::Queued {
-                    ticket: queued_with,
-                    position,
-                    purged,
-                } => {
-                    state.after_purge(&keys, purged);
-                    Answer::Queued {
+        loop {
+            let sent_at = Instant::now();
+            let mark = state.replication_mark();
+            // The call and its reply live in their own block, so the reply is
+            // out of scope during the wait below: a binding kept in scope
+            // across that wait would make every waiting task carry it.
+            let answer = {
+                let reply = match request {
+                    Request::Lock => {
+                        let call = Acquire {
+                            owner_id: &owner_id,
+                            mode: mode.script_mode(),
+                            timings: &state.timings,
+                            channel_prefix: &channel_prefix,
+                            // After a re-check: back in its old place if its
+                            // entry was lost.
+                            rejoin: ticket,
+                        };
+                        state.run_direct(&keys, &call, &pending.unanswered).await
+                    }
+                    Request::Permit(_) => {
+                        let call = PermitAcquire {
+                            owner_id: &owner_id,
+                            mode: mode.script_mode(),
+                            timings: &state.timings,
+                            channel_prefix: &channel_prefix,
+                            rejoin: ticket,
+                        };
+                        state.run(&keys, &call).await
+                    }
+                };
+                let reply = match reply {
+                    Ok(reply) => reply,
+                    Err(error) => return Err(pending.failed(error)),
+                };
+                match reply {
+                    AcquireReply::Granted { token, purged } => {
+                        // As for a handed-over grant below.
+                        state
+                            .check_open()
+                            .map_err(|closed| pending.failed(closed))?;
+                        // A grant past dead waiters: count them, and go on
+                        // purging if more are left (a permit may be free for
+                        // a live waiter behind them).
+                        state.after_purge(&keys, purged);
+                        telemetry.granted(token);
+                        Answer::Granted(pending.granted(name, grant(token, ticket, sent_at)), mark)
+                    }
+                    AcquireReply::Busy { purged } => {
+                        state.after_purge(&keys, purged);
+                        pending.finished();
+                        telemetry.acquire_ended("busy", started);
+                        return Ok(None);
+                    }
+                    AcquireReply::Queued {
                         ticket: queued_with,
                         position,
+                        purged,
+                    } => {
+                        state.after_purge(&keys, purged);
+                        Answer::Queued {
+                            ticket: queued_with,
+                            position,
+                        }
                     }
                 }
-            }
-        };
-        // Granted in the reply: awaited here, with the reply gone.
-        let (queued_with, position) = match answer {
-            Answer::Queued { ticket, position } => (ticket, position),
-            Answer::Granted(held, mark) => {
-                return Box::pin(replicated_or_given_back(state, held, started, mark)).await
-            }
-        };
-        if state.grants_heard_elsewhere(&keys) {
-            heard_elsewhere = true;
-            // A heartbeat round subscribes the slot where it is now.
-            state.heartbeat_now.notify_one();
-        }
-        let previous_ticket = ticket.replace(queued_with);
-        if previous_ticket != Some(queued_with) {
-            ticket_sent_at = sent_at;
-        }
-        if previous_ticket.is_none() {
-            joined = Some((position, sent_at));
-            let join = Join {
-                position,
-                at: sent_at,
             };
-            // The refusal is moved into the boxed cancel at once, so no
-            // error is kept inline in the waiting future.
-            let refusal = admission_refused(state, &keys, name, *options, join, started)
-                .map(|error| Box::pin(pending.give_up(error, "refused")));
-            if let Some(refusal) = refusal {
-                return Err(refusal.await);
+            // Granted in the reply: awaited here, with the reply gone.
+            let (queued_with, position) = match answer {
+                Answer::Queued { ticket, position } => (ticket, position),
+                Answer::Granted(held, mark) => {
+                    return Box::pin(replicated_or_given_back(state, held, started, mark)).await
+                }
+            };
+            if state.grants_heard_elsewhere(&keys) {
+                heard_elsewhere = true;
+                // A heartbeat round subscribes the slot where it is now.
+                state.heartbeat_now.notify_one();
             }
-            if options.admission && options.wait_timeout.is_some() {
-                recheck = Some(Box::pin(admission_recheck(
-                    state, &keys, name, *options, join, started,
-                )));
+            let previous_ticket = ticket.replace(queued_with);
+            if previous_ticket != Some(queued_with) {
+                ticket_sent_at = sent_at;
             }
-            telemetry.contended(position, queued_with);
-            tracing::debug!(
-                ticket = queued_with,
-                position,
-                "fairlock waiting in the queue"
-            );
-        }
-        state.waiters.mark_queued(&owner_id, queued_with);
-
-        // The arms only say what happened; the awaits come after, so no
-        // error is kept inline while the caller waits.
-        let woken = tokio::select! {
-            event = pending.next_event() => Woken::Event(event),
-            _ = deadline_passed(&mut deadline) => Woken::TimedOut,
-            error = refused_later(&mut recheck) => Woken::Refused(Box::new(error)),
-        };
-        let event = match woken {
-            Woken::Event(event) => event,
-            Woken::TimedOut => {
-                let timeout = Error::WaitTimeout {
-                    name: name.to_string(),
-                    waited: started.elapsed(),
+            if previous_ticket.is_none() {
+                joined = Some((position, sent_at));
+                let join = Join {
+                    position,
+                    at: sent_at,
                 };
-                return Err(Box::pin(pending.give_up(timeout, "timeout")).await);
+                // The refusal is moved into the boxed cancel at once, so no
+                // error is kept inline in the waiting future.
+                let refusal = admission_refused(state, &keys, name, *options, join, started)
+                    .map(|error| Box::pin(pending.give_up(error, "refused")));
+                if let Some(refusal) = refusal {
+                    return Err(refusal.await);
+                }
+                if options.admission && options.wait_timeout.is_some() {
+                    recheck = Some(Box::pin(admission_recheck(
+                        state, &keys, name, *options, join, started,
+                    )));
+                }
+                telemetry.contended(position, queued_with);
+                tracing::debug!(
+                    ticket = queued_with,
+                    position,
+                    "fairlock waiting in the queue"
+                );
             }
-            Woken::Refused(error) => {
-                return Err(Box::pin(pending.give_up(*error, "refused")).await);
+            state.waiters.mark_queued(&owner_id, queued_with);
+
+            // Polled in place (no future of its own kept across the wait): the
+            // slot first, so a grant that came with the timeout is taken.
+            // Only what happened is returned; the awaits come after, so no
+            // error is kept inline while the caller waits.
+            let woken =
+                std::future::poll_fn(|cx| poll_woken(&pending, &mut deadline, &mut recheck, cx))
+                    .await;
+            let event = match woken {
+                Woken::Event(event) => event,
+                Woken::TimedOut => {
+                    let timeout = Error::WaitTimeout {
+                        name: name.to_string(),
+                        waited: started.elapsed(),
+                    };
+                    return Err(Box::pin(pending.give_up(timeout, "timeout")).await);
+                }
+                Woken::Refused(error) => {
+                    return Err(Box::pin(pending.give_up(*error, "refused")).await);
+                }
+            };
+            if let WaiterEvent::Granted { token, confirm } = event {
+                // A grant that came as the client closes goes on (the cancel
+                // hands it to the next waiter): no guard of a closed client
+                // could renew or release it.
+                state
+                    .check_open()
+                    .map_err(|closed| pending.failed(closed))?;
+                let taken_at = Instant::now();
+                // With replica acknowledgement on, the waiter writes once (its
+                // own lease) so that WAIT on its connection covers the handoff
+                // that came before it in the replication stream.
+                let confirm = confirm || heard_elsewhere || state.config.replica_acks.is_some();
+                // A confirmed grant's lease is set again from now; otherwise
+                // it runs from when the releasing script drew the token.
+                let lease_from = if confirm {
+                    taken_at
+                } else {
+                    handed_on_at(ticket, ticket_sent_at, token, taken_at)
+                };
+                let mark = state.replication_mark();
+                let still_held = if confirm {
+                    Box::pin(confirm_lease(state, &keys, &owner_id, lease_len)).await
+                } else {
+                    Ok(true)
+                };
+                if !still_held.map_err(|error| pending.failed(error))? {
+                    // The short lease of an unheard grant ran out first: the
+                    // lock went on; queue again.
+                    telemetry.recheck();
+                    continue;
+                }
+                telemetry.handoff();
+                telemetry.granted(token);
+                if let Some((position, at)) = joined {
+                    state
+                        .grant_rates
+                        .record(keys.owner(), position, at.elapsed());
+                }
+                tracing::debug!(token, "fairlock lock handed on to this waiter");
+                let held = pending.granted(name, grant(token, ticket, lease_from));
+                if state.config.replica_acks.is_none() {
+                    return Ok(Some(held));
+                }
+                // Held to the same acknowledgement as a grant in the reply.
+                return Box::pin(replicated_or_given_back(state, held, started, mark)).await;
             }
-        };
-        if let WaiterEvent::Granted { token, confirm } = event {
-            // A grant that came as the client closes goes on (the cancel
-            // hands it to the next waiter): no guard of a closed client
-            // could renew or release it.
+            // Woken by `shutdown()`: ends with `Closed`, not counted as a
+            // recheck of the wait.
             state
                 .check_open()
                 .map_err(|closed| pending.failed(closed))?;
-            let taken_at = Instant::now();
-            // With replica acknowledgement on, the waiter writes once (its
-            // own lease) so that WAIT on its connection covers the handoff
-            // that came before it in the replication stream.
-            let confirm = confirm || heard_elsewhere || state.config.replica_acks.is_some();
-            // A confirmed grant's lease is set again from now; otherwise
-            // it runs from when the releasing script drew the token.
-            let lease_from = if confirm {
-                taken_at
-            } else {
-                handed_on_at(ticket, ticket_sent_at, token, taken_at)
-            };
-            let mark = state.replication_mark();
-            let still_held = if confirm {
-                Box::pin(confirm_lease(state, &keys, &owner_id, lease_len)).await
-            } else {
-                Ok(true)
-            };
-            if !still_held.map_err(|error| pending.failed(error))? {
-                // The short lease of an unheard grant ran out first: the
-                // lock went on; queue again.
-                telemetry.recheck();
-                continue;
-            }
-            telemetry.handoff();
-            telemetry.granted(token);
-            if let Some((position, at)) = joined {
-                state
-                    .grant_rates
-                    .record(keys.owner(), position, at.elapsed());
-            }
-            tracing::debug!(token, "fairlock lock handed on to this waiter");
-            let held = pending.granted(name, grant(token, ticket, lease_from));
-            if state.config.replica_acks.is_none() {
-                return Ok(Some(held));
-            }
-            // Held to the same acknowledgement as a grant in the reply.
-            return Box::pin(replicated_or_given_back(state, held, started, mark)).await;
+            // Recheck: the queue may have lost us; acquire keeps our place if
+            // we still have one, and queues us again otherwise.
+            telemetry.recheck();
         }
-        // Woken by `shutdown()`: ends with `Closed`, not counted as a
-        // recheck of the wait.
-        state
-            .check_open()
-            .map_err(|closed| pending.failed(closed))?;
-        // Recheck: the queue may have lost us; acquire keeps our place if
-        // we still have one, and queues us again otherwise.
-        telemetry.recheck();
     }
 }
 
@@ -498,11 +510,23 @@ async fn admission_recheck(
     }
 }
 
-/// The re-check's refusal, if this waiter has a re-check.
-async fn refused_later(recheck: &mut Option<Recheck<'_>>) -> Error {
-    match recheck {
-        Some(recheck) => recheck.await,
-        None => std::future::pending().await,
+/// What ends a wait in the queue, if anything has: an event in the
+/// waiter's slot, the wait timeout's timer, admission's re-check refusing.
+fn poll_woken(
+    pending: &PendingAcquire<'_>,
+    deadline: &mut Option<Pin<Box<tokio::time::Sleep>>>,
+    recheck: &mut Option<Recheck<'_>>,
+    cx: &mut Context<'_>,
+) -> Poll<Woken> {
+    if let Poll::Ready(event) = pending.poll_event(cx) {
+        return Poll::Ready(Woken::Event(event));
+    }
+    if let Some(Poll::Ready(())) = deadline.as_mut().map(|sleep| sleep.as_mut().poll(cx)) {
+        return Poll::Ready(Woken::TimedOut);
+    }
+    match recheck.as_mut().map(|recheck| recheck.as_mut().poll(cx)) {
+        Some(Poll::Ready(error)) => Poll::Ready(Woken::Refused(Box::new(error))),
+        _ => Poll::Pending,
     }
 }
 
@@ -666,14 +690,6 @@ async fn confirm_lease(
     Ok(statuses.first() == Some(&RenewStatus::Held))
 }
 
-/// Resolves when the wait timeout's timer fires; never without one.
-async fn deadline_passed(deadline: &mut Option<Pin<Box<tokio::time::Sleep>>>) {
-    match deadline {
-        Some(sleep) => sleep.as_mut().await,
-        None => std::future::pending().await,
-    }
-}
-
 /// An acquire that has not produced a grant yet. Dropping it cancels.
 struct PendingAcquire<'a> {
     state: &'a Arc<ClientState>,
@@ -713,10 +729,11 @@ impl<'a> PendingAcquire<'a> {
         }
     }
 
-    async fn next_event(&mut self) -> WaiterEvent {
+    /// The waiter's next event; never one once it left the registry.
+    fn poll_event(&self, cx: &mut Context<'_>) -> Poll<WaiterEvent> {
         match self.events.as_ref() {
-            Some(slot) => slot.next().await,
-            None => std::future::pending().await,
+            Some(slot) => slot.poll_next(cx),
+            None => Poll::Pending,
         }
     }
 

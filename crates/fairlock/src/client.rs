@@ -160,12 +160,19 @@ impl LockClient {
         name: impl AsRef<[u8]>,
         options: LockOptions,
     ) -> impl Future<Output = Result<LockGuard>> + Send + '_ {
-        let name = LockName::new(name);
         let state = self.state();
-        async move {
-            let name = name?;
+        let named = LockName::new(name).map(|name| {
             let keys = state.keys_of(&name);
-            let held = waited_grant(acquire_keys(state, &name, keys, options, Mode::Wait).await?)?;
+            (name, keys)
+        });
+        // The name is used where it was captured, not moved into a local:
+        // the waiting task would carry both.
+        async move {
+            let (name, keys) = match &named {
+                Ok((name, keys)) => (name, Arc::clone(keys)),
+                Err(error) => return Err(error.clone().into()),
+            };
+            let held = waited_grant(acquire_keys(state, name, keys, &options, Mode::Wait).await?)?;
             Ok(LockGuard::new(Arc::clone(state), held))
         }
     }

@@ -120,23 +120,26 @@ impl Lock {
     }
 
     /// Waits for the lock with the handle's options.
-    pub async fn lock(&self) -> Result<LockGuard> {
-        self.lock_with(self.options).await
+    pub fn lock(&self) -> impl Future<Output = Result<LockGuard>> + Send + '_ {
+        self.lock_with(self.options)
     }
 
     /// Waits for the lock with `options`.
-    pub async fn lock_with(&self, options: LockOptions) -> Result<LockGuard> {
-        let held = waited_grant(
-            acquire_keys(
-                self.state(),
-                &self.name,
-                Arc::clone(&self.keys),
-                options,
-                Mode::Wait,
-            )
-            .await?,
-        )?;
-        Ok(LockGuard::new(Arc::clone(self.state()), held))
+    // An `async fn` would keep its arguments twice (see `acquire_validated`).
+    #[allow(clippy::manual_async_fn)]
+    pub fn lock_with(
+        &self,
+        options: LockOptions,
+    ) -> impl Future<Output = Result<LockGuard>> + Send + '_ {
+        // Not an `async fn`: its arguments would be kept twice in the
+        // future a waiting task carries.
+        async move {
+            let keys = Arc::clone(&self.keys);
+            let held = waited_grant(
+                acquire_keys(self.state(), &self.name, keys, &options, Mode::Wait).await?,
+            )?;
+            Ok(LockGuard::new(Arc::clone(self.state()), held))
+        }
     }
 
     /// Takes the lock only if it is free and nobody waits or, if the
@@ -147,7 +150,7 @@ impl Lock {
             self.state(),
             &self.name,
             Arc::clone(&self.keys),
-            self.options,
+            &self.options,
             Mode::Try,
         )
         .await?

@@ -9,9 +9,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 
 use fairlock_core::{Handoff, LockKeys};
-use tokio::sync::Notify;
 
 /// What a waiting task is told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,17 +31,31 @@ pub(crate) enum WaiterEvent {
 
 /// Where a waiting task finds its next event: one slot, not a queue, since
 /// only the latest matters (a grant is never overwritten by a re-check).
-/// Small on purpose: a process may have ten thousand waiters.
+/// Small on purpose: a process may have ten thousand waiters. The task's
+/// waker sits beside the event under the same mutex, so waiting needs no
+/// state in the task's future (a `Notify` there cost 64 B per waiter).
 #[derive(Default)]
 pub(crate) struct WaiterSlot {
-    event: Mutex<Option<WaiterEvent>>,
-    ready: Notify,
+    inner: Mutex<SlotState>,
+}
+
+#[derive(Default)]
+struct SlotState {
+    event: Option<WaiterEvent>,
+    /// The waiting task, once it found the slot empty.
+    waker: Option<Waker>,
 }
 
 impl WaiterSlot {
+    fn state(&self) -> MutexGuard<'_, SlotState> {
+        // A few assignments under the lock: a poisoned one is consistent.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn put(&self, event: WaiterEvent) {
-        {
-            let mut slot = self.event.lock().unwrap_or_else(|p| p.into_inner());
+        let waker = {
+            let mut state = self.state();
+            let slot = &mut state.event;
             match (*slot, event) {
                 // A grant is never overwritten by a re-check.
                 (Some(WaiterEvent::Granted { .. }), WaiterEvent::Recheck) => {}
@@ -68,28 +82,38 @@ impl WaiterSlot {
                 ) if told > token => {}
                 _ => *slot = Some(event),
             }
+            state.waker.take()
+        };
+        // Woken outside the lock. An event put before the task waits is
+        // kept in the slot: nothing is missed.
+        if let Some(waker) = waker {
+            waker.wake();
         }
-        // Stores a permit if the task is not waiting yet: nothing is missed.
-        self.ready.notify_one();
     }
 
     /// Whether a grant waits here for the task to take it.
     fn has_grant(&self) -> bool {
-        matches!(
-            *self.event.lock().unwrap_or_else(|p| p.into_inner()),
-            Some(WaiterEvent::Granted { .. })
-        )
+        matches!(self.state().event, Some(WaiterEvent::Granted { .. }))
     }
 
-    /// Waits for the next event.
-    pub(crate) async fn next(&self) -> WaiterEvent {
-        loop {
-            let taken = self.event.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(event) = taken {
-                return event;
-            }
-            self.ready.notified().await;
+    /// The event waiting in the slot, taken (for tests).
+    #[cfg(test)]
+    fn take(&self) -> Option<WaiterEvent> {
+        self.state().event.take()
+    }
+
+    /// The next event, or `Pending` with the task's waker kept to be woken
+    /// when one is put.
+    pub(crate) fn poll_next(&self, cx: &mut Context<'_>) -> Poll<WaiterEvent> {
+        let mut state = self.state();
+        if let Some(event) = state.event.take() {
+            return Poll::Ready(event);
         }
+        match &mut state.waker {
+            Some(waker) if waker.will_wake(cx.waker()) => {}
+            waker => *waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
     }
 }
 
@@ -444,7 +468,7 @@ mod tests {
         ));
         // A later re-check does not hide the grant.
         assert!(registry.deliver("m1", WaiterEvent::Recheck));
-        let event = slot1.event.lock().unwrap().take();
+        let event = slot1.take();
         assert_eq!(
             event,
             Some(WaiterEvent::Granted {
@@ -543,7 +567,7 @@ mod tests {
             }
         ));
         assert_eq!(
-            slot.event.lock().unwrap().take(),
+            slot.take(),
             Some(WaiterEvent::Granted {
                 token: 7,
                 confirm: true
@@ -573,9 +597,9 @@ mod tests {
         };
         assert!(registry.deliver("m1", newer));
         assert!(registry.deliver("m1", stale));
-        assert_eq!(slot.event.lock().unwrap().take(), Some(newer));
+        assert_eq!(slot.take(), Some(newer));
         assert!(registry.deliver("m1", stale));
         assert!(registry.deliver("m1", newer));
-        assert_eq!(slot.event.lock().unwrap().take(), Some(newer));
+        assert_eq!(slot.take(), Some(newer));
     }
 }
