@@ -211,7 +211,7 @@ fn acquire_validated<'a>(
             // The call and its reply live in their own block, so the reply is
             // out of scope during the wait below: a binding kept in scope
             // across that wait would make every waiting task carry it.
-            let answer = {
+            let answer = 'call: {
                 let reply = match request {
                     Request::Lock => {
                         let call = Acquire {
@@ -238,6 +238,18 @@ fn acquire_validated<'a>(
                 };
                 let reply = match reply {
                     Ok(reply) => reply,
+                    // A re-check of a waiter already queued, cut off by an
+                    // outage: the waiter keeps its place and waits on. Its
+                    // entry is where it was, or the heartbeat finds it
+                    // missing once Redis answers again and has it check
+                    // again; a grant the call made meanwhile reaches it
+                    // from the heartbeat, which names the holder.
+                    Err(error)
+                        if ticket.is_some() && error.is_outage() && state.check_open().is_ok() =>
+                    {
+                        tracing::warn!(%error, "fairlock could not re-check a waiter's place in the queue; it keeps waiting");
+                        break 'call Answer::Unchecked;
+                    }
                     Err(error) => return Err(pending.failed(error)),
                 };
                 match reply {
@@ -273,47 +285,50 @@ fn acquire_validated<'a>(
                 }
             };
             // Granted in the reply: awaited here, with the reply gone.
-            let (queued_with, position) = match answer {
-                Answer::Queued { ticket, position } => (ticket, position),
+            let queued = match answer {
+                Answer::Queued { ticket, position } => Some((ticket, position)),
                 Answer::Granted(held, mark) => {
                     return Box::pin(replicated_or_given_back(state, held, started, mark)).await
                 }
+                Answer::Unchecked => None,
             };
-            if state.grants_heard_elsewhere(&keys) {
-                heard_elsewhere = true;
-                // A heartbeat round subscribes the slot where it is now.
-                state.heartbeat_now.notify_one();
-            }
-            let previous_ticket = ticket.replace(queued_with);
-            if previous_ticket != Some(queued_with) {
-                ticket_sent_at = sent_at;
-            }
-            if previous_ticket.is_none() {
-                joined = Some((position, sent_at));
-                let join = Join {
-                    position,
-                    at: sent_at,
-                };
-                // The refusal is moved into the boxed cancel at once, so no
-                // error is kept inline in the waiting future.
-                let refusal = admission_refused(state, &keys, name, *options, join, started)
-                    .map(|error| Box::pin(pending.give_up(error, "refused")));
-                if let Some(refusal) = refusal {
-                    return Err(refusal.await);
+            if let Some((queued_with, position)) = queued {
+                if state.grants_heard_elsewhere(&keys) {
+                    heard_elsewhere = true;
+                    // A heartbeat round subscribes the slot where it is now.
+                    state.heartbeat_now.notify_one();
                 }
-                if options.admission && options.wait_timeout.is_some() {
-                    recheck = Some(Box::pin(admission_recheck(
-                        state, &keys, name, *options, join, started,
-                    )));
+                let previous_ticket = ticket.replace(queued_with);
+                if previous_ticket != Some(queued_with) {
+                    ticket_sent_at = sent_at;
                 }
-                telemetry.contended(position, queued_with);
-                tracing::debug!(
-                    ticket = queued_with,
-                    position,
-                    "fairlock waiting in the queue"
-                );
+                if previous_ticket.is_none() {
+                    joined = Some((position, sent_at));
+                    let join = Join {
+                        position,
+                        at: sent_at,
+                    };
+                    // The refusal is moved into the boxed cancel at once, so no
+                    // error is kept inline in the waiting future.
+                    let refusal = admission_refused(state, &keys, name, *options, join, started)
+                        .map(|error| Box::pin(pending.give_up(error, "refused")));
+                    if let Some(refusal) = refusal {
+                        return Err(refusal.await);
+                    }
+                    if options.admission && options.wait_timeout.is_some() {
+                        recheck = Some(Box::pin(admission_recheck(
+                            state, &keys, name, *options, join, started,
+                        )));
+                    }
+                    telemetry.contended(position, queued_with);
+                    tracing::debug!(
+                        ticket = queued_with,
+                        position,
+                        "fairlock waiting in the queue"
+                    );
+                }
+                state.waiters.mark_queued(&owner_id, queued_with);
             }
-            state.waiters.mark_queued(&owner_id, queued_with);
 
             // Polled in place (no future of its own kept across the wait): the
             // slot first, so a grant that came with the timeout is taken.
@@ -422,6 +437,8 @@ enum Answer {
     Granted(Arc<HeldLock>, ReconnectMark),
     /// The caller waits in the queue with `ticket`, `position` ahead.
     Queued { ticket: u64, position: u64 },
+    /// A re-check that an outage cut off: the caller waits on as it was.
+    Unchecked,
 }
 
 /// What ended one wait in the queue. The refusal is boxed, so the select
@@ -821,5 +838,61 @@ impl Drop for PendingAcquire<'_> {
         self.finished();
         self.telemetry.acquire_ended("cancelled", self.started);
         drop(self.spawn_cancel());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use fairlock_testkit::RedisServer;
+
+    use crate::{ClientConfig, LockClient};
+
+    /// A waiter already queued outlives an outage of Redis: a re-check of
+    /// its place whose call times out (Redis held by `CLIENT PAUSE` past
+    /// the command timeout) leaves it waiting in its place, and it gets
+    /// the lock when the holder releases after the outage. Both on the
+    /// script socket and through fred. (A CI run met this as a waiter
+    /// failing with `Timeout` after a restart: its re-check went out while
+    /// fred was still reconnecting.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_queued_waiter_whose_recheck_times_out_keeps_waiting() {
+        let server = RedisServer::start().expect("redis-server");
+        for direct_calls in [true, false] {
+            let config = ClientConfig::builder(server.url())
+                .command_timeout(Duration::from_millis(300))
+                .direct_calls(direct_calls)
+                .build()
+                .expect("config");
+            let client = LockClient::with_config(config).await.expect("client");
+            let name = format!("outage-{direct_calls}");
+            let holder = client.lock(&name).await.expect("holder");
+            let waiter = {
+                let client = client.clone();
+                let name = name.clone();
+                tokio::spawn(async move { client.lock(&name).await })
+            };
+            while client.inspect(&name).await.expect("inspect").queue_len == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            server
+                .cmd_ok(&["CLIENT", "PAUSE", "1200", "ALL"])
+                .expect("pause");
+            client.state().waiters.recheck_all();
+            // Answered once the pause is over; the re-check's call timed
+            // out long before.
+            server.cmd_ok(&["PING"]).expect("ping");
+            holder.release().await.expect("release");
+            let granted = tokio::time::timeout(Duration::from_secs(10), waiter)
+                .await
+                .expect("the waiter ends")
+                .expect("task")
+                .unwrap_or_else(|error| {
+                    panic!("direct_calls {direct_calls}: the waiter failed: {error:?}")
+                });
+            granted.release().await.expect("release");
+            client.shutdown().await;
+        }
     }
 }

@@ -228,6 +228,19 @@ pub enum PrimaryFailureKind {
     Failed(String),
 }
 
+impl Error {
+    /// Whether Redis could not be reached or did not answer in time (a
+    /// restart, a fail-over, a stall, a client still reconnecting), as
+    /// opposed to an answer refusing the call.
+    pub(crate) fn is_outage(&self) -> bool {
+        match self {
+            Error::Timeout { .. } | Error::Unreachable { .. } => true,
+            Error::Redis { source, .. } => matches!(source.kind(), RedisErrorKind::IO),
+            _ => false,
+        }
+    }
+}
+
 impl std::fmt::Display for PrimaryFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "primary {} ({}) ", self.index, self.url)?;
