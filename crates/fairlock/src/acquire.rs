@@ -165,10 +165,12 @@ fn acquire_validated<'a>(
             Lease::Fixed(lease) => lease,
             Lease::Watchdog => state.config.watchdog_lease,
         };
-        let owner_id = match request {
+        // Shared with the waiter registry.
+        let owner_id: Arc<str> = match request {
             Request::Lock => state.new_owner_id(millis(lease_len)),
             Request::Permit(permits) => state.new_permit_owner_id(millis(lease_len), permits),
-        };
+        }
+        .into();
         let mut pending = PendingAcquire::new(state, &keys, &owner_id, &telemetry);
         // The wait timeout's timer, boxed: most waits have none, and a timer
         // kept inline would make every waiting task larger.
@@ -212,28 +214,36 @@ fn acquire_validated<'a>(
             // out of scope during the wait below: a binding kept in scope
             // across that wait would make every waiting task carry it.
             let answer = 'call: {
+                // Each call is boxed with its arguments: the waiting task's
+                // future need not have room for them.
                 let reply = match request {
                     Request::Lock => {
-                        let call = Acquire {
-                            owner_id: &owner_id,
-                            mode: mode.script_mode(),
-                            timings: &state.timings,
-                            channel_prefix: &channel_prefix,
-                            // After a re-check: back in its old place if its
-                            // entry was lost.
-                            rejoin: ticket,
-                        };
-                        state.run_direct(&keys, &call, &pending.unanswered).await
+                        Box::pin(async {
+                            let call = Acquire {
+                                owner_id: &owner_id,
+                                mode: mode.script_mode(),
+                                timings: &state.timings,
+                                channel_prefix: &channel_prefix,
+                                // After a re-check: back in its old place if
+                                // its entry was lost.
+                                rejoin: ticket,
+                            };
+                            state.run_direct(&keys, &call, &pending.unanswered).await
+                        })
+                        .await
                     }
                     Request::Permit(_) => {
-                        let call = PermitAcquire {
-                            owner_id: &owner_id,
-                            mode: mode.script_mode(),
-                            timings: &state.timings,
-                            channel_prefix: &channel_prefix,
-                            rejoin: ticket,
-                        };
-                        state.run(&keys, &call).await
+                        Box::pin(async {
+                            let call = PermitAcquire {
+                                owner_id: &owner_id,
+                                mode: mode.script_mode(),
+                                timings: &state.timings,
+                                channel_prefix: &channel_prefix,
+                                rejoin: ticket,
+                            };
+                            state.run(&keys, &call).await
+                        })
+                        .await
                     }
                 };
                 let reply = match reply {
@@ -726,14 +736,14 @@ impl<'a> PendingAcquire<'a> {
     fn new(
         state: &'a Arc<ClientState>,
         keys: &'a Arc<LockKeys>,
-        owner_id: &'a str,
+        owner_id: &'a Arc<str>,
         telemetry: &'a LockTelemetry,
     ) -> Self {
         // Register before the first script call: the grant may be published
         // the instant the script queues us. A try caller registers too: a
         // heartbeat reply naming it as the new holder may be handled before
         // its own reply, and must reach it rather than be handed back.
-        let events = Some(state.waiters.register(owner_id, keys));
+        let events = Some(state.waiters.register(Arc::clone(owner_id), keys));
         Self {
             state,
             keys,

@@ -244,7 +244,9 @@ impl LockGuard {
             }
             return Ok(());
         }
-        self.state.release(&self.held).await
+        // Boxed: a task's future is as large as its largest await, and
+        // most tasks that wait in lock() await this after it.
+        Box::pin(self.state.release(&self.held)).await
     }
 
     /// Gives back this guard's hold on a re-entered lock; `true` if it was

@@ -114,7 +114,9 @@ impl Permit {
     /// `Ok`: the set remembers it for four command timeouts.
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
-        self.state.release(&self.held).await
+        // Boxed: a task's future is as large as its largest await, and
+        // most tasks that wait in lock() await this after it.
+        Box::pin(self.state.release(&self.held)).await
     }
 }
 

@@ -227,9 +227,15 @@ impl WaiterRegistry {
 
     /// Registers `owner_id` before its first acquire call, so a grant that is
     /// published the moment it is queued is not missed.
-    pub(crate) fn register(&self, owner_id: &str, keys: &Arc<LockKeys>) -> Arc<WaiterSlot> {
+    /// The owner id is kept as given (the waiting task holds the same
+    /// one: one allocation per waiter).
+    pub(crate) fn register(
+        &self,
+        owner_id: impl Into<Arc<str>>,
+        keys: &Arc<LockKeys>,
+    ) -> Arc<WaiterSlot> {
         let slot = Arc::new(WaiterSlot::default());
-        let owner_id: Arc<str> = Arc::from(owner_id);
+        let owner_id: Arc<str> = owner_id.into();
         let mut state = self.state();
         state.waiters.insert(
             Arc::clone(&owner_id),
@@ -504,7 +510,7 @@ mod tests {
         ));
         for ticket in 1..=20u64 {
             let owner_id = format!("m{ticket}");
-            let _slot = registry.register(&owner_id, &keys);
+            let _slot = registry.register(owner_id.as_str(), &keys);
             registry.mark_queued(&owner_id, ticket);
         }
         let names =
