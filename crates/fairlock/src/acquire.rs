@@ -857,15 +857,16 @@ mod tests {
 
     use fairlock_testkit::RedisServer;
 
-    use crate::{ClientConfig, LockClient};
+    use crate::{ClientConfig, Error, LockClient, LockOptions};
 
     /// A waiter already queued outlives an outage of Redis: a re-check of
     /// its place whose call times out (Redis held by `CLIENT PAUSE` past
     /// the command timeout) leaves it waiting in its place, and it gets
-    /// the lock when the holder releases after the outage. Both on the
-    /// script socket and through fred. (A CI run met this as a waiter
-    /// failing with `Timeout` after a restart: its re-check went out while
-    /// fred was still reconnecting.)
+    /// the lock when the holder releases after the outage; a waiter behind
+    /// it whose wait timeout runs out during the outage still ends, with
+    /// `WaitTimeout`. Both on the script socket and through fred. (A CI
+    /// run met this as a waiter failing with `Timeout` after a restart:
+    /// its re-check went out while fred was still reconnecting.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_queued_waiter_whose_recheck_times_out_keeps_waiting() {
         let server = RedisServer::start().expect("redis-server");
@@ -886,13 +887,32 @@ mod tests {
             while client.inspect(&name).await.expect("inspect").queue_len == 0 {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
+            // Behind it, a waiter with a wait timeout shorter than the
+            // outage: its wait still ends.
+            let bounded = {
+                let client = client.clone();
+                let name = name.clone();
+                let options = LockOptions::new().wait_timeout(Duration::from_millis(800));
+                tokio::spawn(async move { client.lock_with(&name, options).await })
+            };
+            while client.inspect(&name).await.expect("inspect").queue_len < 2 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             server
                 .cmd_ok(&["CLIENT", "PAUSE", "1200", "ALL"])
                 .expect("pause");
             client.state().waiters.recheck_all();
-            // Answered once the pause is over; the re-check's call timed
+            // Answered once the pause is over; the re-checks' calls timed
             // out long before.
             server.cmd_ok(&["PING"]).expect("ping");
+            let timed_out = tokio::time::timeout(Duration::from_secs(10), bounded)
+                .await
+                .expect("the bounded waiter ends")
+                .expect("task");
+            assert!(
+                matches!(timed_out, Err(Error::WaitTimeout { .. })),
+                "direct_calls {direct_calls}: the bounded waiter ended with {timed_out:?}"
+            );
             holder.release().await.expect("release");
             let granted = tokio::time::timeout(Duration::from_secs(10), waiter)
                 .await
