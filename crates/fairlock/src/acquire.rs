@@ -100,7 +100,6 @@ pub(crate) fn acquire_keys<'a>(
     options: &'a LockOptions,
     mode: Mode,
 ) -> impl Future<Output = Result<Option<Arc<HeldLock>>>> + Send + 'a {
-    // Not an `async fn`, for the reason `acquire_validated` gives.
     async move {
         options.validate()?;
         let try_waits = mode == Mode::Try && options.wait_timeout.is_some_and(|t| !t.is_zero());
@@ -143,21 +142,20 @@ pub(crate) async fn acquire_permit(
     .await
 }
 
-// An `async fn` would keep its arguments twice (see `acquire_validated`).
+// Not an `async fn`: that would keep its arguments twice in its future (as
+// arguments and as the locals they move into), and a waiting task carries
+// the future for its whole wait.
 #[allow(clippy::manual_async_fn)]
 fn acquire_validated<'a>(
     state: &'a Arc<ClientState>,
     name: &'a LockName,
     keys: Arc<LockKeys>,
-    // By reference: a by-value argument is kept twice in the future's
-    // state (the argument and the local), and a waiting task holds this
-    // future for its whole wait.
+    // By reference: the caller keeps the options, and a copy here would
+    // be a second one in the future a waiting task carries.
     options: &'a LockOptions,
     mode: Mode,
     request: Request,
 ) -> impl Future<Output = Result<Option<Arc<HeldLock>>>> + Send + 'a {
-    // Not an `async fn`: its arguments would be kept twice in the future
-    // (as arguments and as locals), and a waiting task carries it.
     async move {
         let telemetry = state.config.metrics_lock_label.labels(name.as_str());
         let started = Instant::now();
@@ -257,7 +255,9 @@ fn acquire_validated<'a>(
                     Err(error)
                         if ticket.is_some() && error.is_outage() && state.check_open().is_ok() =>
                     {
-                        tracing::warn!(%error, "fairlock could not re-check a waiter's place in the queue; it keeps waiting");
+                        // Debug, not warn: an outage can cut off every
+                        // waiter's re-check at once; the heartbeat warns.
+                        tracing::debug!(%error, "fairlock could not re-check a waiter's place in the queue; it keeps waiting");
                         break 'call Answer::Unchecked;
                     }
                     Err(error) => return Err(pending.failed(error)),

@@ -131,8 +131,6 @@ impl Lock {
         &self,
         options: LockOptions,
     ) -> impl Future<Output = Result<LockGuard>> + Send + '_ {
-        // Not an `async fn`: its arguments would be kept twice in the
-        // future a waiting task carries.
         async move {
             let keys = Arc::clone(&self.keys);
             let held = waited_grant(
