@@ -577,3 +577,47 @@ async fn a_guard_dropped_with_its_client_is_released() {
         wait_for_owner(&server, &format!("api:scope-{scope}"), false).await;
     }
 }
+
+/// `stats()` tells a task that waits for its first answer from one that
+/// has a place in the queue: while Redis holds the acquire (`CLIENT
+/// PAUSE`) the task counts as waiting but not queued, once answered as
+/// both, and as neither once granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_tell_waiting_from_queued() {
+    let server = server();
+    let holder = client(&server).await;
+    let waiter = client(&server).await;
+    let name = "api:stats";
+    let guard = holder.lock(name).await.expect("lock");
+    // Scripts loaded on the waiter's connections before Redis is paused.
+    assert!(waiter.try_lock(name).await.expect("try").is_none());
+    server
+        .cmd_ok(&["CLIENT", "PAUSE", "1500", "ALL"])
+        .expect("pause");
+    let task = spawn_lock(&waiter, name);
+    for _ in 0..100 {
+        if waiter.stats().waiters == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let held_up = waiter.stats();
+    assert_eq!(
+        (held_up.waiters, held_up.queued),
+        (1, 0),
+        "while its acquire is held in Redis"
+    );
+    for _ in 0..400 {
+        if waiter.stats().queued == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let answered = waiter.stats();
+    assert_eq!((answered.waiters, answered.queued), (1, 1), "once queued");
+    guard.release().await.expect("release");
+    let granted = task.await.expect("task").expect("granted");
+    let done = waiter.stats();
+    assert_eq!((done.waiters, done.queued, done.held), (0, 0, 1));
+    granted.release().await.expect("release");
+}

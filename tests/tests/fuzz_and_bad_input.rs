@@ -707,6 +707,21 @@ async fn redis_dying_mid_wait() {
         tokio::spawn(async move { c.lock("mid-wait").await })
     };
     wait_for_queue_len(&holder_client, "mid-wait", 1).await;
+    // And the waiting task knows it: an acquire that ran just before the
+    // kill, its reply never sent, leaves a task that cannot know it was
+    // queued, which fails like an acquire sent while Redis is down (the
+    // hunt for a CI failure of this test found that race, 1 run in 16).
+    for _ in 0..500 {
+        if waiter_client.stats().queued == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        waiter_client.stats().queued,
+        1,
+        "the waiter knows it is queued"
+    );
     server.kill();
     // While Redis is down, a bounded wait ends with WaitTimeout.
     let bounded_wait = bounded(

@@ -864,9 +864,9 @@ mod tests {
     /// the command timeout) leaves it waiting in its place, and it gets
     /// the lock when the holder releases after the outage; a waiter behind
     /// it whose wait timeout runs out during the outage still ends, with
-    /// `WaitTimeout`. Both on the script socket and through fred. (A CI
-    /// run met this as a waiter failing with `Timeout` after a restart:
-    /// its re-check went out while fred was still reconnecting.)
+    /// `WaitTimeout`. Both on the script socket and through fred. (Before,
+    /// such a waiter failed with `Timeout`, as a re-check sent while fred
+    /// is still reconnecting after a restart can.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_queued_waiter_whose_recheck_times_out_keeps_waiting() {
         let server = RedisServer::start().expect("redis-server");

@@ -58,6 +58,10 @@ pub const MAX_INSPECT_WAITERS: u64 = 10_000;
 pub struct ClientStats {
     /// Tasks waiting for a lock.
     pub waiters: usize,
+    /// Of those, the tasks this client knows to be in a queue: their
+    /// acquire call answered with a place. The others' first call is on
+    /// its way, or its answer was lost with its connection.
+    pub queued: usize,
     /// Leases the watchdog renews.
     pub watched_leases: usize,
     /// Grants held (watchdog-kept or fixed), not yet released.
@@ -469,6 +473,7 @@ impl LockClient {
     pub fn stats(&self) -> ClientStats {
         ClientStats {
             waiters: self.state().waiters.len(),
+            queued: self.state().waiters.queued(),
             watched_leases: self.state().held.watched(),
             held: self.state().held.len(),
         }

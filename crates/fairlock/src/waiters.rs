@@ -449,6 +449,15 @@ impl WaiterRegistry {
     pub(crate) fn len(&self) -> usize {
         self.state().waiters.len()
     }
+
+    /// How many waiting tasks have a place in a queue ([`Self::mark_queued`]).
+    pub(crate) fn queued(&self) -> usize {
+        self.state()
+            .waiters
+            .values()
+            .filter(|waiter| waiter.ticket.is_some())
+            .count()
+    }
 }
 
 #[cfg(test)]
