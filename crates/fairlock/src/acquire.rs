@@ -118,28 +118,32 @@ pub(crate) fn acquire_keys<'a>(
 /// Takes a permit of the set `keys` (named `name`) for `request`: the
 /// grant, or `None` if `mode` is try and the request does not fit now or
 /// someone waits. Unlike a lock's, a permit's try never waits.
-pub(crate) async fn acquire_permit(
-    state: &Arc<ClientState>,
-    name: &str,
-    keys: &Arc<LockKeys>,
+// Not an `async fn`, for the reason `acquire_validated` gives.
+#[allow(clippy::manual_async_fn)]
+pub(crate) fn acquire_permit<'a>(
+    state: &'a Arc<ClientState>,
+    name: &'a str,
+    keys: &'a Arc<LockKeys>,
     request: PermitRequest,
-    options: LockOptions,
+    options: &'a LockOptions,
     mode: Mode,
-) -> Result<Option<Arc<HeldLock>>> {
-    options.validate()?;
-    // Checked when the set's keys were made; the grant keeps it as bytes.
-    let lock_name = LockName::new(name)?;
-    let span = crate::telemetry::acquire_span(name, mode.label());
-    acquire_validated(
-        state,
-        &lock_name,
-        Arc::clone(keys),
-        &options,
-        mode,
-        Request::Permit(request),
-    )
-    .instrument(span)
-    .await
+) -> impl Future<Output = Result<Option<Arc<HeldLock>>>> + Send + 'a {
+    async move {
+        options.validate()?;
+        // Checked when the set's keys were made; the grant keeps it as bytes.
+        let lock_name = LockName::new(name)?;
+        let span = crate::telemetry::acquire_span(name, mode.label());
+        acquire_validated(
+            state,
+            &lock_name,
+            Arc::clone(keys),
+            options,
+            mode,
+            Request::Permit(request),
+        )
+        .instrument(span)
+        .await
+    }
 }
 
 // Not an `async fn`: that would keep its arguments twice in its future (as

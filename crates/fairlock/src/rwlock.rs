@@ -6,6 +6,7 @@
 //! grant from the head of the queue while the head fits and stop at the
 //! first that does not, which gives exactly the FIFO rule below.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use fairlock_core::{LockKeys, LockName, PermitFamily, PermitRequest, MAX_PERMITS};
@@ -82,52 +83,67 @@ impl RwLock {
     }
 
     /// Waits for a read hold with the handle's options.
-    pub async fn read(&self) -> Result<Permit> {
-        self.read_with(self.options).await
+    pub fn read(&self) -> impl Future<Output = Result<Permit>> + Send + '_ {
+        self.read_with(self.options)
     }
 
     /// Waits for a read hold with `options`.
-    pub async fn read_with(&self, options: LockOptions) -> Result<Permit> {
-        self.wait(READ, options).await
+    pub fn read_with(
+        &self,
+        options: LockOptions,
+    ) -> impl Future<Output = Result<Permit>> + Send + '_ {
+        self.wait(READ, options)
     }
 
     /// Takes a read hold only if no writer holds and nobody waits.
     pub async fn try_read(&self) -> Result<Option<Permit>> {
-        self.take(READ, self.options, Mode::Try).await
+        self.take(READ, &self.options, Mode::Try).await
     }
 
     /// Waits for a write hold with the handle's options.
-    pub async fn write(&self) -> Result<Permit> {
-        self.write_with(self.options).await
+    pub fn write(&self) -> impl Future<Output = Result<Permit>> + Send + '_ {
+        self.write_with(self.options)
     }
 
     /// Waits for a write hold with `options`.
-    pub async fn write_with(&self, options: LockOptions) -> Result<Permit> {
-        self.wait(PermitRequest::Exclusive, options).await
+    pub fn write_with(
+        &self,
+        options: LockOptions,
+    ) -> impl Future<Output = Result<Permit>> + Send + '_ {
+        self.wait(PermitRequest::Exclusive, options)
     }
 
     /// Takes a write hold only if nobody holds and nobody waits.
     pub async fn try_write(&self) -> Result<Option<Permit>> {
-        self.take(PermitRequest::Exclusive, self.options, Mode::Try)
+        self.take(PermitRequest::Exclusive, &self.options, Mode::Try)
             .await
     }
 
-    async fn wait(&self, request: PermitRequest, options: LockOptions) -> Result<Permit> {
-        crate::acquire::waited_grant(self.take(request, options, Mode::Wait).await?)
-    }
-
-    async fn take(
+    // Not `async fn`s: a waiting task would carry their arguments twice.
+    #[allow(clippy::manual_async_fn)]
+    fn wait(
         &self,
         request: PermitRequest,
         options: LockOptions,
+    ) -> impl Future<Output = Result<Permit>> + Send + '_ {
+        async move { crate::acquire::waited_grant(self.take(request, &options, Mode::Wait).await?) }
+    }
+
+    #[allow(clippy::manual_async_fn)]
+    fn take<'a>(
+        &'a self,
+        request: PermitRequest,
+        options: &'a LockOptions,
         mode: Mode,
-    ) -> Result<Option<Permit>> {
-        let state = self.client.state();
-        Ok(
-            acquire_permit(state, &self.name, &self.keys, request, options, mode)
-                .await?
-                .map(|held| Permit::new(Arc::clone(state), held)),
-        )
+    ) -> impl Future<Output = Result<Option<Permit>>> + Send + 'a {
+        async move {
+            let state = self.client.state();
+            Ok(
+                acquire_permit(state, &self.name, &self.keys, request, options, mode)
+                    .await?
+                    .map(|held| Permit::new(Arc::clone(state), held)),
+            )
+        }
     }
 }
 

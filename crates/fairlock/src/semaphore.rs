@@ -6,6 +6,7 @@
 //! one it was sent (see [`Semaphore`] for what a change does). The protocol
 //! is in `fairlock-core`'s `scripts/permit_*.lua`.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use fairlock_core::{LockKeys, LockName, PermitFamily, PermitRequest, MAX_PERMITS};
@@ -112,30 +113,42 @@ impl Semaphore {
     }
 
     /// Waits for a permit with the handle's options.
-    pub async fn acquire(&self) -> Result<Permit> {
-        self.acquire_with(self.options).await
+    pub fn acquire(&self) -> impl Future<Output = Result<Permit>> + Send + '_ {
+        self.acquire_with(self.options)
     }
 
     /// Waits for a permit with `options`. A wait that runs out fails with
     /// [`Error::WaitTimeout`] and leaves the queue.
-    pub async fn acquire_with(&self, options: LockOptions) -> Result<Permit> {
-        crate::acquire::waited_grant(self.take(options, Mode::Wait).await?)
+    // Not an `async fn`: a waiting task would carry its arguments twice.
+    #[allow(clippy::manual_async_fn)]
+    pub fn acquire_with(
+        &self,
+        options: LockOptions,
+    ) -> impl Future<Output = Result<Permit>> + Send + '_ {
+        async move { crate::acquire::waited_grant(self.take(&options, Mode::Wait).await?) }
     }
 
     /// Takes a permit only if one is free and nobody waits; `Ok(None)`
     /// otherwise.
     pub async fn try_acquire(&self) -> Result<Option<Permit>> {
-        self.take(self.options, Mode::Try).await
+        self.take(&self.options, Mode::Try).await
     }
 
-    async fn take(&self, options: LockOptions, mode: Mode) -> Result<Option<Permit>> {
-        let state = self.client.state();
-        let request = PermitRequest::Shared(self.permits);
-        Ok(
-            acquire_permit(state, &self.name, &self.keys, request, options, mode)
-                .await?
-                .map(|held| Permit::new(Arc::clone(state), held)),
-        )
+    #[allow(clippy::manual_async_fn)]
+    fn take<'a>(
+        &'a self,
+        options: &'a LockOptions,
+        mode: Mode,
+    ) -> impl Future<Output = Result<Option<Permit>>> + Send + 'a {
+        async move {
+            let state = self.client.state();
+            let request = PermitRequest::Shared(self.permits);
+            Ok(
+                acquire_permit(state, &self.name, &self.keys, request, options, mode)
+                    .await?
+                    .map(|held| Permit::new(Arc::clone(state), held)),
+            )
+        }
     }
 }
 
