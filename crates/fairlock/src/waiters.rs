@@ -210,6 +210,10 @@ struct State {
     by_lock: HashMap<String, ByLock>,
     /// Lock (owner key) → owner ids whose cancel failed, to retry.
     cancels: HashMap<String, (Arc<LockKeys>, HashSet<String>)>,
+    /// How many of `waiters` have a ticket: kept as they change, so that
+    /// reading it (`LockClient::stats`) does not walk every waiter under
+    /// the lock grants are routed through.
+    queued: usize,
 }
 
 /// All waiting tasks of one client.
@@ -237,7 +241,7 @@ impl WaiterRegistry {
         let slot = Arc::new(WaiterSlot::default());
         let owner_id: Arc<str> = owner_id.into();
         let mut state = self.state();
-        state.waiters.insert(
+        let replaced = state.waiters.insert(
             Arc::clone(&owner_id),
             Waiter {
                 keys: Arc::clone(keys),
@@ -245,6 +249,10 @@ impl WaiterRegistry {
                 ticket: None,
             },
         );
+        // Owner ids are unique per acquire; kept right all the same.
+        if replaced.is_some_and(|waiter| waiter.ticket.is_some()) {
+            state.queued -= 1;
+        }
         // The lock's entry usually exists already (its other waiters):
         // its key is copied only when the entry is made.
         match state.by_lock.get_mut(keys.owner()) {
@@ -267,6 +275,9 @@ impl WaiterRegistry {
     pub(crate) fn deregister(&self, owner_id: &str) {
         let mut state = self.state();
         if let Some(waiter) = state.waiters.remove(owner_id) {
+            if waiter.ticket.is_some() {
+                state.queued -= 1;
+            }
             let lock = waiter.keys.owner();
             if let Some(entry) = state.by_lock.get_mut(lock) {
                 entry.owner_ids.remove(owner_id);
@@ -279,8 +290,11 @@ impl WaiterRegistry {
 
     /// Records that `owner_id` is queued with `ticket`, so heartbeats cover it.
     pub(crate) fn mark_queued(&self, owner_id: &str, ticket: u64) {
-        if let Some(waiter) = self.state().waiters.get_mut(owner_id) {
-            waiter.ticket = Some(ticket);
+        let mut state = self.state();
+        if let Some(waiter) = state.waiters.get_mut(owner_id) {
+            if waiter.ticket.replace(ticket).is_none() {
+                state.queued += 1;
+            }
         }
     }
 
@@ -452,11 +466,7 @@ impl WaiterRegistry {
 
     /// How many waiting tasks have a place in a queue ([`Self::mark_queued`]).
     pub(crate) fn queued(&self) -> usize {
-        self.state()
-            .waiters
-            .values()
-            .filter(|waiter| waiter.ticket.is_some())
-            .count()
+        self.state().queued
     }
 }
 
@@ -464,6 +474,30 @@ impl WaiterRegistry {
 mod tests {
     use super::*;
     use fairlock_core::{KeyPrefix, LockName};
+
+    /// The queued count follows registration, tickets (a second ticket,
+    /// as a re-check gives, counts once) and leaving.
+    #[test]
+    fn counts_the_waiters_with_a_ticket() {
+        let registry = WaiterRegistry::default();
+        let keys = Arc::new(LockKeys::new(
+            &KeyPrefix::default(),
+            &LockName::new("q").unwrap(),
+        ));
+        let _a = registry.register("a", &keys);
+        let _b = registry.register("b", &keys);
+        assert_eq!((registry.len(), registry.queued()), (2, 0));
+        registry.mark_queued("a", 5);
+        registry.mark_queued("a", 9);
+        registry.mark_queued("nobody", 1);
+        assert_eq!((registry.len(), registry.queued()), (2, 1));
+        registry.mark_queued("b", 6);
+        registry.deregister("a");
+        registry.deregister("a");
+        assert_eq!((registry.len(), registry.queued()), (1, 1));
+        registry.deregister("b");
+        assert_eq!((registry.len(), registry.queued()), (0, 0));
+    }
 
     #[test]
     fn routes_grants_groups_by_lock_and_probes_the_oldest() {
