@@ -475,15 +475,20 @@ mod tests {
     use super::*;
     use fairlock_core::{KeyPrefix, LockName};
 
+    /// The keys of lock `name` under the default prefix.
+    fn keys_of(name: &str) -> Arc<LockKeys> {
+        Arc::new(LockKeys::new(
+            &KeyPrefix::default(),
+            &LockName::new(name).expect("a valid test name"),
+        ))
+    }
+
     /// The queued count follows registration, tickets (a second ticket,
     /// as a re-check gives, counts once) and leaving.
     #[test]
     fn counts_the_waiters_with_a_ticket() {
         let registry = WaiterRegistry::default();
-        let keys = Arc::new(LockKeys::new(
-            &KeyPrefix::default(),
-            &LockName::new("q").unwrap(),
-        ));
+        let keys = keys_of("q");
         let _a = registry.register("a", &keys);
         let _b = registry.register("b", &keys);
         assert_eq!((registry.len(), registry.queued()), (2, 0));
@@ -502,10 +507,7 @@ mod tests {
     #[test]
     fn routes_grants_groups_by_lock_and_probes_the_oldest() {
         let registry = WaiterRegistry::default();
-        let keys = Arc::new(LockKeys::new(
-            &KeyPrefix::default(),
-            &LockName::new("a").unwrap(),
-        ));
+        let keys = keys_of("a");
         let slot1 = registry.register("m1", &keys);
         let _slot2 = registry.register("m2", &keys);
         assert!(registry.deliver(
@@ -547,10 +549,7 @@ mod tests {
     #[test]
     fn probes_take_the_waiters_in_between_in_turn() {
         let registry = WaiterRegistry::default();
-        let keys = Arc::new(LockKeys::new(
-            &KeyPrefix::default(),
-            &LockName::new("a").unwrap(),
-        ));
+        let keys = keys_of("a");
         for ticket in 1..=20u64 {
             let owner_id = format!("m{ticket}");
             let _slot = registry.register(owner_id.as_str(), &keys);
@@ -597,10 +596,7 @@ mod tests {
     #[test]
     fn a_grant_told_twice_keeps_its_lease_to_set() {
         let registry = WaiterRegistry::default();
-        let keys = Arc::new(LockKeys::new(
-            &KeyPrefix::default(),
-            &LockName::new("a").unwrap(),
-        ));
+        let keys = keys_of("a");
         let slot = registry.register("m1", &keys);
         let unheard = Handoff {
             owner_id: "m1".to_owned(),
@@ -631,10 +627,7 @@ mod tests {
     #[test]
     fn a_stale_grant_never_replaces_a_newer_one() {
         let registry = WaiterRegistry::default();
-        let keys = Arc::new(LockKeys::new(
-            &KeyPrefix::default(),
-            &LockName::new("a").unwrap(),
-        ));
+        let keys = keys_of("a");
         let slot = registry.register("m1", &keys);
         let newer = WaiterEvent::Granted {
             token: 9,
