@@ -23,9 +23,10 @@
 --   dropped: dead waiters removed on the way; more: 1 if dead waiters are
 --   left at the head of the queue (the client calls heartbeat to go on)
 --
--- Cost: 4 commands when the lock is free and nobody waits (ZCARD, TIME,
--- SET seq, SET owner NX); 8 to join a queue that exists (ZCARD, GET,
--- TIME, ZADD alive, SET seq, ZADD queue, PEXPIRE queue and alive).
+-- Cost: 5 commands when the lock is free and nobody waits (ZCARD, EXISTS,
+-- TIME, SET seq, SET owner; fast_paths/acquire.lua, which runs first and
+-- reads `waiting`); 8 to join a queue that exists (ZCARD, GET, TIME,
+-- ZADD alive, SET seq, ZADD queue, PEXPIRE queue and alive).
 -- Idempotent: run again with the same owner id it returns the same grant
 -- (the owner id owns the lock) or the same ticket (it keeps its place).
 -- No barging: a caller is granted a free lock only if no live waiter is
@@ -109,9 +110,11 @@ local function granted_after(token, dropped)
   return {1, token, dropped, 0}
 end
 
-local waiting = redis.call('ZCARD', KEYS[2])
+-- `waiting` is the queue's length, read by the fast path.
 if waiting == 0 then
-  -- Nobody waits: take the lock unless it is held.
+  -- Nobody waits: take the lock unless it is held (the fast path took it
+  -- if it was free, unless the owner id or the counter needs the full
+  -- script's answer).
   local now, now_str = now_us()
   local seq, previous, seq_str = next_seq(now, idle_ms, now_str)
   local held = redis.pcall('SET', KEYS[1], owner_id .. ' ' .. seq_str, 'NX', 'GET', 'PX', lease_str)

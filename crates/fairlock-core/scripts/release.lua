@@ -34,15 +34,17 @@
 --                            the oldest live waiter is made the owner and
 --                            woken by message, as a heartbeat would
 --
--- Cost: 4 commands with nobody waiting (GET, ZRANGE, DEL, SET freed); 9
--- for a handoff to a live head in another process, 8 in the caller's.
+-- Cost: 4 commands with nobody waiting (GET, ZCARD, DEL, SET freed, in
+-- fast_paths/release.lua, which runs first); 10 for a handoff to a live
+-- head in another process, 9 in the caller's (the fast path's ZCARD
+-- included).
 -- Owner-only: anyone but the owner changes nothing but what a heartbeat
 -- would (a free lock goes to its oldest live waiter). Idempotent: a resent
 -- release by the owner id that freed the lock last answers {1, 0, 0, "", 0, 0}
 -- and changes nothing but the TTL of the record of that release.
 
-local owner_id = ARGV[1]
-local holder = parse_owner(redis.call('GET', KEYS[1]))
+-- `owner_id` and `value`, the owner key's value, are read by the fast path.
+local holder = parse_owner(value)
 if holder ~= owner_id then
   if redis.call('GET', KEYS[5]) == owner_id then
     -- A resend. The record is written again (same value, a fresh TTL),

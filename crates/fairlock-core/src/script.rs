@@ -1,7 +1,8 @@
 //! The Lua scripts, assembled from `scripts/` at compile time.
 //!
 //! Redis scripts cannot include each other, so each script is sent as the
-//! shared helpers of `scripts/includes/common.lua` followed by its own body.
+//! shared helpers of `scripts/includes/common.lua` followed by its own body;
+//! acquire and release put their fast path (`scripts/fast_paths/`) first.
 
 use std::sync::OnceLock;
 
@@ -74,10 +75,28 @@ macro_rules! script {
     };
 }
 
+/// A script with a fast path: `fast_paths/<name>.lua` (which answers the
+/// common case before the shared helpers are defined, since Redis defines
+/// them again on every call), then common.lua, then its body.
+macro_rules! script_with_fast_path {
+    ($name:literal) => {
+        Script::new(
+            $name,
+            concat!(
+                include_str!(concat!("../scripts/fast_paths/", $name, ".lua")),
+                "\n",
+                include_str!("../scripts/includes/common.lua"),
+                "\n",
+                include_str!(concat!("../scripts/", $name, ".lua"))
+            ),
+        )
+    };
+}
+
 /// `acquire.lua`: take a free lock or join the queue.
-pub static ACQUIRE: Script = script!("acquire");
+pub static ACQUIRE: Script = script_with_fast_path!("acquire");
 /// `release.lua`: free the lock and hand it to the next live waiter.
-pub static RELEASE: Script = script!("release");
+pub static RELEASE: Script = script_with_fast_path!("release");
 /// `renew.lua`: set the owner's lease.
 pub static RENEW: Script = script!("renew");
 /// `heartbeat.lua`: keep one process's waiters alive on a batch of locks.

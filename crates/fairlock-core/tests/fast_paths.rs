@@ -1,0 +1,331 @@
+//! The fast paths of acquire.lua and release.lua (`scripts/fast_paths/`):
+//! they answer the uncontended cycle before the shared helpers are defined,
+//! and must answer exactly as the full script would, falling through
+//! without a write wherever it would answer something else.
+//!
+//! Which path ran is told by the commands Redis counts: only the fast path
+//! runs EXISTS (acquire) and ZCARD before DEL (release); the full script's
+//! grant runs SET NX and its release ZRANGE. The model check
+//! (`model.rs`) and the foreign-key matrix (`wrong_type.rs`) cover the
+//! rest of both scripts' behaviour with the fast paths in place.
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use fairlock_core::{
+    Acquire, AcquireMode, KeyPrefix, LockKeys, LockName, OwnerId, Release, Reply, ScriptCall,
+    Timings,
+};
+use fairlock_testkit::RedisServer;
+
+use support::{commandstats, load_scripts, run_script};
+
+const CHANNEL_PREFIX: &str = "fast:notify:";
+const TAG: &str = "00000000000000aa";
+
+fn keys(name: &str) -> LockKeys {
+    LockKeys::new(&KeyPrefix::default(), &LockName::new(name).expect("name"))
+}
+
+fn key_list(keys: &LockKeys) -> Vec<&str> {
+    keys.all().iter().map(String::as_str).collect()
+}
+
+fn owner(n: u32, lease_ms: u64) -> String {
+    OwnerId::new(&format!("{n:032x}"), TAG, lease_ms)
+        .as_str()
+        .to_owned()
+}
+
+fn acquire(server: &RedisServer, keys: &LockKeys, owner_id: &str) -> Result<Reply, String> {
+    let timings = Timings::default();
+    let call = Acquire {
+        owner_id,
+        mode: AcquireMode::Wait,
+        timings: &timings,
+        channel_prefix: CHANNEL_PREFIX,
+        rejoin: None,
+    };
+    run_script(server, Acquire::SCRIPT, &key_list(keys), &call.args())
+}
+
+fn release(server: &RedisServer, keys: &LockKeys, owner_id: &str) -> Result<Reply, String> {
+    let timings = Timings::default();
+    let call = Release {
+        owner_id,
+        timings: &timings,
+        channel_prefix: CHANNEL_PREFIX,
+        reply_to: "",
+    };
+    run_script(server, Release::SCRIPT, &key_list(keys), &call.args())
+}
+
+/// The commands scripts ran since the last `CONFIG RESETSTAT`, by name,
+/// without the script calls themselves and the test's own commands.
+fn commands_since_reset(server: &RedisServer) -> BTreeMap<String, u64> {
+    commandstats(server)
+        .into_iter()
+        .filter(|(name, _)| {
+            !["eval", "script|", "config|", "info"]
+                .iter()
+                .any(|wrapper| name.starts_with(wrapper))
+        })
+        .map(|(name, stat)| (name, stat.calls))
+        .collect()
+}
+
+fn counts(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
+    pairs.iter().map(|(n, c)| ((*n).to_owned(), *c)).collect()
+}
+
+fn get(server: &RedisServer, key: &str) -> Option<String> {
+    server
+        .cmd(&["GET", key])
+        .expect("GET")
+        .as_str()
+        .map(str::to_owned)
+}
+
+fn pttl(server: &RedisServer, key: &str) -> i64 {
+    server
+        .cmd(&["PTTL", key])
+        .expect("PTTL")
+        .as_int()
+        .expect("int")
+}
+
+/// Server time in microseconds.
+fn server_us(server: &RedisServer) -> u64 {
+    let reply = support::eval(
+        server,
+        "local t = redis.call('TIME') return t[1] .. string.sub('00000' .. t[2], -6)",
+        &[],
+        &[],
+    );
+    match reply {
+        Reply::Str(digits) => digits.parse().expect("digits"),
+        other => panic!("TIME: {other:?}"),
+    }
+}
+
+fn granted_token(reply: Result<Reply, String>) -> u64 {
+    match reply {
+        Ok(Reply::Array(items)) if items.len() == 2 && items[0] == Reply::Int(1) => {
+            match items[1] {
+                Reply::Int(token) => u64::try_from(token).expect("positive token"),
+                ref other => panic!("token {other:?}"),
+            }
+        }
+        other => panic!("expected a grant {{1, token}}, got {other:?}"),
+    }
+}
+
+fn released() -> Reply {
+    Reply::Array(vec![
+        Reply::Int(1),
+        Reply::Int(0),
+        Reply::Int(0),
+        Reply::Str(String::new()),
+        Reply::Int(0),
+        Reply::Int(0),
+    ])
+}
+
+/// Everything under the lock's keys: type, value and whether it has a TTL.
+fn dump(server: &RedisServer, keys: &LockKeys) -> Vec<String> {
+    keys.all()
+        .iter()
+        .map(|key| {
+            let kind = server.cmd(&["TYPE", key]).expect("TYPE");
+            let value = server.cmd(&["DUMP", key]).expect("DUMP");
+            format!("{key}: {kind:?} {value:?} ttl {}", pttl(server, key) > 0)
+        })
+        .collect()
+}
+
+#[test]
+fn an_uncontended_cycle_takes_the_fast_paths() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let k = keys("cycle");
+    let reset = || {
+        server.cmd(&["CONFIG", "RESETSTAT"]).expect("RESETSTAT");
+    };
+
+    // A fresh lock: the counter is new and gets the idle TTL.
+    reset();
+    let first = granted_token(acquire(&server, &k, &owner(1, 30_000)));
+    assert_eq!(
+        commands_since_reset(&server),
+        counts(&[
+            ("zcard", 1),
+            ("exists", 1),
+            ("time", 1),
+            ("set", 2),
+            ("pexpire", 1)
+        ]),
+        "first grant"
+    );
+    assert_eq!(get(&server, k.seq()), Some(first.to_string()));
+    assert!(pttl(&server, k.seq()) > 0, "the counter expires");
+    assert_eq!(
+        get(&server, k.owner()),
+        Some(format!("{} {first}", owner(1, 30_000)))
+    );
+    let lease = pttl(&server, k.owner());
+    assert!(lease > 25_000 && lease <= 30_000, "own lease, {lease} ms");
+
+    reset();
+    assert_eq!(release(&server, &k, &owner(1, 30_000)), Ok(released()));
+    assert_eq!(
+        commands_since_reset(&server),
+        counts(&[("get", 1), ("zcard", 1), ("del", 1), ("set", 1)]),
+        "release"
+    );
+    assert_eq!(get(&server, k.owner()), None);
+    assert_eq!(get(&server, k.freed()), Some(owner(1, 30_000)));
+
+    // The next grant keeps the counter's TTL.
+    reset();
+    let second = granted_token(acquire(&server, &k, &owner(2, 1)));
+    assert!(second > first, "tokens increase: {first} then {second}");
+    assert_eq!(
+        commands_since_reset(&server),
+        counts(&[("zcard", 1), ("exists", 1), ("time", 1), ("set", 2)]),
+        "next grant"
+    );
+
+    // A resent release still finds the release recorded (the full script).
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    assert_eq!(release(&server, &k, &owner(1, 30_000)), Ok(released()));
+}
+
+#[test]
+fn a_counter_ahead_of_the_clock_is_drawn_past() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let k = keys("ahead");
+    let ahead = server_us(&server) + 10_000_000;
+    server
+        .cmd(&["SET", k.seq(), &ahead.to_string(), "PX", "400000"])
+        .expect("SET");
+    let token = granted_token(acquire(&server, &k, &owner(1, 30_000)));
+    assert_eq!(token, ahead + 1);
+    assert_eq!(get(&server, k.seq()), Some((ahead + 1).to_string()));
+    let ttl = pttl(&server, k.seq());
+    assert!(
+        ttl > 300_000 && ttl <= 400_000,
+        "the counter keeps its TTL, {ttl} ms"
+    );
+    assert_eq!(
+        get(&server, k.owner()),
+        Some(format!("{} {}", owner(1, 30_000), ahead + 1))
+    );
+}
+
+#[test]
+fn a_garbage_counter_starts_again_at_the_clock() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    // A number below the clock is a counter like any other (it keeps its
+    // TTL, here none); text, and a number more than a day ahead, are
+    // garbage, replaced with a counter that expires.
+    for (n, (garbage, replaced)) in [
+        ("soon", true),
+        ("99999999999999999999", true),
+        ("-5", false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let k = keys(&format!("garbage{n}"));
+        server.cmd(&["SET", k.seq(), garbage]).expect("SET");
+        let before = server_us(&server);
+        let token = granted_token(acquire(&server, &k, &owner(1, 30_000)));
+        let after = server_us(&server);
+        assert!(
+            before <= token && token <= after,
+            "{garbage:?}: {before} <= {token} <= {after}"
+        );
+        assert_eq!(
+            get(&server, k.seq()),
+            Some(token.to_string()),
+            "{garbage:?}"
+        );
+        if replaced {
+            assert!(pttl(&server, k.seq()) > 0, "{garbage:?}: the idle TTL");
+        }
+    }
+}
+
+/// The fast path checks an owner id's lease as the full script does: from
+/// 1 ms to a day, no leading zero; anything else is refused with Redis
+/// unchanged, by the full script.
+#[test]
+fn leases_at_the_limits() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let nonce = "0123456789abcdef0123456789abcdef";
+    for lease in ["1", "86400000"] {
+        let k = keys(&format!("lease{lease}"));
+        let owner_id = format!("{nonce}.{TAG}.{lease}");
+        granted_token(acquire(&server, &k, &owner_id));
+        assert_eq!(
+            get(&server, k.owner()).map(|v| v.starts_with(&owner_id)),
+            Some(true)
+        );
+    }
+    for lease in ["0", "060000", "86400001", "999999999", "x"] {
+        let k = keys(&format!("refused{lease}"));
+        let owner_id = format!("{nonce}.{TAG}.{lease}");
+        let before = dump(&server, &k);
+        match acquire(&server, &k, &owner_id) {
+            Err(message) => assert!(
+                message.contains("malformed owner id"),
+                "lease {lease}: {message}"
+            ),
+            Ok(reply) => panic!("lease {lease}: granted {reply:?}"),
+        }
+        assert_eq!(dump(&server, &k), before, "lease {lease}: Redis unchanged");
+    }
+}
+
+/// An owner value fairlock would not have written is nobody's, for the
+/// fast path as for the full script: the release is refused and the value
+/// left alone.
+#[test]
+fn a_release_of_a_value_fairlock_did_not_write_is_refused() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let owner_id = owner(1, 30_000);
+    let long_owner_id = format!("{}.{TAG}.30000", "a".repeat(120));
+    let cases = [
+        (
+            owner_id.clone(),
+            format!("{owner_id} {}", "9".repeat(19)),
+            false,
+        ),
+        (
+            owner_id.clone(),
+            format!("{owner_id} {}", "9".repeat(18)),
+            true,
+        ),
+        (owner_id.clone(), format!("{owner_id} 12x"), false),
+        (owner_id.clone(), format!("{owner_id}  12"), false),
+        (long_owner_id.clone(), format!("{long_owner_id} 12"), false),
+    ];
+    for (n, (releaser, value, ours)) in cases.into_iter().enumerate() {
+        let k = keys(&format!("foreign{n}"));
+        server.cmd(&["SET", k.owner(), &value]).expect("SET");
+        let reply = release(&server, &k, &releaser).expect("release answers");
+        if ours {
+            assert_eq!(reply, released(), "{value:?}");
+            assert_eq!(get(&server, k.owner()), None, "{value:?}");
+        } else {
+            assert_eq!(reply, Reply::Array(vec![Reply::Int(0)]), "{value:?}");
+            assert_eq!(get(&server, k.owner()), Some(value.clone()), "{value:?}");
+            assert_eq!(get(&server, k.freed()), None, "{value:?}");
+        }
+    }
+}
