@@ -34,16 +34,16 @@
 --                            the oldest live waiter is made the owner and
 --                            woken by message, as a heartbeat would
 --
--- Cost: 4 commands with nobody waiting (GET, ZCARD, DEL, SET freed, in
--- fast_paths/release.lua, which runs first); 10 for a handoff to a live
--- head in another process, 9 in the caller's (the fast path's ZCARD
--- included).
+-- Cost: 4 commands with nobody waiting (GET, ZRANGE, DEL, SET freed, in
+-- fast_paths/release.lua, which runs first); 9 for a handoff to a live
+-- head in another process, 8 in the caller's.
 -- Owner-only: anyone but the owner changes nothing but what a heartbeat
 -- would (a free lock goes to its oldest live waiter). Idempotent: a resent
 -- release by the owner id that freed the lock last answers {1, 0, 0, "", 0, 0}
 -- and changes nothing but the TTL of the record of that release.
 
--- `owner_id` and `value`, the owner key's value, are read by the fast path.
+-- `owner_id`, `value` (the owner key's value) and `first` (the queue's
+-- oldest entry, if the caller owns the lock) are read by the fast path.
 local holder = parse_owner(value)
 if holder ~= owner_id then
   if redis.call('GET', KEYS[5]) == owner_id then
@@ -74,5 +74,5 @@ if holder ~= owner_id then
 end
 
 local next_owner, token, dropped, more, unheard =
-  release_and_hand_on(owner_id, ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5])
+  release_and_hand_on(owner_id, ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], first)
 return {1, dropped, more and 1 or 0, next_owner or '', token, unheard and 1 or 0}

@@ -4,8 +4,9 @@
 //! without a write wherever it would answer something else.
 //!
 //! Which path ran is told by the commands Redis counts: only the fast path
-//! runs EXISTS (acquire) and ZCARD before DEL (release); the full script's
-//! grant runs SET NX and its release ZRANGE. The model check
+//! of acquire runs EXISTS (the full script's grant runs SET NX and no
+//! EXISTS); the release's fast path reads the queue's oldest entry once,
+//! and the handoff starts from it instead of reading it again. The model check
 //! (`model.rs`) and the foreign-key matrix (`wrong_type.rs`) cover the
 //! rest of both scripts' behaviour with the fast paths in place.
 
@@ -19,7 +20,7 @@ use fairlock_core::{
 };
 use fairlock_testkit::RedisServer;
 
-use support::{commandstats, load_scripts, run_script};
+use support::{commandstats, load_scripts, run_script, Subscriber};
 
 const CHANNEL_PREFIX: &str = "fast:notify:";
 const TAG: &str = "00000000000000aa";
@@ -180,7 +181,7 @@ fn an_uncontended_cycle_takes_the_fast_paths() {
     assert_eq!(release(&server, &k, &owner(1, 30_000)), Ok(released()));
     assert_eq!(
         commands_since_reset(&server),
-        counts(&[("get", 1), ("zcard", 1), ("del", 1), ("set", 1)]),
+        counts(&[("get", 1), ("zrange", 1), ("del", 1), ("set", 1)]),
         "release"
     );
     assert_eq!(get(&server, k.owner()), None);
@@ -328,4 +329,46 @@ fn a_release_of_a_value_fairlock_did_not_write_is_refused() {
             assert_eq!(get(&server, k.freed()), None, "{value:?}");
         }
     }
+}
+
+/// A release that hands the lock over reads the queue's oldest entry once
+/// (the fast path's read, passed on to the handoff): GET, ZRANGE, TIME,
+/// ZSCORE alive, ZREM, SET seq, SET owner, PUBLISH, SET freed.
+#[test]
+fn a_handoff_reads_the_queue_once() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let k = keys("handoff");
+    let holder = owner(1, 30_000);
+    let waiter = OwnerId::new(&format!("{:032x}", 2), "00000000000000bb", 30_000)
+        .as_str()
+        .to_owned();
+    // The waiter's process listens, so its grant is heard (an unheard
+    // grant costs a PEXPIRE more, cutting the lease to the waiter TTL).
+    let _listener = Subscriber::psubscribe(&server.addr(), &format!("{CHANNEL_PREFIX}*"));
+    granted_token(acquire(&server, &k, &holder));
+    acquire(&server, &k, &waiter).expect("queued");
+    server.cmd(&["CONFIG", "RESETSTAT"]).expect("RESETSTAT");
+    let reply = release(&server, &k, &holder).expect("released");
+    let Reply::Array(items) = reply else {
+        panic!("release: {reply:?}");
+    };
+    assert_eq!(items[0], Reply::Int(1));
+    assert_eq!(items[3], Reply::Str(waiter.clone()), "handed to the waiter");
+    assert_eq!(
+        commands_since_reset(&server),
+        counts(&[
+            ("get", 1),
+            ("zrange", 1),
+            ("time", 1),
+            ("zscore", 1),
+            ("zrem", 1),
+            ("set", 3),
+            ("publish", 1),
+        ]),
+    );
+    assert_eq!(
+        get(&server, k.owner()).map(|v| v.starts_with(&waiter)),
+        Some(true)
+    );
 }

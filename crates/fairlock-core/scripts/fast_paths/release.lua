@@ -8,17 +8,21 @@
 -- value fairlock did not write) falls through to the full script below,
 -- which has written nothing yet.
 --
--- `owner_id` and `value` (the owner key's value) are read here once for
--- both.
+-- `owner_id`, `value` (the owner key's value) and `first` (the queue's
+-- oldest entry, read when the caller is the owner; the handoff starts from
+-- it) are read here once for both.
 local owner_id = ARGV[1]
 local value = redis.call('GET', KEYS[1])
+local first
 if value then
   -- The holder, as owner_fields reads a value fairlock wrote.
   local holder = string.match(value, '^(%x+%.%x+%.[1-9]%d*) %d+$')
-  if holder == owner_id and #holder <= 128 and #value - #holder <= 19
-      and redis.call('ZCARD', KEYS[2]) == 0 then
-    redis.call('DEL', KEYS[1])
-    redis.call('SET', KEYS[5], owner_id, 'PX', ARGV[2])
-    return {1, 0, 0, '', 0, 0}
+  if holder == owner_id and #holder <= 128 and #value - #holder <= 19 then
+    first = redis.call('ZRANGE', KEYS[2], '0', '0')[1]
+    if not first then
+      redis.call('DEL', KEYS[1])
+      redis.call('SET', KEYS[5], owner_id, 'PX', ARGV[2])
+      return {1, 0, 0, '', 0, 0}
+    end
   end
 end

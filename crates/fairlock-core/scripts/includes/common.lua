@@ -209,8 +209,10 @@ end
 -- whether the search stopped with dead waiters left to look at (the
 -- caller's client then calls again), the time read (or false), and the
 -- head's tag, lease and lease digits and the time in digits.
-local function pop_live_head()
-  local first = redis.call('ZRANGE', K[2], 0, 0)[1]
+-- `known_first` is the queue's oldest entry if the caller has just read it
+-- (release.lua's fast path has), so it is not read twice.
+local function pop_live_head(known_first)
+  local first = known_first or redis.call('ZRANGE', K[2], '0', '0')[1]
   if not first then
     return false, 0, false, false
   end
@@ -288,9 +290,10 @@ end
 -- `reply_to` is the tag of the process that receives this script's reply
 -- and wakes a new owner of its own from it (a release): no message is
 -- published to that process, so its new owner is woken once, straight
--- from the reply, and Redis sends one message less.
-local function grant_next(idle_ms, channel_prefix, unheard_ms, reply_to)
-  local head, dropped, more, now, tag, lease, lease_str, now_str = pop_live_head()
+-- from the reply, and Redis sends one message less. `known_first`: see
+-- pop_live_head.
+local function grant_next(idle_ms, channel_prefix, unheard_ms, reply_to, known_first)
+  local head, dropped, more, now, tag, lease, lease_str, now_str = pop_live_head(known_first)
   if not head then
     return false, 0, dropped, more, false
   end
@@ -307,8 +310,9 @@ end
 
 -- Free the lock held by `owner_id` (its owner) and hand it on. `freed`
 -- remembers the releaser, so a resent release is answered the same way.
-local function release_and_hand_on(owner_id, idle_ms, channel_prefix, unheard_ms, reply_to)
-  local next_owner, token, dropped, more, unheard = grant_next(idle_ms, channel_prefix, unheard_ms, reply_to)
+local function release_and_hand_on(owner_id, idle_ms, channel_prefix, unheard_ms, reply_to, known_first)
+  local next_owner, token, dropped, more, unheard =
+    grant_next(idle_ms, channel_prefix, unheard_ms, reply_to, known_first)
   if not next_owner then
     redis.call('DEL', K[1])
   end
