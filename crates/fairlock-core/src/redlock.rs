@@ -10,30 +10,21 @@
 
 use crate::keys::{KeyPrefix, LockKeys, LockName};
 use crate::reply::{Fields, ProtocolError, Reply};
-use crate::script::Script;
+use crate::script::{assembled, Script};
 use crate::ScriptCall;
 
-macro_rules! redlock_script {
-    ($name:literal) => {
-        Script::new(
-            $name,
-            concat!(
-                include_str!("../scripts/includes/redlock_common.lua"),
-                "\n",
-                include_str!(concat!("../scripts/", $name, ".lua"))
-            ),
-        )
-    };
-}
-
 /// `redlock_acquire.lua`: one primary's vote.
-pub static REDLOCK_ACQUIRE: Script = redlock_script!("redlock_acquire");
+pub static REDLOCK_ACQUIRE: Script =
+    assembled!("redlock_acquire": "includes/redlock_common.lua", "redlock_acquire.lua");
 /// `redlock_fence.lua`: raise one primary's fencing counter.
-pub static REDLOCK_FENCE: Script = redlock_script!("redlock_fence");
+pub static REDLOCK_FENCE: Script =
+    assembled!("redlock_fence": "includes/redlock_common.lua", "redlock_fence.lua");
 /// `redlock_release.lua`: give back one primary's vote.
-pub static REDLOCK_RELEASE: Script = redlock_script!("redlock_release");
+pub static REDLOCK_RELEASE: Script =
+    assembled!("redlock_release": "includes/redlock_common.lua", "redlock_release.lua");
 /// `redlock_renew.lua`: renew one primary's vote.
-pub static REDLOCK_RENEW: Script = redlock_script!("redlock_renew");
+pub static REDLOCK_RENEW: Script =
+    assembled!("redlock_renew": "includes/redlock_common.lua", "redlock_renew.lua");
 
 /// Every RedLock script.
 pub static REDLOCK_SCRIPTS: [&Script; 4] = [

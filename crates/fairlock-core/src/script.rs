@@ -62,78 +62,60 @@ impl Script {
     }
 }
 
-macro_rules! script {
-    ($name:literal) => {
+/// A script assembled from files under `scripts/`, joined by newlines in
+/// the order given: the includes its body uses first, then the body. Lock
+/// scripts start with `includes/common.lua`; acquire and release put their
+/// fast path (`fast_paths/<name>.lua`) before it, so that it answers the
+/// common case before the shared helpers are defined (Redis defines them
+/// again on every call).
+macro_rules! assembled {
+    ($name:literal: $first:literal $(, $rest:literal)*) => {
         Script::new(
             $name,
             concat!(
-                include_str!("../scripts/includes/common.lua"),
-                "\n",
-                include_str!(concat!("../scripts/", $name, ".lua"))
+                include_str!(concat!("../scripts/", $first))
+                $(, "\n", include_str!(concat!("../scripts/", $rest)))*
             ),
         )
     };
 }
-
-/// A script with a fast path: `fast_paths/<name>.lua` (which answers the
-/// common case before the shared helpers are defined, since Redis defines
-/// them again on every call), then common.lua, then its body.
-macro_rules! script_with_fast_path {
-    ($name:literal) => {
-        Script::new(
-            $name,
-            concat!(
-                include_str!(concat!("../scripts/fast_paths/", $name, ".lua")),
-                "\n",
-                include_str!("../scripts/includes/common.lua"),
-                "\n",
-                include_str!(concat!("../scripts/", $name, ".lua"))
-            ),
-        )
-    };
-}
+pub(crate) use assembled;
 
 /// `acquire.lua`: take a free lock or join the queue.
-pub static ACQUIRE: Script = script_with_fast_path!("acquire");
+pub static ACQUIRE: Script =
+    assembled!("acquire": "fast_paths/acquire.lua", "includes/common.lua", "acquire.lua");
 /// `release.lua`: free the lock and hand it to the next live waiter.
-pub static RELEASE: Script = script_with_fast_path!("release");
+pub static RELEASE: Script =
+    assembled!("release": "fast_paths/release.lua", "includes/common.lua", "release.lua");
 /// `renew.lua`: set the owner's lease.
-pub static RENEW: Script = script!("renew");
+pub static RENEW: Script = assembled!("renew": "includes/common.lua", "renew.lua");
 /// `heartbeat.lua`: keep one process's waiters alive on a batch of locks.
-pub static HEARTBEAT: Script = script!("heartbeat");
+pub static HEARTBEAT: Script = assembled!("heartbeat": "includes/common.lua", "heartbeat.lua");
 /// `cancel.lua`: leave the queue, passing on a grant that raced the cancel.
-pub static CANCEL: Script = script!("cancel");
+pub static CANCEL: Script = assembled!("cancel": "includes/common.lua", "cancel.lua");
 /// `force_release.lua`: admin release, whoever holds the lock.
-pub static FORCE_RELEASE: Script = script!("force_release");
+pub static FORCE_RELEASE: Script =
+    assembled!("force_release": "includes/common.lua", "force_release.lua");
 /// `inspect.lua`: read-only snapshot of a lock.
-pub static INSPECT: Script = script!("inspect");
+pub static INSPECT: Script = assembled!("inspect": "includes/common.lua", "inspect.lua");
 
 /// A permit script: common.lua, then includes/permits.lua, then its body.
 macro_rules! permit_script {
-    ($name:literal) => {
-        Script::new(
-            $name,
-            concat!(
-                include_str!("../scripts/includes/common.lua"),
-                "\n",
-                include_str!("../scripts/includes/permits.lua"),
-                "\n",
-                include_str!(concat!("../scripts/", $name, ".lua"))
-            ),
-        )
+    ($name:literal, $body:literal) => {
+        assembled!($name: "includes/common.lua", "includes/permits.lua", $body)
     };
 }
 
 /// `permit_acquire.lua`: take a permit or join the permit set's queue.
-pub static PERMIT_ACQUIRE: Script = permit_script!("permit_acquire");
+pub static PERMIT_ACQUIRE: Script = permit_script!("permit_acquire", "permit_acquire.lua");
 /// `permit_release.lua`: give a permit back and grant the waiters that fit.
-pub static PERMIT_RELEASE: Script = permit_script!("permit_release");
+pub static PERMIT_RELEASE: Script = permit_script!("permit_release", "permit_release.lua");
 /// `permit_cancel.lua`: leave a permit queue, giving back a raced grant.
-pub static PERMIT_CANCEL: Script = permit_script!("permit_cancel");
+pub static PERMIT_CANCEL: Script = permit_script!("permit_cancel", "permit_cancel.lua");
 /// `permit_heartbeat.lua`: keep one process's waiters on a permit set alive.
-pub static PERMIT_HEARTBEAT: Script = permit_script!("permit_heartbeat");
+pub static PERMIT_HEARTBEAT: Script = permit_script!("permit_heartbeat", "permit_heartbeat.lua");
 /// `permit_renew.lua`: renew or check permits of several sets.
-pub static PERMIT_RENEW: Script = permit_script!("permit_renew");
+pub static PERMIT_RENEW: Script = permit_script!("permit_renew", "permit_renew.lua");
 
 /// Every permit script (semaphore and read-write lock), for preloading.
 pub static PERMIT_SCRIPTS: [&Script; 5] = [
@@ -145,14 +127,8 @@ pub static PERMIT_SCRIPTS: [&Script; 5] = [
 ];
 
 /// `fenced_write.lua`: a write applied only with a fresh enough token.
-pub static FENCED_WRITE: Script = Script::new(
-    "fenced_write",
-    concat!(
-        include_str!("../scripts/includes/fence_check.lua"),
-        "\n",
-        include_str!("../scripts/fenced_write.lua")
-    ),
-);
+pub static FENCED_WRITE: Script =
+    assembled!("fenced_write": "includes/fence_check.lua", "fenced_write.lua");
 
 /// Every script, for preloading with `SCRIPT LOAD`.
 pub static ALL_SCRIPTS: [&Script; 8] = [

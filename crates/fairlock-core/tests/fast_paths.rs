@@ -20,7 +20,7 @@ use fairlock_core::{
 };
 use fairlock_testkit::RedisServer;
 
-use support::{commandstats, load_scripts, run_script, Subscriber};
+use support::{commands_run_inside, load_scripts, run_script, Subscriber};
 
 const CHANNEL_PREFIX: &str = "fast:notify:";
 const TAG: &str = "00000000000000aa";
@@ -60,20 +60,6 @@ fn release(server: &RedisServer, keys: &LockKeys, owner_id: &str) -> Result<Repl
         reply_to: "",
     };
     run_script(server, Release::SCRIPT, &key_list(keys), &call.args())
-}
-
-/// The commands scripts ran since the last `CONFIG RESETSTAT`, by name,
-/// without the script calls themselves and the test's own commands.
-fn commands_since_reset(server: &RedisServer) -> BTreeMap<String, u64> {
-    commandstats(server)
-        .into_iter()
-        .filter(|(name, _)| {
-            !["eval", "script|", "config|", "info"]
-                .iter()
-                .any(|wrapper| name.starts_with(wrapper))
-        })
-        .map(|(name, stat)| (name, stat.calls))
-        .collect()
 }
 
 fn counts(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
@@ -158,7 +144,7 @@ fn an_uncontended_cycle_takes_the_fast_paths() {
     reset();
     let first = granted_token(acquire(&server, &k, &owner(1, 30_000)));
     assert_eq!(
-        commands_since_reset(&server),
+        commands_run_inside(&server),
         counts(&[
             ("zcard", 1),
             ("exists", 1),
@@ -180,7 +166,7 @@ fn an_uncontended_cycle_takes_the_fast_paths() {
     reset();
     assert_eq!(release(&server, &k, &owner(1, 30_000)), Ok(released()));
     assert_eq!(
-        commands_since_reset(&server),
+        commands_run_inside(&server),
         counts(&[("get", 1), ("zrange", 1), ("del", 1), ("set", 1)]),
         "release"
     );
@@ -192,7 +178,7 @@ fn an_uncontended_cycle_takes_the_fast_paths() {
     let second = granted_token(acquire(&server, &k, &owner(2, 1)));
     assert!(second > first, "tokens increase: {first} then {second}");
     assert_eq!(
-        commands_since_reset(&server),
+        commands_run_inside(&server),
         counts(&[("zcard", 1), ("exists", 1), ("time", 1), ("set", 2)]),
         "next grant"
     );
@@ -356,7 +342,7 @@ fn a_handoff_reads_the_queue_once() {
     assert_eq!(items[0], Reply::Int(1));
     assert_eq!(items[3], Reply::Str(waiter.clone()), "handed to the waiter");
     assert_eq!(
-        commands_since_reset(&server),
+        commands_run_inside(&server),
         counts(&[
             ("get", 1),
             ("zrange", 1),

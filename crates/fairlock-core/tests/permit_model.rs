@@ -40,7 +40,7 @@ use fairlock_testkit::{RedisServer, Resp};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
-use support::{commandstats, load_scripts, run_script};
+use support::{commands_run_inside, load_scripts, run_script};
 
 const TIMINGS: Timings = Timings {
     waiter_ttl_ms: 60_000,
@@ -678,15 +678,7 @@ fn a_permit_release_run_twice_answers_released_and_changes_nothing() {
 /// Commands Redis ran since `CONFIG RESETSTAT`, those inside scripts
 /// counted and the script calls themselves not.
 fn commands_run(server: &RedisServer) -> u64 {
-    commandstats(server)
-        .iter()
-        .filter(|(name, _)| {
-            !["eval", "script|", "config|", "info"]
-                .iter()
-                .any(|wrapper| name.starts_with(wrapper))
-        })
-        .map(|(_, stat)| stat.calls)
-        .sum()
+    commands_run_inside(server).values().sum()
 }
 
 /// What a permit release costs in Redis commands (run inside the script),

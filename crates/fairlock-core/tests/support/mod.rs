@@ -107,6 +107,21 @@ pub fn commandstats(server: &RedisServer) -> BTreeMap<String, CommandStat> {
     stats
 }
 
+/// The commands run since the last `CONFIG RESETSTAT`, by name and count,
+/// without the script calls themselves (`eval`, `evalsha`) and the test's
+/// own `SCRIPT`, `CONFIG` and `INFO` commands: what the scripts ran inside.
+pub fn commands_run_inside(server: &RedisServer) -> BTreeMap<String, u64> {
+    commandstats(server)
+        .into_iter()
+        .filter(|(name, _)| {
+            !["eval", "script|", "config|", "info"]
+                .iter()
+                .any(|wrapper| name.starts_with(wrapper))
+        })
+        .map(|(name, stat)| (name, stat.calls))
+        .collect()
+}
+
 /// A pub/sub connection that sees every message published on channels
 /// matching one pattern, in order. Blocking, with a 5 s read timeout, so a
 /// missing reply fails the test instead of hanging it.
