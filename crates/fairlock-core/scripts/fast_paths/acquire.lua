@@ -18,7 +18,7 @@ if waiting == 0 and redis.call('EXISTS', KEYS[1]) == 0 then
   -- The lease, as parse_owner_id reads it and usable accepts it (1 ms to a
   -- day; a leading zero is refused).
   local fast_lease = string.match(ARGV[1], '^%x+%.%x+%.([1-9]%d*)$')
-  if fast_lease and #fast_lease <= 8 and tonumber(fast_lease) <= 86400000 then
+  if fast_lease and tonumber(fast_lease) <= 86400000 then
     -- next_seq, inline: the server clock in microseconds, or one above the
     -- counter if that is ahead; a counter that is new, not a number or more
     -- than a day ahead (garbage) is started again at the clock, with the
