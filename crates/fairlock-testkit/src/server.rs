@@ -669,6 +669,9 @@ mod tests {
 
     #[test]
     fn ports_stay_reserved_while_killed() {
+        let _alone = crate::ports::CHILD_RESERVING
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let files = TlsFiles::generate().unwrap();
         // Redis: the Valkey build the suite installs has no TLS.
         let mut server = RedisServer::builder()
