@@ -443,13 +443,24 @@ async fn a_grant_that_races_shutdown_is_passed_on() {
         .await
         .expect("client");
     let holder = doomed.lock("api:race").await.expect("lock");
-    let waiter = spawn_lock(&doomed, "api:race");
-    wait_for_queue_len(&client, "api:race", 1).await;
-    // On this one-thread runtime the waiter task runs only when this task
-    // waits: the release's reply hands it the grant, then the close comes.
+    // The waiter task runs only while this task drives its LocalSet: the
+    // release's reply hands it the grant (the release then yields, but not
+    // to the LocalSet), and `shutdown()` closes the client before its
+    // first wait, in which the task runs.
+    let waiters = tokio::task::LocalSet::new();
+    let waiter = {
+        let doomed = doomed.clone();
+        waiters.spawn_local(async move { doomed.lock("api:race").await })
+    };
+    waiters
+        .run_until(wait_for_queue_len(&client, "api:race", 1))
+        .await;
     holder.release().await.expect("release");
-    doomed.shutdown().await;
-    let outcome = within("the raced waiter", waiter).await.expect("task");
+    waiters.run_until(doomed.shutdown()).await;
+    let outcome = waiters
+        .run_until(within("the raced waiter", waiter))
+        .await
+        .expect("task");
     assert!(
         matches!(outcome, Err(Error::Closed)),
         "{:?}",

@@ -10,6 +10,12 @@
 //! counter in Redis, so a waiter whose ticket is above the token the
 //! release handed on was enqueued after the release ran. With one lane
 //! that is impossible for enqueues sent before the release.
+//!
+//! And a release that hands the lock to a task of its own process lets
+//! that task run before the releasing task goes on: otherwise a releaser
+//! that locks again at once (a loop over a hot lock) had its next acquire
+//! script sent, and run by Redis, before the new holder's first command,
+//! and every hold grew by that script's time.
 
 use std::sync::{Arc, Mutex};
 
@@ -75,4 +81,44 @@ fn a_release_overtakes_a_burst_of_enqueues_sent_before_it() {
         tickets.windows(2).all(|w| w[0] < w[1]),
         "out of ticket order"
     );
+}
+
+/// Runs `body` on one thread: a task woken there runs only when the
+/// running task gives the thread up.
+fn on_one_thread<T>(body: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(body)
+}
+
+#[test]
+fn the_next_holder_of_this_process_runs_before_release_returns() {
+    let server = server();
+    on_one_thread(async {
+        let client = client(&server).await;
+        let holder = client.lock("handed-on").await.expect("holder");
+        let granted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let waiter = {
+            let (client, granted) = (client.clone(), granted.clone());
+            tokio::spawn(async move {
+                let guard = client.lock("handed-on").await.expect("granted");
+                granted.store(true, std::sync::atomic::Ordering::SeqCst);
+                guard.release().await.expect("release");
+            })
+        };
+        while client.stats().queued == 0 {
+            tokio::task::yield_now().await;
+        }
+        holder.release().await.expect("release");
+        // Nothing else ran on this thread between the release's reply and
+        // here but what the release let run.
+        assert!(
+            granted.load(std::sync::atomic::Ordering::SeqCst),
+            "release returned before the task it handed the lock to ran"
+        );
+        waiter.await.expect("waiter");
+        client.shutdown().await;
+    });
 }

@@ -20,7 +20,7 @@ use fairlock_core::{
 use crate::error::{Error, Result};
 use crate::redis::Lane;
 use crate::state::ClientState;
-use crate::waiters::{LockWaiters, WaiterEvent};
+use crate::waiters::{LockWaiters, WaiterEvent, Woke};
 
 impl ClientState {
     /// A new permit owner id: a random 128-bit nonce, this process's tag,
@@ -59,7 +59,7 @@ impl ClientState {
         name: &str,
         keys: &Arc<LockKeys>,
         owner_id: &str,
-    ) -> Result<()> {
+    ) -> Result<Woke> {
         let call = PermitRelease {
             owner_id,
             timings: &self.timings,
@@ -69,11 +69,14 @@ impl ClientState {
         match self.run_while_closing(Lane::Holders, keys, &call).await? {
             PermitReleaseReply::Released { granted, purged } => {
                 self.after_purge(keys, purged);
+                let mut woke = Woke::NobodyHere;
                 for next in &granted {
                     // Their messages still arrive and are then ignored.
-                    self.waiters.deliver_handoff(next);
+                    if self.waiters.deliver_handoff(next) {
+                        woke = Woke::HereToo;
+                    }
                 }
-                Ok(())
+                Ok(woke)
             }
             PermitReleaseReply::NotHolder => Err(Error::NotOwner {
                 name: name.to_owned(),

@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::held::HeldLock;
 use crate::redis::{Lane, Order, Via};
 use crate::state::{retry_may_cure, ClientState, Replication};
+use crate::waiters::Woke;
 
 impl ClientState {
     /// Releases a guard's grant (with replica acknowledgement on, once the
@@ -84,7 +85,7 @@ impl ClientState {
         // sent before the release ran) is then known as ours and not
         // handed back by a second release, which could run first.
         let result = self
-            .release_owner_id(held.name.as_str(), &held.keys, &held.owner_id)
+            .release_counted(held.name.as_str(), &held.keys, &held.owner_id, false)
             .await;
         unfinished.held = None;
         self.held.forget(&held.owner_id);
@@ -96,7 +97,15 @@ impl ClientState {
             held.lost_at_release();
         }
         tracing::debug!(lock = %held.name, token = held.token, ok = result.is_ok(), "fairlock lock released");
-        result
+        if let Ok(Woke::HereToo) = result {
+            // The next holder waits in this process and was just woken:
+            // it runs before this task goes on. Its lease is running, and
+            // whatever this task does next (often a `lock()` of the same
+            // name, whose script Redis would run before the new holder's
+            // first command) can wait one turn.
+            tokio::task::yield_now().await;
+        }
+        result.map(drop)
     }
 
     /// Releases the grant of `owner_id`, waking the next owner at once if it
@@ -107,18 +116,20 @@ impl ClientState {
         keys: &Arc<LockKeys>,
         owner_id: &str,
     ) -> Result<()> {
-        self.release_counted(name, keys, owner_id, false).await
+        self.release_counted(name, keys, owner_id, false)
+            .await
+            .map(drop)
     }
 
     /// `again`: a lock release already answered released, sent again
-    /// ([`ReleaseAgain`]).
+    /// ([`ReleaseAgain`]). Says whether a waiter of this process was woken.
     async fn release_counted(
         self: &Arc<Self>,
         name: &str,
         keys: &Arc<LockKeys>,
         owner_id: &str,
         again: bool,
-    ) -> Result<()> {
+    ) -> Result<Woke> {
         if keys.permit_family().is_some() {
             return self.release_permit(name, keys, owner_id).await;
         }
@@ -146,11 +157,14 @@ impl ClientState {
                     // sent it no message, so this reply is the one place it
                     // is woken (one hop, no pub/sub round trip). If nobody
                     // here waits for it any more, the lock goes on at once.
-                    if !self.waiters.deliver_handoff(&next) && !self.held.contains(&next.owner_id) {
+                    if self.waiters.deliver_handoff(&next) {
+                        return Ok(Woke::HereToo);
+                    }
+                    if !self.held.contains(&next.owner_id) {
                         self.hand_back(Arc::clone(keys), next.owner_id);
                     }
                 }
-                Ok(())
+                Ok(Woke::NobodyHere)
             }
             ReleaseReply::NotOwner => Err(Error::NotOwner {
                 name: name.to_owned(),

@@ -29,6 +29,16 @@ pub(crate) enum WaiterEvent {
     Recheck,
 }
 
+/// Whether a release woke a waiter of this process (the new holder, or for
+/// a permit at least one of those granted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Woke {
+    /// A task here was handed the lock by this release.
+    HereToo,
+    /// Nobody here was woken: free, or the next holder is elsewhere.
+    NobodyHere,
+}
+
 /// Where a waiting task finds its next event: one slot, not a queue, since
 /// only the latest matters (a grant is never overwritten by a re-check).
 /// Small on purpose: a process may have ten thousand waiters. The task's
