@@ -73,7 +73,7 @@ impl ClientState {
                 for next in &granted {
                     // Their messages still arrive and are then ignored.
                     if self.waiters.deliver_handoff(next) {
-                        woke = Woke::HereToo;
+                        woke = Woke::Here;
                     }
                 }
                 Ok(woke)

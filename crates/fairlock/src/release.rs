@@ -7,7 +7,8 @@
 //! Every release runs while the client closes too
 //! ([`ClientState::run_while_closing`]), so a guard dropped just before
 //! `shutdown()` is still released; the releasing script's reply names the
-//! next owner, and a waiter of this process is woken from it at once.
+//! next owner, and a waiter of this process is woken from it at once and
+//! runs before the releasing task goes on.
 
 use std::sync::Arc;
 
@@ -97,7 +98,7 @@ impl ClientState {
             held.lost_at_release();
         }
         tracing::debug!(lock = %held.name, token = held.token, ok = result.is_ok(), "fairlock lock released");
-        if let Ok(Woke::HereToo) = result {
+        if let Ok(Woke::Here) = result {
             // The next holder waits in this process and was just woken:
             // it runs before this task goes on. Its lease is running, and
             // whatever this task does next (often a `lock()` of the same
@@ -158,7 +159,7 @@ impl ClientState {
                     // is woken (one hop, no pub/sub round trip). If nobody
                     // here waits for it any more, the lock goes on at once.
                     if self.waiters.deliver_handoff(&next) {
-                        return Ok(Woke::HereToo);
+                        return Ok(Woke::Here);
                     }
                     if !self.held.contains(&next.owner_id) {
                         self.hand_back(Arc::clone(keys), next.owner_id);

@@ -34,7 +34,7 @@ pub(crate) enum WaiterEvent {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Woke {
     /// A task here was handed the lock by this release.
-    HereToo,
+    Here,
     /// Nobody here was woken: free, or the next holder is elsewhere.
     NobodyHere,
 }
