@@ -24,9 +24,12 @@
 --   left at the head of the queue (the client calls heartbeat to go on)
 --
 -- Cost: 5 commands when the lock is free and nobody waits (ZCARD, EXISTS,
--- TIME, SET seq, SET owner; fast_paths/acquire.lua, which runs first and
--- reads `waiting`); 8 to join a queue that exists (ZCARD, GET, TIME,
--- ZADD alive, SET seq, ZADD queue, PEXPIRE queue and alive).
+-- TIME, SET seq, SET owner); 8 to join a queue that exists (ZCARD, GET,
+-- TIME, ZADD alive, SET seq, ZADD queue, PEXPIRE queue and alive), 9 to
+-- be the first waiter (EXISTS too). Both are answered by
+-- fast_paths/acquire.lua, which runs first and reads `waiting`; this
+-- script answers the rest (a free lock with waiters, a resend, a rejoin,
+-- a try on a held lock, bad input).
 -- Idempotent: run again with the same owner id it returns the same grant
 -- (the owner id owns the lock) or the same ticket (it keeps its place).
 -- No barging: a caller is granted a free lock only if no live waiter is
@@ -112,9 +115,9 @@ end
 
 -- `waiting` is the queue's length, read by the fast path.
 if waiting == 0 then
-  -- Nobody waits: take the lock unless it is held (the fast path took it
-  -- if it was free, unless the owner id or the counter needs the full
-  -- script's answer).
+  -- Nobody waits: take the lock unless it is held (the fast path took a
+  -- free lock, and joined a held one, unless the owner id, the owner
+  -- value, a key's type or the call needs this script's answer).
   local now, now_str = now_us()
   local seq, previous, seq_str = next_seq(now, idle_ms, now_str)
   local held = redis.pcall('SET', KEYS[1], owner_id .. ' ' .. seq_str, 'NX', 'GET', 'PX', lease_str)

@@ -34,9 +34,12 @@
 --                            the oldest live waiter is made the owner and
 --                            woken by message, as a heartbeat would
 --
--- Cost: 4 commands with nobody waiting (GET, ZRANGE, DEL, SET freed, in
--- fast_paths/release.lua, which runs first); 9 for a handoff to a live
--- head in another process, 8 in the caller's.
+-- Cost: 4 commands with nobody waiting (GET, ZRANGE, DEL, SET freed); 9
+-- for a handoff to a live head in another process (GET, ZRANGE, TIME,
+-- ZSCORE alive, SET seq, ZREM, SET owner, PUBLISH, SET freed), 8 in the
+-- caller's. Both are answered by fast_paths/release.lua, which runs first;
+-- this script answers the rest (a dead or malformed head, a caller that
+-- is not the owner, a resend).
 -- Owner-only: anyone but the owner changes nothing but what a heartbeat
 -- would (a free lock goes to its oldest live waiter). Idempotent: a resent
 -- release by the owner id that freed the lock last answers {1, 0, 0, "", 0, 0}

@@ -2,7 +2,8 @@
 //!
 //! Redis scripts cannot include each other, so each script is sent as the
 //! shared helpers of `scripts/includes/common.lua` followed by its own body;
-//! acquire and release put their fast path (`scripts/fast_paths/`) first.
+//! acquire and release put their fast path (`scripts/fast_paths/`, with the
+//! one helper it uses, `fast_paths/draw.lua`) first.
 
 use std::sync::OnceLock;
 
@@ -65,9 +66,9 @@ impl Script {
 /// A script assembled from files under `scripts/`, joined by newlines in
 /// the order given: the includes its body uses first, then the body. Lock
 /// scripts start with `includes/common.lua`; acquire and release put their
-/// fast path (`fast_paths/<name>.lua`) before it, so that it answers the
-/// common case before the shared helpers are defined (Redis defines them
-/// again on every call).
+/// fast path (`fast_paths/draw.lua`, then `fast_paths/<name>.lua`) before
+/// it, so that it answers the common cases before the shared helpers are
+/// defined (Redis defines them again on every call).
 macro_rules! assembled {
     ($name:literal: $first:literal $(, $rest:literal)*) => {
         Script::new(
@@ -82,11 +83,9 @@ macro_rules! assembled {
 pub(crate) use assembled;
 
 /// `acquire.lua`: take a free lock or join the queue.
-pub static ACQUIRE: Script =
-    assembled!("acquire": "fast_paths/acquire.lua", "includes/common.lua", "acquire.lua");
+pub static ACQUIRE: Script = assembled!("acquire": "fast_paths/draw.lua", "fast_paths/acquire.lua", "includes/common.lua", "acquire.lua");
 /// `release.lua`: free the lock and hand it to the next live waiter.
-pub static RELEASE: Script =
-    assembled!("release": "fast_paths/release.lua", "includes/common.lua", "release.lua");
+pub static RELEASE: Script = assembled!("release": "fast_paths/draw.lua", "fast_paths/release.lua", "includes/common.lua", "release.lua");
 /// `renew.lua`: set the owner's lease.
 pub static RENEW: Script = assembled!("renew": "includes/common.lua", "renew.lua");
 /// `heartbeat.lua`: keep one process's waiters alive on a batch of locks.

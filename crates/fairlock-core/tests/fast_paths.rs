@@ -1,14 +1,17 @@
 //! The fast paths of acquire.lua and release.lua (`scripts/fast_paths/`):
-//! they answer the uncontended cycle before the shared helpers are defined,
-//! and must answer exactly as the full script would, falling through
-//! without a write wherever it would answer something else.
+//! they answer the uncontended cycle, a join and a handoff before the
+//! shared helpers are defined, and must answer exactly as the full script
+//! would, falling through without a write wherever it would answer
+//! something else.
 //!
-//! Which path ran is told by the commands Redis counts: only the fast path
-//! of acquire runs EXISTS (the full script's grant runs SET NX and no
-//! EXISTS); the release's fast path reads the queue's oldest entry once,
-//! and the handoff starts from it instead of reading it again. The model check
-//! (`model.rs`) and the foreign-key matrix (`wrong_type.rs`) cover the
-//! rest of both scripts' behaviour with the fast paths in place.
+//! Which path ran is told by the commands Redis counts (only the fast path
+//! of acquire runs EXISTS, the full script's grant runs SET NX and no
+//! EXISTS; the release's fast path reads the queue's oldest entry once),
+//! and by sending a fast path alone, without the full script behind it:
+//! what it handles it answers, the rest it leaves (nil) with Redis as it
+//! was. The model check (`model.rs`) and the foreign-key matrix
+//! (`wrong_type.rs`) cover the rest of both scripts' behaviour with the
+//! fast paths in place.
 
 mod support;
 
@@ -361,4 +364,346 @@ fn a_handoff_reads_the_queue_once() {
         get(&server, k.owner()).map(|v| v.starts_with(&waiter)),
         Some(true)
     );
+}
+
+/// A fast path sent alone, without the full script behind it: it answers
+/// what it handles and returns nothing (nil) where the full script would
+/// take over.
+fn fast_path_alone(server: &RedisServer, fast: &str, keys: &LockKeys, args: &[String]) -> Reply {
+    let source = format!("{}\n{fast}", include_str!("../scripts/fast_paths/draw.lua"));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    support::eval(server, &source, &key_list(keys), &args)
+}
+
+const FAST_ACQUIRE: &str = include_str!("../scripts/fast_paths/acquire.lua");
+const FAST_RELEASE: &str = include_str!("../scripts/fast_paths/release.lua");
+
+fn acquire_args(owner_id: &str, mode: AcquireMode, rejoin: Option<u64>) -> Vec<String> {
+    let timings = Timings::default();
+    Acquire {
+        owner_id,
+        mode,
+        timings: &timings,
+        channel_prefix: CHANNEL_PREFIX,
+        rejoin,
+    }
+    .args()
+}
+
+fn release_args(owner_id: &str, reply_to: &str) -> Vec<String> {
+    let timings = Timings::default();
+    Release {
+        owner_id,
+        timings: &timings,
+        channel_prefix: CHANNEL_PREFIX,
+        reply_to,
+    }
+    .args()
+}
+
+fn waiter(n: u32, tag: &str, lease_ms: u64) -> String {
+    OwnerId::new(&format!("{n:032x}"), tag, lease_ms)
+        .as_str()
+        .to_owned()
+}
+
+fn ints(items: &[Reply]) -> Vec<i64> {
+    items
+        .iter()
+        .map(|item| match item {
+            Reply::Int(n) => *n,
+            other => panic!("not a number: {other:?}"),
+        })
+        .collect()
+}
+
+/// The contended cycle, a join and a handoff, is answered by the fast
+/// paths alone (before 2026-11-27's twelfth session only the uncontended
+/// cycle was, and the full script, with its ~25 helper closures, ran on
+/// every join and every handoff): a join gets its ticket and place, the
+/// waiter's liveness and both keys' TTLs; a release hands the lock to the
+/// live head with its own lease and the next token, and publishes the
+/// grant on its process's channel, none to the releaser's own process.
+#[test]
+fn a_join_and_a_handoff_are_answered_by_the_fast_paths_alone() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let mut listener = Subscriber::psubscribe(&server.addr(), &format!("{CHANNEL_PREFIX}*"));
+    let k = keys("contended");
+    let holder = owner(1, 30_000);
+    let first = waiter(2, "00000000000000bb", 45_000);
+    // Both waiters are of one process, the holder's is another.
+    let second = waiter(3, "00000000000000bb", 20_000);
+    let token = granted_token(acquire(&server, &k, &holder));
+
+    // The first waiter of a held lock (the queue is new), then a second.
+    let before = server_us(&server);
+    let Reply::Array(joined) = fast_path_alone(
+        &server,
+        FAST_ACQUIRE,
+        &k,
+        &acquire_args(&first, AcquireMode::Wait, None),
+    ) else {
+        panic!("the fast path did not answer the first join");
+    };
+    let joined = ints(&joined);
+    assert_eq!((joined[0], joined[2], joined[3], joined[4]), (2, 0, 0, 0));
+    let first_ticket = u64::try_from(joined[1]).expect("ticket");
+    assert!(first_ticket > token && first_ticket >= before, "{joined:?}");
+    let Reply::Array(joined) = fast_path_alone(
+        &server,
+        FAST_ACQUIRE,
+        &k,
+        &acquire_args(&second, AcquireMode::Wait, None),
+    ) else {
+        panic!("the fast path did not answer the second join");
+    };
+    let joined = ints(&joined);
+    assert_eq!((joined[0], joined[2]), (2, 1), "one waiter ahead");
+    let second_ticket = u64::try_from(joined[1]).expect("ticket");
+    assert!(second_ticket > first_ticket);
+    assert_eq!(get(&server, k.seq()), Some(second_ticket.to_string()));
+    let queue = support::eval(
+        &server,
+        "return redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')",
+        &[k.queue()],
+        &[],
+    );
+    let entry = |text: &str| Reply::Str(text.to_owned());
+    assert_eq!(
+        queue,
+        Reply::Array(vec![
+            entry(&first),
+            entry(&first_ticket.to_string()),
+            entry(&second),
+            entry(&second_ticket.to_string()),
+        ]),
+        "FIFO by ticket"
+    );
+    let now_ms = server_us(&server) / 1000;
+    let deadline = server
+        .cmd(&["ZSCORE", k.alive(), "00000000000000bb"])
+        .expect("ZSCORE")
+        .as_str()
+        .and_then(|d| d.parse::<u64>().ok())
+        .expect("a liveness deadline");
+    assert!(
+        deadline > now_ms && deadline <= now_ms + Timings::default().waiter_ttl_ms,
+        "{deadline} against {now_ms}"
+    );
+    for key in [k.queue(), k.alive()] {
+        let ttl = pttl(&server, key);
+        assert!(ttl > 0 && ttl <= 20_000, "{key}: {ttl} ms");
+    }
+    assert_eq!(listener.drain(), vec![], "a join publishes nothing");
+
+    // The holder releases: the head owns the lock with its own lease and
+    // is told on its process's channel.
+    let Reply::Array(handed) =
+        fast_path_alone(&server, FAST_RELEASE, &k, &release_args(&holder, TAG))
+    else {
+        panic!("the fast path did not answer the handoff");
+    };
+    let next_token = match &handed[..] {
+        [Reply::Int(1), Reply::Int(0), Reply::Int(0), Reply::Str(next), Reply::Int(token), Reply::Int(0)]
+            if *next == first =>
+        {
+            u64::try_from(*token).expect("token")
+        }
+        other => panic!("handoff: {other:?}"),
+    };
+    assert!(
+        next_token > second_ticket,
+        "tokens and tickets share one counter"
+    );
+    assert_eq!(
+        get(&server, k.owner()),
+        Some(format!("{first} {next_token}"))
+    );
+    let lease = pttl(&server, k.owner());
+    assert!(
+        lease > 40_000 && lease <= 45_000,
+        "the waiter's own lease: {lease} ms"
+    );
+    assert_eq!(get(&server, k.freed()), Some(holder.clone()));
+    assert_eq!(
+        listener.drain(),
+        vec![(
+            format!("{CHANNEL_PREFIX}00000000000000bb"),
+            format!("{first} {next_token} {}", k.owner())
+        )]
+    );
+
+    // The next handoff goes to a waiter of the releaser's own process
+    // (`reply_to`): it learns of its grant from the reply, so no message.
+    let Reply::Array(handed) = fast_path_alone(
+        &server,
+        FAST_RELEASE,
+        &k,
+        &release_args(&first, "00000000000000bb"),
+    ) else {
+        panic!("the fast path did not answer the second handoff");
+    };
+    assert_eq!(handed[3], Reply::Str(second.clone()));
+    assert_eq!(handed[5], Reply::Int(0), "heard: the caller wakes it");
+    assert_eq!(
+        listener.drain(),
+        vec![],
+        "no message to the caller's own process"
+    );
+    assert!(pttl(&server, k.owner()) > 15_000, "its own 20 s lease");
+}
+
+/// A grant whose message reaches nobody keeps only the waiter TTL as its
+/// lease, as the full script's grant_next cuts it.
+#[test]
+fn an_unheard_handoff_gets_the_waiter_ttl() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let k = keys("unheard");
+    let holder = owner(1, 30_000);
+    let next = waiter(2, "00000000000000bb", 45_000);
+    granted_token(acquire(&server, &k, &holder));
+    acquire(&server, &k, &next).expect("queued");
+    let Reply::Array(handed) =
+        fast_path_alone(&server, FAST_RELEASE, &k, &release_args(&holder, ""))
+    else {
+        panic!("the fast path did not answer the handoff");
+    };
+    assert_eq!(handed[3], Reply::Str(next.clone()));
+    assert_eq!(handed[5], Reply::Int(1), "unheard");
+    let lease = pttl(&server, k.owner());
+    let waiter_ttl = i64::try_from(Timings::default().waiter_ttl_ms).expect("ttl");
+    assert!(
+        lease > 0 && lease <= waiter_ttl,
+        "cut to the waiter TTL: {lease} ms"
+    );
+}
+
+/// What the fast paths leave to the full script they leave untouched
+/// (nil, and Redis as it was), and the full script behind them answers it.
+#[test]
+fn the_rest_falls_through_to_the_full_scripts() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let holder = owner(1, 30_000);
+    let queued = waiter(2, "00000000000000bb", 30_000);
+    let caller = waiter(3, "00000000000000cc", 30_000);
+    let held = |name: &str| {
+        let k = keys(name);
+        granted_token(acquire(&server, &k, &holder));
+        k
+    };
+    let unchanged = |k: &LockKeys, fast: &str, args: Vec<String>, what: &str| {
+        let before = dump(&server, k);
+        assert_eq!(
+            fast_path_alone(&server, fast, k, &args),
+            Reply::Nil,
+            "{what}"
+        );
+        assert_eq!(dump(&server, k), before, "{what}: Redis unchanged");
+    };
+
+    // acquire: a try on a held lock; a rejoin; the owner's own resend; a
+    // free lock with waiters; an owner value fairlock did not write.
+    let k = held("try");
+    unchanged(
+        &k,
+        FAST_ACQUIRE,
+        acquire_args(&caller, AcquireMode::Try, None),
+        "try",
+    );
+    assert!(matches!(acquire(&server, &k, &caller), Ok(Reply::Array(_))));
+    let k = held("rejoin");
+    unchanged(
+        &k,
+        FAST_ACQUIRE,
+        acquire_args(&caller, AcquireMode::Wait, Some(5)),
+        "rejoin",
+    );
+    let k = held("own");
+    unchanged(
+        &k,
+        FAST_ACQUIRE,
+        acquire_args(&holder, AcquireMode::Wait, None),
+        "owner",
+    );
+    let k = held("free");
+    acquire(&server, &k, &queued).expect("queued");
+    server.cmd(&["DEL", k.owner()]).expect("DEL");
+    unchanged(
+        &k,
+        FAST_ACQUIRE,
+        acquire_args(&caller, AcquireMode::Wait, None),
+        "free, waiters",
+    );
+    let k = keys("foreign");
+    server.cmd(&["SET", k.owner(), "x 5"]).expect("SET");
+    unchanged(
+        &k,
+        FAST_ACQUIRE,
+        acquire_args(&caller, AcquireMode::Wait, None),
+        "foreign",
+    );
+    let k = keys("foreign-alive");
+    granted_token(acquire(&server, &k, &holder));
+    server.cmd(&["SET", k.alive(), "x"]).expect("SET");
+    unchanged(
+        &k,
+        FAST_ACQUIRE,
+        acquire_args(&caller, AcquireMode::Wait, None),
+        "alive",
+    );
+    match acquire(&server, &k, &caller) {
+        Err(message) => assert!(message.starts_with("WRONGTYPE"), "{message}"),
+        Ok(reply) => panic!("a foreign alive key: {reply:?}"),
+    }
+
+    // A resend of a join puts the counter back, and the full script keeps
+    // the place taken the first time.
+    let k = held("resend");
+    let Ok(Reply::Array(first)) = acquire(&server, &k, &caller) else {
+        panic!("queued");
+    };
+    let counter = get(&server, k.seq());
+    assert_eq!(
+        fast_path_alone(
+            &server,
+            FAST_ACQUIRE,
+            &k,
+            &acquire_args(&caller, AcquireMode::Wait, None)
+        ),
+        Reply::Nil
+    );
+    assert_eq!(get(&server, k.seq()), counter, "the counter put back");
+    assert_eq!(acquire(&server, &k, &caller), Ok(Reply::Array(first)));
+
+    // release: a dead head (its process's deadline passed); a malformed
+    // head. The full script then skips it.
+    for (name, head) in [
+        ("dead", queued.clone()),
+        ("malformed", format!("{queued}0x")),
+    ] {
+        let k = held(name);
+        acquire(&server, &k, &queued).expect("queued");
+        if name == "dead" {
+            server
+                .cmd(&["ZADD", k.alive(), "1", "00000000000000bb"])
+                .expect("ZADD");
+        } else {
+            server.cmd(&["ZREM", k.queue(), &queued]).expect("ZREM");
+            server.cmd(&["ZADD", k.queue(), "1", &head]).expect("ZADD");
+        }
+        unchanged(&k, FAST_RELEASE, release_args(&holder, ""), name);
+        let reply = release(&server, &k, &holder).expect("released");
+        let Reply::Array(items) = reply else {
+            panic!("{name}: {reply:?}");
+        };
+        assert_eq!(
+            (&items[0], &items[1], &items[3]),
+            (&Reply::Int(1), &Reply::Int(1), &Reply::Str(String::new())),
+            "{name}: released, the head dropped, nobody granted"
+        );
+        assert_eq!(get(&server, k.owner()), None, "{name}");
+    }
 }
