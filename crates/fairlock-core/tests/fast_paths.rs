@@ -417,6 +417,15 @@ fn ints(items: &[Reply]) -> Vec<i64> {
         .collect()
 }
 
+/// A join sent to the acquire fast path alone: its reply's numbers.
+fn join_alone(server: &RedisServer, keys: &LockKeys, owner_id: &str) -> Vec<i64> {
+    let args = acquire_args(owner_id, AcquireMode::Wait, None);
+    match fast_path_alone(server, FAST_ACQUIRE, keys, &args) {
+        Reply::Array(items) => ints(&items),
+        other => panic!("the fast path did not answer the join of {owner_id}: {other:?}"),
+    }
+}
+
 /// The contended cycle, a join and a handoff, is answered by the fast
 /// paths alone (before 2026-11-27's twelfth session only the uncontended
 /// cycle was, and the full script, with its ~25 helper closures, ran on
@@ -438,27 +447,11 @@ fn a_join_and_a_handoff_are_answered_by_the_fast_paths_alone() {
 
     // The first waiter of a held lock (the queue is new), then a second.
     let before = server_us(&server);
-    let Reply::Array(joined) = fast_path_alone(
-        &server,
-        FAST_ACQUIRE,
-        &k,
-        &acquire_args(&first, AcquireMode::Wait, None),
-    ) else {
-        panic!("the fast path did not answer the first join");
-    };
-    let joined = ints(&joined);
+    let joined = join_alone(&server, &k, &first);
     assert_eq!((joined[0], joined[2], joined[3], joined[4]), (2, 0, 0, 0));
     let first_ticket = u64::try_from(joined[1]).expect("ticket");
     assert!(first_ticket > token && first_ticket >= before, "{joined:?}");
-    let Reply::Array(joined) = fast_path_alone(
-        &server,
-        FAST_ACQUIRE,
-        &k,
-        &acquire_args(&second, AcquireMode::Wait, None),
-    ) else {
-        panic!("the fast path did not answer the second join");
-    };
-    let joined = ints(&joined);
+    let joined = join_alone(&server, &k, &second);
     assert_eq!((joined[0], joined[2]), (2, 1), "one waiter ahead");
     let second_ticket = u64::try_from(joined[1]).expect("ticket");
     assert!(second_ticket > first_ticket);
@@ -604,8 +597,10 @@ fn the_rest_falls_through_to_the_full_scripts() {
         assert_eq!(dump(&server, k), before, "{what}: Redis unchanged");
     };
 
-    // acquire: a try on a held lock; a rejoin; the owner's own resend; a
-    // free lock with waiters; an owner value fairlock did not write.
+    // acquire: a try on a held lock (busy); a rejoin; the owner's own
+    // resend (its grant); a free lock with waiters; an owner value
+    // fairlock did not write; an alive key of a foreign type.
+    let join = |owner_id: &str| acquire_args(owner_id, AcquireMode::Wait, None);
     let k = held("try");
     unchanged(
         &k,
@@ -613,7 +608,20 @@ fn the_rest_falls_through_to_the_full_scripts() {
         acquire_args(&caller, AcquireMode::Try, None),
         "try",
     );
-    assert!(matches!(acquire(&server, &k, &caller), Ok(Reply::Array(_))));
+    let busy = run_script(
+        &server,
+        Acquire::SCRIPT,
+        &key_list(&k),
+        &acquire_args(&caller, AcquireMode::Try, None),
+    );
+    assert_eq!(
+        busy,
+        Ok(Reply::Array(vec![
+            Reply::Int(3),
+            Reply::Int(0),
+            Reply::Int(0)
+        ]))
+    );
     let k = held("rejoin");
     unchanged(
         &k,
@@ -622,38 +630,19 @@ fn the_rest_falls_through_to_the_full_scripts() {
         "rejoin",
     );
     let k = held("own");
-    unchanged(
-        &k,
-        FAST_ACQUIRE,
-        acquire_args(&holder, AcquireMode::Wait, None),
-        "owner",
-    );
+    unchanged(&k, FAST_ACQUIRE, join(&holder), "owner");
+    granted_token(acquire(&server, &k, &holder));
     let k = held("free");
     acquire(&server, &k, &queued).expect("queued");
     server.cmd(&["DEL", k.owner()]).expect("DEL");
-    unchanged(
-        &k,
-        FAST_ACQUIRE,
-        acquire_args(&caller, AcquireMode::Wait, None),
-        "free, waiters",
-    );
+    unchanged(&k, FAST_ACQUIRE, join(&caller), "free, waiters");
     let k = keys("foreign");
     server.cmd(&["SET", k.owner(), "x 5"]).expect("SET");
-    unchanged(
-        &k,
-        FAST_ACQUIRE,
-        acquire_args(&caller, AcquireMode::Wait, None),
-        "foreign",
-    );
+    unchanged(&k, FAST_ACQUIRE, join(&caller), "foreign");
     let k = keys("foreign-alive");
     granted_token(acquire(&server, &k, &holder));
     server.cmd(&["SET", k.alive(), "x"]).expect("SET");
-    unchanged(
-        &k,
-        FAST_ACQUIRE,
-        acquire_args(&caller, AcquireMode::Wait, None),
-        "alive",
-    );
+    unchanged(&k, FAST_ACQUIRE, join(&caller), "alive");
     match acquire(&server, &k, &caller) {
         Err(message) => assert!(message.starts_with("WRONGTYPE"), "{message}"),
         Ok(reply) => panic!("a foreign alive key: {reply:?}"),
@@ -667,12 +656,7 @@ fn the_rest_falls_through_to_the_full_scripts() {
     };
     let counter = get(&server, k.seq());
     assert_eq!(
-        fast_path_alone(
-            &server,
-            FAST_ACQUIRE,
-            &k,
-            &acquire_args(&caller, AcquireMode::Wait, None)
-        ),
+        fast_path_alone(&server, FAST_ACQUIRE, &k, &join(&caller)),
         Reply::Nil
     );
     assert_eq!(get(&server, k.seq()), counter, "the counter put back");
