@@ -77,6 +77,12 @@ pub struct Attempt {
     pub acquired: bool,
     /// When the holder started releasing (acquired attempts only).
     pub release_start: u64,
+    /// When the critical section's first command (its GET) was answered
+    /// (0 if it was not): `first_reply - end` is how long the new holder's
+    /// first command took, which is where work still running in Redis for
+    /// the previous holder (its release, its next acquire) shows.
+    #[serde(default)]
+    pub first_reply: u64,
     /// The grant's queue ticket, for locks that have one (fairlock).
     pub ticket: Option<u64>,
     /// Wall-clock time of `wait_start`, µs since the Unix epoch: fairlock's
@@ -416,6 +422,7 @@ pub(crate) async fn contender<C: LockConn>(
                     end: u64::MAX,
                     acquired: false,
                     release_start: 0,
+                    first_reply: 0,
                     ticket: None,
                     call_unix_us,
                 });
@@ -432,6 +439,7 @@ pub(crate) async fn contender<C: LockConn>(
                     end: ns(Instant::now()),
                     acquired: false,
                     release_start: 0,
+                    first_reply: 0,
                     ticket: None,
                     call_unix_us,
                 });
@@ -442,7 +450,8 @@ pub(crate) async fn contender<C: LockConn>(
         };
         let acquired_at = Instant::now();
         let ticket = C::ticket(&held);
-        match critical_section(&data, &counter, hold, &shared).await {
+        let mut first_reply = None;
+        match critical_section(&data, &counter, hold, &shared, &mut first_reply).await {
             Ok(()) => {
                 shared.cs_completed[id.lock as usize].fetch_add(1, Ordering::SeqCst);
             }
@@ -463,6 +472,7 @@ pub(crate) async fn contender<C: LockConn>(
             end: ns(acquired_at),
             acquired: true,
             release_start: ns(release_start),
+            first_reply: first_reply.map_or(0, ns),
             ticket,
             call_unix_us,
         });
@@ -500,13 +510,16 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 /// The protected work: a non-atomic read-modify-write of a counter, so a
 /// second holder at the same time loses an update. The hold between GET
 /// and SET is `hold.rs`'s precise timer, the same for every implementation.
+/// `first_reply` is set when the GET is answered.
 async fn critical_section(
     data: &Pool,
     counter: &str,
     hold: Duration,
     shared: &Shared,
+    first_reply: &mut Option<Instant>,
 ) -> Result<()> {
     let value: Option<i64> = data.get(counter).await?;
+    *first_reply = Some(Instant::now());
     shared.data_gets.fetch_add(1, Ordering::SeqCst);
     shared.holds.hold(hold).await?;
     let _: () = data

@@ -60,6 +60,9 @@ pub struct CellMetrics {
     pub waits_ms: Vec<f64>,
     /// Sorted handoff times, ms.
     pub handoffs_ms: Vec<f64>,
+    /// Sorted times from an acquisition to the answer of the critical
+    /// section's first command (its GET), ms.
+    pub first_replies_ms: Vec<f64>,
     /// Lock commands in the window.
     pub commands: LockCommands,
     /// Jain's fairness index over contenders, over whole rounds.
@@ -96,6 +99,12 @@ impl CellMetrics {
     /// Nearest-rank percentile of the handoffs, ms.
     pub fn handoff(&self, q: f64) -> Option<f64> {
         percentile(&self.handoffs_ms, q)
+    }
+
+    /// Nearest-rank percentile of the critical section's first command
+    /// (acquisition to the GET's answer), ms.
+    pub fn first_reply(&self, q: f64) -> Option<f64> {
+        percentile(&self.first_replies_ms, q)
     }
 
     /// Nearest-rank percentile of call-to-ticket times, ms.
@@ -200,6 +209,16 @@ pub fn lock_commands(
     out
 }
 
+/// For each acquisition in the window whose critical section's first
+/// command was answered: the time from the acquisition to that answer, ns.
+fn first_commands(attempts: &[Attempt], in_window: impl Fn(u64) -> bool) -> Vec<u64> {
+    attempts
+        .iter()
+        .filter(|a| a.acquired && in_window(a.end) && a.first_reply >= a.end)
+        .map(|a| a.first_reply - a.end)
+        .collect()
+}
+
 /// Computes a cell's statistics.
 pub fn summarize(run: &CellRun, top_level_commands: &[&str]) -> CellMetrics {
     let (w0, w1) = run.window;
@@ -220,6 +239,11 @@ pub fn summarize(run: &CellRun, top_level_commands: &[&str]) -> CellMetrics {
         hold_total += a.release_start.saturating_sub(a.end);
     }
     waits_ms.sort_by(f64::total_cmp);
+    let mut first_replies_ms: Vec<f64> = first_commands(&run.attempts, in_window)
+        .into_iter()
+        .map(ms)
+        .collect();
+    first_replies_ms.sort_by(f64::total_cmp);
     let cycles = waits_ms.len() as u64;
 
     let round_ns = (w1 - w0) as f64 * run.plan.contenders as f64 / cycles.max(1) as f64;
@@ -290,6 +314,7 @@ pub fn summarize(run: &CellRun, top_level_commands: &[&str]) -> CellMetrics {
         },
         waits_ms,
         handoffs_ms,
+        first_replies_ms,
         commands: lock_commands(
             &run.commandstats,
             run.data_gets,
@@ -415,6 +440,7 @@ mod tests {
             end,
             acquired: end != u64::MAX,
             release_start,
+            first_reply: 0,
             ticket: None,
             call_unix_us: 0,
         }
@@ -483,6 +509,24 @@ mod tests {
             attempt(2, 25, 26, 30), // arrived after release start: no handoff
         ];
         assert_eq!(handoffs(&attempts, all), vec![2]);
+    }
+
+    #[test]
+    fn first_commands_only_of_answered_acquisitions_in_the_window() {
+        let with_reply = |end: u64, first_reply: u64| Attempt {
+            first_reply,
+            ..attempt(0, 0, end, end + 100)
+        };
+        let attempts = [
+            with_reply(10, 40),
+            // Its GET failed: no answer recorded.
+            with_reply(20, 0),
+            // Never acquired.
+            attempt(1, 0, u64::MAX, 0),
+            // Outside the window.
+            with_reply(900, 950),
+        ];
+        assert_eq!(first_commands(&attempts, |t| t < 500), vec![30]);
     }
 
     #[test]

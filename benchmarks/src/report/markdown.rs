@@ -220,11 +220,11 @@ fn many_locks_table(md: &mut String, records: &[CellRecord], mode: &str) {
 fn hot_lock_table(md: &mut String, records: &[CellRecord]) {
     let _ = writeln!(
         md,
-        "| implementation | C | H | hold measured | cycles/s | wait p50 | wait p99 | wait max | handoff p50 | handoff p99 | PING p50 in cell | cmds/cycle sent | cmds/cycle run | Jain | overtakes | overtakes > 1 ms | call → ticket p50 / p99 | violations | errors |"
+        "| implementation | C | H | hold measured | first command p50 | cycles/s | wait p50 | wait p99 | wait max | handoff p50 | handoff p99 | PING p50 in cell | cmds/cycle sent | cmds/cycle run | Jain | overtakes | overtakes > 1 ms | call → ticket p50 / p99 | violations | errors |"
     );
     let _ = writeln!(
         md,
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
     );
     let mut cells: Vec<&CellRecord> = records.iter().collect();
     cells.sort_by(|a, b| {
@@ -235,11 +235,12 @@ fn hot_lock_table(md: &mut String, records: &[CellRecord]) {
     for c in &cells {
         let _ = writeln!(
             md,
-            "| {} | {} | {} ms | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {:.1}% | {:.2}% | {} / {} | {} | {} |",
+            "| {} | {} | {} ms | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {:.1}% | {:.2}% | {} / {} | {} | {} |",
             c.implementation,
             c.contenders,
             c.hold_ms,
             per_cycle(c, Some(c.hold_mean_ms), |ms| format!("{ms:.2} ms")),
+            fmt_ms(c.first_command_p50_ms),
             c.cycles_per_s,
             fmt_ms(c.wait_p50_ms),
             fmt_ms(c.wait_p99_ms),

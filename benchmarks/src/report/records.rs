@@ -54,6 +54,10 @@ pub struct CellRecord {
     pub handoff_p50_ms: Option<f64>,
     /// See `handoff_p50_ms`.
     pub handoff_p99_ms: Option<f64>,
+    /// Median time from an acquisition to the answer of the critical
+    /// section's first command (a GET), ms: one round trip, plus whatever
+    /// Redis or the client still had to do for the previous holder.
+    pub first_command_p50_ms: Option<f64>,
     /// Median PING round trip during the window (another connection of
     /// the same process), ms.
     pub ping_p50_ms: Option<f64>,
@@ -136,6 +140,7 @@ impl CellRecord {
             handoffs: metrics.handoffs_ms.len() as u64,
             handoff_p50_ms: metrics.handoff(0.5),
             handoff_p99_ms: metrics.handoff(0.99),
+            first_command_p50_ms: metrics.first_reply(0.5),
             ping_p50_ms: metrics.ping_p50_ms,
             cmds_top_level_per_cycle: top,
             cmds_total_per_cycle: total,

@@ -187,29 +187,38 @@ fn h1_vs_best_peer(results: &Results) -> TargetRow {
         .iter()
         .map(|(ratio, c, b)| format!("C={}: {ratio:.2}× {}", c.contenders, b.implementation))
         .collect();
-    let holds = |fairlock: bool| {
-        let holds: Vec<f64> = results
+    let range = |fairlock: bool, figure: fn(&CellRecord) -> Option<f64>, scale: f64, unit: &str| {
+        let figures: Vec<f64> = results
             .cells
             .iter()
             .filter(|c| in_range(c) && (c.implementation == "fairlock") == fairlock)
-            .map(|c| c.hold_mean_ms)
+            .filter_map(figure)
+            .map(|f| f * scale)
             .collect();
-        let lo = holds.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = holds.iter().copied().fold(0.0, f64::max);
-        format!("{lo:.2}-{hi:.2} ms")
+        let lo = figures.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = figures.iter().copied().fold(0.0, f64::max);
+        if unit == "ms" {
+            format!("{lo:.2}-{hi:.2} ms")
+        } else {
+            format!("{lo:.0}-{hi:.0} {unit}")
+        }
     };
+    let holds = |fairlock: bool| range(fairlock, |c| Some(c.hold_mean_ms), 1.0, "ms");
+    let firsts = |fairlock: bool| range(fairlock, |c| c.first_command_p50_ms, 1e3, "µs");
     row(
         target,
         format!(
             "lowest {worst:.2}× ({:.0} vs {} {:.0} cycles/s at C={}); {}. Hold measured (GET + 1 ms + SET): \
-             fairlock {}, peers {}",
+             fairlock {}, peers {}; of it the GET (first command p50): fairlock {}, peers {}",
             c.cycles_per_s,
             best.implementation,
             best.cycles_per_s,
             c.contenders,
             each.join(", "),
             holds(true),
-            holds(false)
+            holds(false),
+            firsts(true),
+            firsts(false)
         ),
         at_least(worst, 0.95),
     )
