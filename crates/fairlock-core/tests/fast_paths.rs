@@ -21,7 +21,7 @@ use fairlock_core::{
     Acquire, AcquireMode, KeyPrefix, LockKeys, LockName, OwnerId, Release, Reply, ScriptCall,
     Timings,
 };
-use fairlock_testkit::RedisServer;
+use fairlock_testkit::{RedisServer, Resp};
 
 use support::{commands_run_inside, load_scripts, run_script, Subscriber};
 
@@ -690,4 +690,70 @@ fn the_rest_falls_through_to_the_full_scripts() {
         );
         assert_eq!(get(&server, k.owner()), None, "{name}");
     }
+}
+
+/// The handoff's fast path reads the waiter TTL as a number, as the full
+/// script does: a TTL written `05000` cuts an unheard grant's lease to
+/// 5 s. It passed the text to `PEXPIRE`, which refused it after the
+/// handoff's writes: an error, the new owner with its whole lease, no
+/// release recorded (found by a review comparing both scripts' answers).
+#[test]
+fn a_handoff_reads_the_waiter_ttl_as_a_number() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let k = keys("ttl-text");
+    let holder = owner(1, 30_000);
+    let next = waiter(2, "00000000000000bb", 45_000);
+    granted_token(acquire(&server, &k, &holder));
+    acquire(&server, &k, &next).expect("queued");
+    let mut args = release_args(&holder, "");
+    args[3] = "05000".to_owned();
+    let Reply::Array(handed) = fast_path_alone(&server, FAST_RELEASE, &k, &args) else {
+        panic!("the fast path did not answer the handoff");
+    };
+    assert_eq!(handed[3], Reply::Str(next.clone()));
+    assert_eq!(handed[5], Reply::Int(1), "unheard");
+    let lease = pttl(&server, k.owner());
+    assert!(lease > 0 && lease <= 5_000, "cut to 5 s: {lease} ms");
+    assert_eq!(
+        get(&server, k.freed()),
+        Some(holder),
+        "the release recorded"
+    );
+}
+
+/// A join that finds a counter of a foreign type: the fast path has
+/// written the caller's liveness when its draw finds the type, and falls
+/// through; the full script repairs the counter and writes the liveness
+/// again, with its TTL, as it would have alone.
+#[test]
+fn a_join_with_a_foreign_counter_falls_through_after_its_liveness() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let k = keys("foreign-counter");
+    let holder = owner(1, 30_000);
+    let caller = waiter(3, "00000000000000cc", 30_000);
+    granted_token(acquire(&server, &k, &holder));
+    server.cmd(&["DEL", k.alive()]).expect("DEL");
+    server.cmd(&["DEL", k.seq()]).expect("DEL");
+    server.cmd(&["HSET", k.seq(), "f", "v"]).expect("HSET");
+    let args = acquire_args(&caller, AcquireMode::Wait, None);
+    assert_eq!(
+        fast_path_alone(&server, FAST_ACQUIRE, &k, &args),
+        Reply::Nil
+    );
+    assert!(
+        matches!(
+            server.cmd(&["ZSCORE", k.alive(), "00000000000000cc"]),
+            Ok(Resp::Bulk(Some(_)))
+        ),
+        "the liveness written before the draw"
+    );
+    let Ok(Reply::Array(joined)) = acquire(&server, &k, &caller) else {
+        panic!("the full script did not answer the join");
+    };
+    assert_eq!(joined[0], Reply::Int(2), "queued");
+    assert!(get(&server, k.seq()).is_some(), "the counter repaired");
+    let alive_ttl = pttl(&server, k.alive());
+    assert!(alive_ttl > 0, "the liveness key expires: {alive_ttl}");
 }

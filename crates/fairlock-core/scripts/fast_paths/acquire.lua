@@ -18,10 +18,11 @@
 -- Anything else (a free lock with waiters, a caller that owns the lock,
 -- mode "try" on a held lock, a rejoin, an owner id or owner value the
 -- full script would refuse, a key of a foreign type) falls through to
--- the full script below with Redis as it found it, but for one case: a
--- resend of a join, found only by its queue entry's write, puts the counter
--- back and falls through after writing the caller's liveness, which the
--- full script then writes again, as it would have alone.
+-- the full script below with Redis as it found it, but for two cases of a
+-- join, which fall through after writing the caller's liveness (the full
+-- script then writes it again, as it would have alone): a resend, found
+-- only by its queue entry's write, which puts the counter back first; and
+-- a counter of a foreign type, found by the draw (which writes nothing).
 --
 -- `waiting`, the queue's length, is read here once for both.
 local waiting = redis.call('ZCARD', KEYS[2])
