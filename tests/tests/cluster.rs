@@ -415,10 +415,7 @@ async fn core_cases_hold_on_the_cluster() {
     // Dead waiter: a queue entry of a process that never heartbeats, ahead
     // of a live waiter, is skipped by the release.
     let holder = clients[0].lock(&names[1]).await.expect("holder");
-    let dead_timings = Timings {
-        waiter_ttl_ms: 300,
-        ..Timings::default()
-    };
+    let dead_timings = Timings::new(300, 20_000, 600_000).expect("timings");
     let dead = Acquire {
         owner_id: "dead0000000000000000000000000000.0000000000000000.60000",
         mode: AcquireMode::Wait,

@@ -118,10 +118,7 @@ async fn holder_whose_client_is_gone_frees_the_lock() {
 async fn dead_waiter_at_the_head_is_skipped() {
     let server = server();
     let client = client(&server).await;
-    let dead_timings = Timings {
-        waiter_ttl_ms: 300,
-        ..Timings::default()
-    };
+    let dead_timings = Timings::new(300, 20_000, 600_000).expect("timings");
     let dead = |owner_id: &'static str| Acquire {
         owner_id,
         mode: AcquireMode::Wait,

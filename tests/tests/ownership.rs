@@ -361,10 +361,7 @@ async fn a_grant_racing_a_cancel_is_passed_on_at_once() {
         .await
         .expect("client");
     let next = LockClient::with_config(config).await.expect("client");
-    let _timings = Timings {
-        waiter_ttl_ms: 10_000,
-        ..Timings::default()
-    };
+    let _timings = Timings::new(10_000, 20_000, 600_000).expect("timings");
 
     // Through the client: the waiter's future is dropped right as the
     // release grants it; the next waiter still gets the lock long before

@@ -22,16 +22,79 @@ pub trait ScriptCall {
 }
 
 /// Protocol timings every process touching a lock should agree on.
+///
+/// Built by [`Timings::new`], which refuses a TTL the scripts cannot use
+/// (zero, which `PEXPIRE` takes as "delete now", or over
+/// [`MAX_TIMING_MS`], near which `PEXPIRE` refuses the value): the
+/// scripts pass these on to Redis, and a value refused halfway through a
+/// script would leave the writes before it in place.
+///
+/// ```
+/// use fairlock_core::Timings;
+/// let timings = Timings::new(5_000, 20_000, 600_000).expect("valid");
+/// assert_eq!(timings.waiter_ttl_ms(), 5_000);
+/// assert_eq!(timings, Timings::default());
+/// assert!(Timings::new(0, 20_000, 600_000).is_err());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timings {
-    /// How long a process's waiters stay alive without a heartbeat.
-    pub waiter_ttl_ms: u64,
-    /// TTL of the queue keys; enqueues and heartbeats refresh it.
-    pub queue_ttl_ms: u64,
-    /// TTL of the sequence counter and the last-release marker. Losing the
-    /// counter is safe (it restarts above the server clock), so this only
-    /// bounds how long an idle lock leaves keys behind.
-    pub idle_ms: u64,
+    waiter_ttl_ms: u64,
+    queue_ttl_ms: u64,
+    idle_ms: u64,
+}
+
+/// The longest TTL [`Timings::new`] accepts: 365 days, in ms.
+pub const MAX_TIMING_MS: u64 = 365 * 86_400_000;
+
+impl Timings {
+    /// Timings from their three TTLs, each 1 ms to [`MAX_TIMING_MS`]:
+    /// - `waiter_ttl_ms`: how long a process's waiters stay alive without
+    ///   a heartbeat;
+    /// - `queue_ttl_ms`: TTL of the queue keys; enqueues and heartbeats
+    ///   refresh it;
+    /// - `idle_ms`: TTL of the sequence counter and the last-release
+    ///   marker. Losing the counter is safe (it restarts above the server
+    ///   clock), so this only bounds how long an idle lock leaves keys
+    ///   behind.
+    pub const fn new(
+        waiter_ttl_ms: u64,
+        queue_ttl_ms: u64,
+        idle_ms: u64,
+    ) -> Result<Self, InvalidTimings> {
+        let checked = [
+            ("waiter_ttl_ms", waiter_ttl_ms),
+            ("queue_ttl_ms", queue_ttl_ms),
+            ("idle_ms", idle_ms),
+        ];
+        let mut i = 0;
+        while i < checked.len() {
+            let (field, value) = checked[i];
+            if value == 0 || value > MAX_TIMING_MS {
+                return Err(InvalidTimings { field, value });
+            }
+            i += 1;
+        }
+        Ok(Self {
+            waiter_ttl_ms,
+            queue_ttl_ms,
+            idle_ms,
+        })
+    }
+
+    /// How long a process's waiters stay alive without a heartbeat, ms.
+    pub const fn waiter_ttl_ms(&self) -> u64 {
+        self.waiter_ttl_ms
+    }
+
+    /// TTL of the queue keys, ms.
+    pub const fn queue_ttl_ms(&self) -> u64 {
+        self.queue_ttl_ms
+    }
+
+    /// TTL of the sequence counter and the last-release marker, ms.
+    pub const fn idle_ms(&self) -> u64 {
+        self.idle_ms
+    }
 }
 
 impl Default for Timings {
@@ -43,6 +106,27 @@ impl Default for Timings {
         }
     }
 }
+
+/// A TTL [`Timings::new`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidTimings {
+    /// The field: `waiter_ttl_ms`, `queue_ttl_ms` or `idle_ms`.
+    pub field: &'static str,
+    /// The value given, ms.
+    pub value: u64,
+}
+
+impl std::fmt::Display for InvalidTimings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} = {} ms is out of range: give 1 ms to {MAX_TIMING_MS} ms (365 days)",
+            self.field, self.value
+        )
+    }
+}
+
+impl std::error::Error for InvalidTimings {}
 
 /// A waiter's or holder's identity as stored in Redis: its random nonce,
 /// the client tag of its process and the lease it asked for,
@@ -214,9 +298,9 @@ pub(crate) fn acquire_args(
     let mut args = vec![
         owner_id.to_owned(),
         mode.to_owned(),
-        timings.waiter_ttl_ms.to_string(),
-        timings.queue_ttl_ms.to_string(),
-        timings.idle_ms.to_string(),
+        timings.waiter_ttl_ms().to_string(),
+        timings.queue_ttl_ms().to_string(),
+        timings.idle_ms().to_string(),
         channel_prefix.to_owned(),
     ];
     if let Some(ticket) = rejoin {
@@ -341,9 +425,9 @@ impl ScriptCall for Release<'_> {
     fn args(&self) -> Vec<String> {
         vec![
             self.owner_id.to_owned(),
-            self.timings.idle_ms.to_string(),
+            self.timings.idle_ms().to_string(),
             self.channel_prefix.to_owned(),
-            self.timings.waiter_ttl_ms.to_string(),
+            self.timings.waiter_ttl_ms().to_string(),
             self.reply_to.to_owned(),
         ]
     }
@@ -550,9 +634,9 @@ impl HeartbeatReply {
 fn heartbeat_args(tag: &str, timings: &Timings, channel_prefix: &str) -> Vec<String> {
     vec![
         tag.to_owned(),
-        timings.waiter_ttl_ms.to_string(),
-        timings.queue_ttl_ms.to_string(),
-        timings.idle_ms.to_string(),
+        timings.waiter_ttl_ms().to_string(),
+        timings.queue_ttl_ms().to_string(),
+        timings.idle_ms().to_string(),
         channel_prefix.to_owned(),
     ]
 }
@@ -666,9 +750,9 @@ impl ScriptCall for Cancel<'_> {
     fn args(&self) -> Vec<String> {
         vec![
             self.owner_id.to_owned(),
-            self.timings.idle_ms.to_string(),
+            self.timings.idle_ms().to_string(),
             self.channel_prefix.to_owned(),
-            self.timings.waiter_ttl_ms.to_string(),
+            self.timings.waiter_ttl_ms().to_string(),
         ]
     }
 
@@ -712,9 +796,9 @@ impl ScriptCall for ForceRelease<'_> {
     fn args(&self) -> Vec<String> {
         vec![
             self.expected.to_owned(),
-            self.timings.idle_ms.to_string(),
+            self.timings.idle_ms().to_string(),
             self.channel_prefix.to_owned(),
-            self.timings.waiter_ttl_ms.to_string(),
+            self.timings.waiter_ttl_ms().to_string(),
         ]
     }
 
@@ -962,5 +1046,27 @@ mod tests {
         assert_eq!(owner_id.as_str(), "ab.cd.7");
         assert_eq!(OwnerId::tag_of("ab.cd.7"), Some("cd"));
         assert_eq!(OwnerId::tag_of("garbage"), None);
+    }
+
+    /// A TTL the scripts would pass to `PEXPIRE` and Redis would refuse
+    /// (or take as "delete now") is refused before any script runs; the
+    /// limits themselves are accepted.
+    #[test]
+    fn timings_refuse_a_ttl_redis_cannot_use() {
+        for (field, timings) in [
+            ("waiter_ttl_ms", Timings::new(0, 1, 1)),
+            ("queue_ttl_ms", Timings::new(1, 0, 1)),
+            ("idle_ms", Timings::new(1, 1, MAX_TIMING_MS + 1)),
+            ("idle_ms", Timings::new(1, 1, u64::MAX)),
+        ] {
+            let error = timings.expect_err(field);
+            assert_eq!(error.field, field);
+            assert!(error.to_string().contains(field), "{error}");
+        }
+        let widest = Timings::new(1, MAX_TIMING_MS, MAX_TIMING_MS).expect("the limits");
+        assert_eq!(
+            (widest.waiter_ttl_ms(), widest.queue_ttl_ms(), widest.idle_ms()),
+            (1, MAX_TIMING_MS, MAX_TIMING_MS)
+        );
     }
 }

@@ -157,9 +157,9 @@ impl crate::ScriptCall for PermitRelease<'_> {
     fn args(&self) -> Vec<String> {
         vec![
             self.owner_id.to_owned(),
-            self.timings.idle_ms.to_string(),
+            self.timings.idle_ms().to_string(),
             self.channel_prefix.to_owned(),
-            self.timings.waiter_ttl_ms.to_string(),
+            self.timings.waiter_ttl_ms().to_string(),
             self.remember_ms.to_string(),
         ]
     }
@@ -206,9 +206,9 @@ impl crate::ScriptCall for PermitCancel<'_> {
     fn args(&self) -> Vec<String> {
         vec![
             self.owner_id.to_owned(),
-            self.timings.idle_ms.to_string(),
+            self.timings.idle_ms().to_string(),
             self.channel_prefix.to_owned(),
-            self.timings.waiter_ttl_ms.to_string(),
+            self.timings.waiter_ttl_ms().to_string(),
         ]
     }
 
@@ -267,9 +267,9 @@ impl crate::ScriptCall for PermitHeartbeat<'_> {
         debug_assert!(self.probes.len() <= crate::MAX_PROBES);
         let mut args = vec![
             self.tag.to_owned(),
-            self.timings.waiter_ttl_ms.to_string(),
-            self.timings.queue_ttl_ms.to_string(),
-            self.timings.idle_ms.to_string(),
+            self.timings.waiter_ttl_ms().to_string(),
+            self.timings.queue_ttl_ms().to_string(),
+            self.timings.idle_ms().to_string(),
             self.channel_prefix.to_owned(),
         ];
         args.extend(self.probes.iter().map(|probe| (*probe).to_owned()));

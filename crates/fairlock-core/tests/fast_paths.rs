@@ -481,7 +481,7 @@ fn a_join_and_a_handoff_are_answered_by_the_fast_paths_alone() {
         .and_then(|d| d.parse::<u64>().ok())
         .expect("a liveness deadline");
     assert!(
-        deadline > now_ms && deadline <= now_ms + Timings::default().waiter_ttl_ms,
+        deadline > now_ms && deadline <= now_ms + Timings::default().waiter_ttl_ms(),
         "{deadline} against {now_ms}"
     );
     for key in [k.queue(), k.alive()] {
@@ -566,7 +566,7 @@ fn an_unheard_handoff_gets_the_waiter_ttl() {
     assert_eq!(handed[3], Reply::Str(next.clone()));
     assert_eq!(handed[5], Reply::Int(1), "unheard");
     let lease = pttl(&server, k.owner());
-    let waiter_ttl = i64::try_from(Timings::default().waiter_ttl_ms).expect("ttl");
+    let waiter_ttl = i64::try_from(Timings::default().waiter_ttl_ms()).expect("ttl");
     assert!(
         lease > 0 && lease <= waiter_ttl,
         "cut to the waiter TTL: {lease} ms"

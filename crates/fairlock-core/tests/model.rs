@@ -46,10 +46,9 @@ use support::{eval, load_scripts, run_script, Subscriber};
 
 /// Long enough that nothing expires by itself while a case runs: every
 /// death and expiry in a case is an operation of the sequence.
-const TIMINGS: Timings = Timings {
-    waiter_ttl_ms: 60_000,
-    queue_ttl_ms: 300_000,
-    idle_ms: 900_000,
+const TIMINGS: Timings = match Timings::new(60_000, 300_000, 900_000) {
+    Ok(timings) => timings,
+    Err(_) => panic!("valid timings"),
 };
 /// Owner ids ask for different leases, so a handoff with the wrong lease shows.
 const LEASES: [u64; 4] = [20_000, 45_000, 90_000, 150_000];
@@ -1320,7 +1319,7 @@ impl<'a> Case<'a> {
         }
         // A heartbeat deadline is waiter_ttl_ms of server time ahead when
         // set, and never further.
-        let waiter_ttl = TIMINGS.waiter_ttl_ms as i64;
+        let waiter_ttl = TIMINGS.waiter_ttl_ms() as i64;
         for (tag, left) in &observed.deadlines {
             let refreshed = self.model.refreshed.contains(tag);
             let low = if refreshed {
@@ -1352,10 +1351,10 @@ impl<'a> Case<'a> {
         // Every key that exists expires.
         let ttl_limits = [
             ("owner", i64::MAX),
-            ("queue", TIMINGS.queue_ttl_ms as i64),
-            ("alive", TIMINGS.queue_ttl_ms as i64),
-            ("seq", TIMINGS.idle_ms as i64),
-            ("freed", TIMINGS.idle_ms as i64),
+            ("queue", TIMINGS.queue_ttl_ms() as i64),
+            ("alive", TIMINGS.queue_ttl_ms() as i64),
+            ("seq", TIMINGS.idle_ms() as i64),
+            ("freed", TIMINGS.idle_ms() as i64),
         ];
         for ((name, limit), pttl) in ttl_limits.iter().zip(pttl) {
             if pttl == -1 || pttl == 0 || pttl > *limit {

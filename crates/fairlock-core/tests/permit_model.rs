@@ -42,10 +42,9 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 use support::{commands_run_inside, load_scripts, run_script};
 
-const TIMINGS: Timings = Timings {
-    waiter_ttl_ms: 60_000,
-    queue_ttl_ms: 300_000,
-    idle_ms: 900_000,
+const TIMINGS: Timings = match Timings::new(60_000, 300_000, 900_000) {
+    Ok(timings) => timings,
+    Err(_) => panic!("valid timings"),
 };
 const LEASE_MS: u64 = 60_000;
 /// How long a release is remembered: as long as a lease, so no record

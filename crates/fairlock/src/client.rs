@@ -98,6 +98,7 @@ impl LockClient {
     /// timeout at most.
     pub async fn with_config(config: ClientConfig) -> Result<Self> {
         config.validate()?;
+        let timings = config.timings()?;
         let redis = RedisConnection::connect(&config, PubSub::OwnWherePossible).await?;
         let eviction_warning = match check_eviction(&redis, config.eviction_check).await {
             Ok(warning) => warning,
@@ -108,7 +109,7 @@ impl LockClient {
         };
         let tag = format!("{:016x}", uuid::Uuid::new_v4().as_u64_pair().0);
         crate::telemetry::start_alerting_counters(&config.metrics_lock_label);
-        let state = Arc::new(ClientState::new(config, redis, tag));
+        let state = Arc::new(ClientState::new(config, timings, redis, tag));
         let router = match subscribe_grants(&state).await {
             Ok(router) => router,
             Err(error) => {

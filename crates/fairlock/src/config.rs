@@ -338,18 +338,22 @@ impl ClientConfig {
                 )));
             }
         }
-        Ok(())
+        self.timings().map(drop)
     }
 
-    pub(crate) fn timings(&self) -> Timings {
-        Timings {
-            waiter_ttl_ms: millis(self.waiter_timeout),
+    /// The scripts' timings. `validate` has checked them: the waiter
+    /// timeout and heartbeat interval are at most a day, so every TTL is
+    /// in the range `Timings::new` takes.
+    pub(crate) fn timings(&self) -> Result<Timings> {
+        Timings::new(
+            millis(self.waiter_timeout),
             // An abandoned queue vanishes; a live one is refreshed by every heartbeat.
-            queue_ttl_ms: millis(self.waiter_timeout.max(self.heartbeat_interval) * 4),
+            millis(self.waiter_timeout.max(self.heartbeat_interval) * 4),
             // Losing the counter is safe (it restarts above the server
             // clock); this only bounds how long an idle lock leaves keys.
-            idle_ms: 600_000,
-        }
+            600_000,
+        )
+        .map_err(|invalid| Error::InvalidOptions(format!("timings: {invalid}")))
     }
 }
 

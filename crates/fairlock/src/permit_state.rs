@@ -48,7 +48,7 @@ impl ClientState {
         u64::try_from(self.config.command_timeout.as_millis().saturating_mul(4))
             .unwrap_or(u64::MAX)
             .max(1_000)
-            .min(self.timings.idle_ms)
+            .min(self.timings.idle_ms())
     }
 
     /// Gives back the permit of `owner_id`, waking at once the waiters of

@@ -128,7 +128,12 @@ pub(crate) struct ClientState {
 }
 
 impl ClientState {
-    pub(crate) fn new(config: ClientConfig, redis: RedisConnection, tag: String) -> Self {
+    pub(crate) fn new(
+        config: ClientConfig,
+        timings: Timings,
+        redis: RedisConnection,
+        tag: String,
+    ) -> Self {
         let channel_prefix = config.prefix.channel_prefix();
         Self {
             channel: format!("{channel_prefix}{tag}"),
@@ -136,7 +141,7 @@ impl ClientState {
             sharded_slots: Mutex::default(),
             slot_nodes: Mutex::default(),
             tag,
-            timings: config.timings(),
+            timings,
             config,
             redis,
             waiters: WaiterRegistry::default(),
