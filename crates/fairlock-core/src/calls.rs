@@ -1065,7 +1065,11 @@ mod tests {
         }
         let widest = Timings::new(1, MAX_TIMING_MS, MAX_TIMING_MS).expect("the limits");
         assert_eq!(
-            (widest.waiter_ttl_ms(), widest.queue_ttl_ms(), widest.idle_ms()),
+            (
+                widest.waiter_ttl_ms(),
+                widest.queue_ttl_ms(),
+                widest.idle_ms()
+            ),
             (1, MAX_TIMING_MS, MAX_TIMING_MS)
         );
     }
