@@ -187,24 +187,27 @@ fn h1_vs_best_peer(results: &Results) -> TargetRow {
         .iter()
         .map(|(ratio, c, b)| format!("C={}: {ratio:.2}× {}", c.contenders, b.implementation))
         .collect();
-    let range = |fairlock: bool, figure: fn(&CellRecord) -> Option<f64>, scale: f64, unit: &str| {
+    // The lowest and highest of one figure over the cells in range, of
+    // fairlock or of the peers.
+    let range = |fairlock: bool, figure: fn(&CellRecord) -> Option<f64>| {
         let figures: Vec<f64> = results
             .cells
             .iter()
             .filter(|c| in_range(c) && (c.implementation == "fairlock") == fairlock)
             .filter_map(figure)
-            .map(|f| f * scale)
             .collect();
         let lo = figures.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = figures.iter().copied().fold(0.0, f64::max);
-        if unit == "ms" {
-            format!("{lo:.2}-{hi:.2} ms")
-        } else {
-            format!("{lo:.0}-{hi:.0} {unit}")
-        }
+        (lo, hi)
     };
-    let holds = |fairlock: bool| range(fairlock, |c| Some(c.hold_mean_ms), 1.0, "ms");
-    let firsts = |fairlock: bool| range(fairlock, |c| c.first_command_p50_ms, 1e3, "µs");
+    let holds = |fairlock: bool| {
+        let (lo, hi) = range(fairlock, |c| Some(c.hold_mean_ms));
+        format!("{lo:.2}-{hi:.2} ms")
+    };
+    let firsts = |fairlock: bool| {
+        let (lo, hi) = range(fairlock, |c| c.first_command_p50_ms);
+        format!("{:.0}-{:.0} µs", lo * 1e3, hi * 1e3)
+    };
     row(
         target,
         format!(

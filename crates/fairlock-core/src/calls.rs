@@ -23,11 +23,12 @@ pub trait ScriptCall {
 
 /// Protocol timings every process touching a lock should agree on.
 ///
-/// Built by [`Timings::new`], which refuses a TTL the scripts cannot use
-/// (zero, which `PEXPIRE` takes as "delete now", or over
-/// [`MAX_TIMING_MS`], near which `PEXPIRE` refuses the value): the
-/// scripts pass these on to Redis, and a value refused halfway through a
-/// script would leave the writes before it in place.
+/// Built by [`Timings::new`], which refuses zero (`PEXPIRE` takes it as
+/// "delete now") and anything over [`MAX_TIMING_MS`], a year: far more
+/// than a lock needs, and far below where `PEXPIRE` refuses a value (about
+/// 2^63 ms, which `u64` fields could reach). The scripts pass these on to
+/// Redis, and a value refused halfway through a script would leave the
+/// writes before it in place.
 ///
 /// ```
 /// use fairlock_core::Timings;

@@ -417,6 +417,18 @@ fn ints(items: &[Reply]) -> Vec<i64> {
         .collect()
 }
 
+/// A lock `name` held by owner 1 (a 30 s lease) with owner 2 of another
+/// process (a 45 s lease) queued behind it, nobody listening: its keys
+/// and both owner ids.
+fn held_with_a_waiter(server: &RedisServer, name: &str) -> (LockKeys, String, String) {
+    let k = keys(name);
+    let holder = owner(1, 30_000);
+    let next = waiter(2, "00000000000000bb", 45_000);
+    granted_token(acquire(server, &k, &holder));
+    acquire(server, &k, &next).expect("queued");
+    (k, holder, next)
+}
+
 /// A join sent to the acquire fast path alone: its reply's numbers.
 fn join_alone(server: &RedisServer, keys: &LockKeys, owner_id: &str) -> Vec<i64> {
     let args = acquire_args(owner_id, AcquireMode::Wait, None);
@@ -553,11 +565,7 @@ fn a_join_and_a_handoff_are_answered_by_the_fast_paths_alone() {
 fn an_unheard_handoff_gets_the_waiter_ttl() {
     let server = RedisServer::start().expect("redis-server");
     load_scripts(&server);
-    let k = keys("unheard");
-    let holder = owner(1, 30_000);
-    let next = waiter(2, "00000000000000bb", 45_000);
-    granted_token(acquire(&server, &k, &holder));
-    acquire(&server, &k, &next).expect("queued");
+    let (k, holder, next) = held_with_a_waiter(&server, "unheard");
     let Reply::Array(handed) =
         fast_path_alone(&server, FAST_RELEASE, &k, &release_args(&holder, ""))
     else {
@@ -701,11 +709,7 @@ fn the_rest_falls_through_to_the_full_scripts() {
 fn a_handoff_reads_the_waiter_ttl_as_a_number() {
     let server = RedisServer::start().expect("redis-server");
     load_scripts(&server);
-    let k = keys("ttl-text");
-    let holder = owner(1, 30_000);
-    let next = waiter(2, "00000000000000bb", 45_000);
-    granted_token(acquire(&server, &k, &holder));
-    acquire(&server, &k, &next).expect("queued");
+    let (k, holder, next) = held_with_a_waiter(&server, "ttl-text");
     let mut args = release_args(&holder, "");
     args[3] = "05000".to_owned();
     let Reply::Array(handed) = fast_path_alone(&server, FAST_RELEASE, &k, &args) else {
