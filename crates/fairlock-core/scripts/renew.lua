@@ -11,14 +11,27 @@
 --
 -- Idempotent: renewing twice sets the same lease. Cost: 2 commands a lock.
 
+-- Every item is checked before any lease is set: a lease over a day (the
+-- most an owner id carries) or an item of another shape fails the call
+-- with every lock as it was.
+local items = {}
+for i = 1, #KEYS do
+  local owner_id, lease_ms = string.match(ARGV[i] or '', '^(%S+) (%d+)$')
+  if not owner_id or #lease_ms > 8 or tonumber(lease_ms) > 86400000 then
+    return redis.error_reply('ERR fairlock renew: item ' .. i ..
+      ' needs "<owner id> <lease ms>" with a lease of at most a day (86400000), got ' ..
+      tostring(ARGV[i]))
+  end
+  items[i] = {owner_id, tonumber(lease_ms)}
+end
+
 local reply = {}
 for i, key in ipairs(KEYS) do
-  local owner_id, lease_ms = string.match(ARGV[i], '^(%S+) (%d+)$')
+  local owner_id, lease_ms = items[i][1], items[i][2]
   local held = redis.pcall('GET', key)
   if type(held) == 'table' and held.err then
     reply[i] = -1
   elseif parse_owner(held) == owner_id then
-    lease_ms = tonumber(lease_ms)
     if lease_ms > 0 then
       redis.call('PEXPIRE', key, lease_ms)
     end

@@ -27,9 +27,10 @@
 -- `waiting`, the queue's length, is read here once for both.
 local waiting = redis.call('ZCARD', KEYS[2])
 if waiting == 0 and redis.call('EXISTS', KEYS[1]) == 0 then
-  -- The lease, as parse_owner_id reads it and usable accepts it (1 ms to a
-  -- day; a leading zero is refused).
-  local fast_lease = string.match(ARGV[1], '^%x+%.%x+%.([1-9]%d*)$')
+  -- The lease, as parse_owner_id reads it and usable accepts it (an id of
+  -- at most 128 bytes, a lease of 1 ms to a day; a leading zero is
+  -- refused).
+  local fast_lease = #ARGV[1] <= 128 and string.match(ARGV[1], '^%x+%.%x+%.([1-9]%d*)$')
   if fast_lease and tonumber(fast_lease) <= 86400000 then
     local t = redis.call('TIME')
     local drawn, seq, seq_str = fast_draw(t, tonumber(t[1]) * 1000000 + tonumber(t[2]), ARGV[5])
@@ -46,7 +47,7 @@ elseif ARGV[2] == 'wait' and not ARGV[7] then
   local tag, lease = string.match(ARGV[1], '^%x+%.(%x+)%.([1-9]%d*)$')
   local waiter_ttl_ms = tonumber(ARGV[3])
   if holder and holder ~= ARGV[1] and #holder <= 128 and #value - #holder <= 19
-      and tag and tonumber(lease) <= 86400000 and waiter_ttl_ms then
+      and tag and #ARGV[1] <= 128 and tonumber(lease) <= 86400000 and waiter_ttl_ms then
     local t = redis.call('TIME')
     local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
     -- The liveness entry first, as the full script's enqueue writes it:

@@ -38,7 +38,7 @@ if value then
     -- and its process alive at the server's time (pop_live_head's check).
     local tag, lease_str = string.match(first, '^%x+%.(%x+)%.([1-9]%d*)$')
     local lease = tonumber(lease_str)
-    if tag and lease <= 86400000 then
+    if tag and #first <= 128 and lease <= 86400000 then
       local t = redis.call('TIME')
       local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
       local deadline = tonumber(redis.call('ZSCORE', KEYS[3], tag))

@@ -67,8 +67,13 @@ end
 -- as a number and as the owner id's own digits, which commands take as they
 -- are (a number argument costs Redis a printf).
 local function parse_owner_id(owner_id)
-  -- No leading zero: the digits go to PX as they are, and Redis refuses
-  -- `PX 060000` (fairlock never writes one).
+  -- At most 128 bytes, as owner_fields reads an owner value back (a longer
+  -- id granted the lock could never release it). No leading zero: the
+  -- digits go to PX as they are, and Redis refuses `PX 060000` (fairlock
+  -- never writes one).
+  if #owner_id > 128 then
+    return nil
+  end
   local tag, lease = string.match(owner_id, '^%x+%.(%x+)%.([1-9]%d*)$')
   return tag, tonumber(lease), lease
 end

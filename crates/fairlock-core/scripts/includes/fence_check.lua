@@ -16,6 +16,14 @@ local function fence_check()
     return redis.error_reply('ERR fairlock fencing token must be a non-negative integer, got ' ..
       tostring(ARGV[1]))
   end
+  -- Tokens are compared as Lua numbers, exact up to 2^53 (fairlock's follow
+  -- the server clock in microseconds, below it for centuries); a larger
+  -- one would be rounded, or recorded as a value no later call can read.
+  -- Compared as digits: 2^53 + 1 itself reads as 2^53 in Lua.
+  if #ARGV[1] > 16 or (#ARGV[1] == 16 and ARGV[1] > '9007199254740992') then
+    return redis.error_reply('ERR fairlock fencing token must be at most 2^53 (9007199254740992), got ' ..
+      ARGV[1])
+  end
   if ARGV[2] == nil or ARGV[2] == '' or string.find(ARGV[2], '%s') then
     return redis.error_reply('ERR fairlock fenced write needs the holder id after the token')
   end

@@ -1,0 +1,178 @@
+//! Arguments a program on `fairlock-core` can build through its public
+//! types but the `fairlock` client never sends (its own ids, leases and
+//! tokens are always in range): each script refuses them before its first
+//! write, so Redis is left as it was. A review that ran each script with
+//! such values found them taken, with a lock left granted to an owner id
+//! no later call could use, a fence no later token could pass, or one
+//! lock of a batch renewed before the call failed.
+
+mod support;
+
+use fairlock_core::{
+    Acquire, AcquireMode, FencedOp, FencedWrite, KeyPrefix, LockKeys, LockName, OwnerId,
+    RenewBatch, RenewItem, Reply, ScriptCall, Timings,
+};
+use fairlock_testkit::{RedisServer, Resp};
+
+use support::{load_scripts, run_script};
+
+const CHANNEL_PREFIX: &str = "bad:notify:";
+
+fn keys(name: &str) -> LockKeys {
+    let prefix = KeyPrefix::new("bad:").expect("prefix");
+    LockKeys::new(&prefix, &LockName::new(name).expect("name"))
+}
+
+fn key_list(keys: &LockKeys) -> Vec<&str> {
+    keys.all().iter().map(String::as_str).collect()
+}
+
+/// Type, value and TTL of each key, to compare before and after a call.
+fn dump(server: &RedisServer, keys: &[&str]) -> Vec<String> {
+    keys.iter()
+        .map(|key| {
+            let value = server.cmd(&["DUMP", key]).expect("DUMP");
+            let ttl = server.cmd(&["PTTL", key]).expect("PTTL");
+            // The TTL to the second: a call that renews shows, time passing
+            // between the two dumps does not.
+            let ttl = ttl.as_int().map(|ms| (ms + 500) / 1000);
+            format!("{key}: {value:?} ttl {ttl:?}")
+        })
+        .collect()
+}
+
+fn acquire(server: &RedisServer, keys: &LockKeys, owner_id: &str) -> Result<Reply, String> {
+    let timings = Timings::default();
+    let call = Acquire {
+        owner_id,
+        mode: AcquireMode::Wait,
+        timings: &timings,
+        channel_prefix: CHANNEL_PREFIX,
+        rejoin: None,
+    };
+    run_script(server, Acquire::SCRIPT, &key_list(keys), &call.args())
+}
+
+/// An owner id over 128 bytes (`OwnerId::is_well_formed`'s limit) was
+/// granted a free lock or queued, and every later call read its owner
+/// value as another program's: its own release answered "not owner", the
+/// others got WRONGTYPE until the lease ran out.
+#[test]
+fn an_owner_id_over_128_bytes_is_refused_before_any_write() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let long = OwnerId::new(&"ab".repeat(60), "00000000000000ff", 30_000);
+    assert!(long.as_str().len() > 128);
+    let holder = OwnerId::new(&"cd".repeat(16), "00000000000000aa", 30_000);
+
+    // A free lock, then a held one (the join).
+    let free = keys("long-free");
+    let held = keys("long-held");
+    acquire(&server, &held, holder.as_str()).expect("held");
+    for k in [&free, &held] {
+        let before = dump(&server, &key_list(k));
+        match acquire(&server, k, long.as_str()) {
+            Err(message) => assert!(message.contains("malformed owner id"), "{message}"),
+            Ok(reply) => panic!(
+                "a {}-byte owner id was taken: {reply:?}",
+                long.as_str().len()
+            ),
+        }
+        assert_eq!(dump(&server, &key_list(k)), before, "Redis unchanged");
+    }
+}
+
+fn fenced(server: &RedisServer, fence: &str, target: &str, token: u64, value: &[u8]) -> Resp {
+    let call = FencedWrite {
+        token,
+        holder: "holder-a",
+        op: FencedOp::Set(value),
+    };
+    let source = FencedWrite::script().source;
+    let args: Vec<String> = call
+        .args()
+        .into_iter()
+        .map(|arg| String::from_utf8(arg).expect("ASCII"))
+        .collect();
+    let mut command = vec!["EVAL", source, "2", fence, target];
+    command.extend(args.iter().map(String::as_str));
+    server.cmd(&command).expect("EVAL")
+}
+
+/// A fencing token above 2^53 (the scripts compare tokens as Lua numbers,
+/// exact up to 2^53) was recorded: from 10^18 on as a record no later
+/// fenced write could read (every one, the same token's included, got
+/// WRONGTYPE), and between 2^53 and 10^18 rounded, so an older token
+/// could pass a newer one.
+#[test]
+fn a_fencing_token_above_2_pow_53_is_refused_and_the_fence_kept() {
+    let server = RedisServer::start().expect("redis-server");
+    let (fence, target) = ("bad:{f}:fence", "bad:{f}:target");
+    assert!(matches!(
+        fenced(&server, fence, target, 1_000, b"v1"),
+        Resp::Array(_)
+    ));
+    let before = dump(&server, &[fence, target]);
+    for token in [(1 << 53) + 1, 1_000_000_000_000_000_000, u64::MAX] {
+        match fenced(&server, fence, target, token, b"v2") {
+            Resp::Error(message) => assert!(message.contains("fencing token"), "{message}"),
+            other => panic!("token {token} was taken: {other:?}"),
+        }
+        assert_eq!(
+            dump(&server, &[fence, target]),
+            before,
+            "token {token}: Redis unchanged"
+        );
+    }
+    // The limit itself is a token like any other, and the fence still works.
+    assert!(matches!(
+        fenced(&server, fence, target, 1 << 53, b"v3"),
+        Resp::Array(_)
+    ));
+    assert_eq!(
+        server.cmd(&["GET", target]).expect("GET").as_str(),
+        Some("v3")
+    );
+}
+
+/// A renewal batch is checked whole before any lock is renewed: a lease
+/// over a day (owner ids carry at most a day) in one item fails the call
+/// with every lock's lease as it was. It renewed the items before it, and
+/// a lease up to 10^17 ms was set.
+#[test]
+fn a_renewal_batch_is_checked_before_any_lease_is_set() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let a = OwnerId::new(&"aa".repeat(16), "00000000000000aa", 30_000);
+    let b = OwnerId::new(&"bb".repeat(16), "00000000000000aa", 30_000);
+    let (ka, kb) = (keys("renew-a"), keys("renew-b"));
+    acquire(&server, &ka, a.as_str()).expect("a");
+    acquire(&server, &kb, b.as_str()).expect("b");
+    for too_long in [86_400_001, 90_000_000_000_000_000, u64::MAX] {
+        let batch = RenewBatch {
+            items: vec![
+                RenewItem {
+                    owner_key: ka.owner(),
+                    owner_id: a.as_str(),
+                    lease_ms: 90_000,
+                },
+                RenewItem {
+                    owner_key: kb.owner(),
+                    owner_id: b.as_str(),
+                    lease_ms: too_long,
+                },
+            ],
+        };
+        let before = dump(&server, &[ka.owner(), kb.owner()]);
+        let owner_keys = [ka.owner(), kb.owner()];
+        match run_script(&server, RenewBatch::script(), &owner_keys, &batch.args()) {
+            Err(message) => assert!(message.contains("lease"), "{message}"),
+            Ok(reply) => panic!("a {too_long} ms lease was taken: {reply:?}"),
+        }
+        assert_eq!(
+            dump(&server, &[ka.owner(), kb.owner()]),
+            before,
+            "{too_long}: no lease set"
+        );
+    }
+}
