@@ -44,6 +44,16 @@
 
 local owner_id = ARGV[1]
 local remember_ms = tonumber(ARGV[5])
+-- Checked before anything is read or written: a process tag taken for an
+-- owner id would be read as a release record (alive holds both), and a
+-- remember_ms PEXPIRE refuses would fail the script after its writes.
+if not parse_permit_owner_id(owner_id) then
+  return redis.error_reply('ERR fairlock permit release: malformed owner id ' .. owner_id)
+end
+if not string.match(ARGV[5], '^[1-9]%d*$') or #ARGV[5] > 8 or remember_ms > 86400000 then
+  return redis.error_reply('ERR fairlock permit release: remember_ms must be 1 to 86400000, got ' ..
+    ARGV[5])
+end
 local now = now_us()
 local now_ms = math.floor(now / 1000)
 local deadline = read_key(1, 'ZSCORE', owner_id)

@@ -14,17 +14,29 @@
 -- a renewal never revives it. Idempotent: renewing twice sets the same
 -- lease.
 
+-- Every item is checked before any lease is set: a lease over a day (the
+-- most an owner id carries) or an item of another shape fails the call
+-- with every permit as it was.
+local items = {}
+for i, arg in ipairs(ARGV) do
+  local owner_id, lease_ms = string.match(arg, '^(%S+) (%d+)$')
+  if not owner_id or #lease_ms > 8 or tonumber(lease_ms) > MAX_LEASE_MS then
+    return redis.error_reply('ERR fairlock permit renew: item ' .. i ..
+      ' needs "<owner id> <lease ms>" with a lease of at most a day (86400000), got ' .. arg)
+  end
+  items[i] = {owner_id, tonumber(lease_ms)}
+end
+
 local now_ms = math.floor(now_us() / 1000)
 local reply = {}
-for i, arg in ipairs(ARGV) do
+for i = 1, #ARGV do
   local holders, grants = KEYS[2 * i - 1], KEYS[2 * i]
-  local owner_id, lease_ms = string.match(arg, '^(%S+) (%d+)$')
+  local owner_id, lease_ms = items[i][1], items[i][2]
   local deadline = redis.pcall('ZSCORE', holders, owner_id)
   local token = redis.pcall('HGET', grants, owner_id)
   if (type(deadline) == 'table' and deadline.err) or (type(token) == 'table' and token.err) then
     reply[i] = -1
   elseif deadline and token and tonumber(deadline) > now_ms then
-    lease_ms = tonumber(lease_ms)
     if lease_ms > 0 then
       redis.call('ZADD', holders, 'XX', now_ms + lease_ms, owner_id)
       keep_for(holders, lease_ms)

@@ -10,7 +10,8 @@ mod support;
 
 use fairlock_core::{
     Acquire, AcquireMode, FencedOp, FencedWrite, KeyPrefix, LockKeys, LockName, OwnerId,
-    RenewBatch, RenewItem, Reply, ScriptCall, Timings,
+    PermitAcquire, PermitFamily, PermitOwnerId, PermitRelease, PermitRenewBatch, PermitRenewItem,
+    PermitRequest, RenewBatch, RenewItem, Reply, ScriptCall, Timings,
 };
 use fairlock_testkit::{RedisServer, Resp};
 
@@ -174,5 +175,124 @@ fn a_renewal_batch_is_checked_before_any_lease_is_set() {
             before,
             "{too_long}: no lease set"
         );
+    }
+}
+
+/// A one-permit semaphore `name`: A (process aa) holds it, B (process bb)
+/// waits. Its keys and both owner ids.
+fn semaphore_with_a_waiter(server: &RedisServer, name: &str) -> (LockKeys, String, String) {
+    let keys = LockKeys::permits(
+        &KeyPrefix::new("bad:").expect("prefix"),
+        &LockName::new(name).expect("name"),
+        PermitFamily::Semaphore,
+    );
+    let owner = |n: u32, tag: &str| {
+        PermitOwnerId::new(&format!("{n:032x}"), tag, 30_000, PermitRequest::Shared(1))
+            .as_str()
+            .to_owned()
+    };
+    let (a, b) = (owner(1, "00000000000000aa"), owner(2, "00000000000000bb"));
+    let timings = Timings::default();
+    for who in [&a, &b] {
+        let call = PermitAcquire {
+            owner_id: who,
+            mode: AcquireMode::Wait,
+            timings: &timings,
+            channel_prefix: CHANNEL_PREFIX,
+            rejoin: None,
+        };
+        run_script(
+            server,
+            PermitAcquire::SCRIPT,
+            &key_list(&keys),
+            &call.args(),
+        )
+        .expect("permit acquire");
+    }
+    (keys, a, b)
+}
+
+/// A permit release checks what it is given before its first write: a
+/// release remembered for 0 ms (a resend would be answered "not a
+/// holder") or longer than a day (`PEXPIRE` refused twice that after the
+/// release's writes: the holder gone, the waiter not granted, the record
+/// left without a TTL); an owner id that is no permit owner id (a process
+/// tag was read as a release record and overwrote that process's
+/// liveness deadline, so its live waiter was later dropped as dead).
+#[test]
+fn a_permit_release_checks_its_arguments_before_any_write() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let (keys, a, _b) = semaphore_with_a_waiter(&server, "sem-release");
+    let timings = Timings::default();
+    let before = dump(&server, &key_list(&keys));
+    for (owner_id, remember_ms) in [
+        (a.as_str(), 0),
+        (a.as_str(), 86_400_001),
+        (a.as_str(), u64::MAX),
+        ("00000000000000bb", 60_000),
+        ("garbage", 60_000),
+    ] {
+        let call = PermitRelease {
+            owner_id,
+            timings: &timings,
+            channel_prefix: CHANNEL_PREFIX,
+            remember_ms,
+        };
+        match run_script(
+            &server,
+            PermitRelease::SCRIPT,
+            &key_list(&keys),
+            &call.args(),
+        ) {
+            Err(message) => assert!(message.contains("fairlock permit release"), "{message}"),
+            Ok(reply) => panic!("{owner_id} remembered {remember_ms} ms was taken: {reply:?}"),
+        }
+        assert_eq!(
+            dump(&server, &key_list(&keys)),
+            before,
+            "{owner_id} remembered {remember_ms} ms: Redis unchanged"
+        );
+    }
+}
+
+/// A permit renewal batch is checked whole before any lease is set: a
+/// lease over a day set the holder's deadline (a permit held for ever
+/// while the set is in use) and failed afterwards, with the items before
+/// it renewed.
+#[test]
+fn a_permit_renewal_batch_is_checked_before_any_lease_is_set() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let (one, a, _) = semaphore_with_a_waiter(&server, "sem-renew-1");
+    let (two, c, _) = semaphore_with_a_waiter(&server, "sem-renew-2");
+    let mut watched = key_list(&one);
+    watched.extend(key_list(&two));
+    for too_long in [86_400_001, 90_000_000_000_000_000, u64::MAX] {
+        let batch = PermitRenewBatch {
+            items: vec![
+                PermitRenewItem {
+                    keys: &one,
+                    owner_id: &a,
+                    lease_ms: 90_000,
+                },
+                PermitRenewItem {
+                    keys: &two,
+                    owner_id: &c,
+                    lease_ms: too_long,
+                },
+            ],
+        };
+        let before = dump(&server, &watched);
+        match run_script(
+            &server,
+            PermitRenewBatch::script(),
+            &batch.keys(),
+            &batch.args(),
+        ) {
+            Err(message) => assert!(message.contains("lease"), "{message}"),
+            Ok(reply) => panic!("a {too_long} ms lease was taken: {reply:?}"),
+        }
+        assert_eq!(dump(&server, &watched), before, "{too_long}: no lease set");
     }
 }
