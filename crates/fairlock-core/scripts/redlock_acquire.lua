@@ -26,7 +26,11 @@
 -- the vote is impossible.
 
 local owner_id = ARGV[1]
-local lease_ms = tonumber(ARGV[2])
+local lease_ms = ms_in_range(ARGV[2], REDLOCK_MAX_LEASE_MS)
+if not lease_ms then
+  return redis.error_reply('ERR fairlock redlock acquire: lease must be 1 to 86400000 ms, got ' ..
+    tostring(ARGV[2]))
+end
 local min_uptime_ms = tonumber(ARGV[3])
 
 local info = redis.call('INFO', 'server')
@@ -40,7 +44,7 @@ if holder and holder ~= owner_id then
   return {2, redis.call('PTTL', KEYS[1]), holder}
 end
 if not holder then
-  redis.call('SET', KEYS[1], owner_id, 'PX', lease_ms)
+  redis.call('SET', KEYS[1], owner_id, 'PX', ARGV[2])
 end
 local now = now_us()
 local floor = math.max(read_seq(KEYS[2], now) or 0, now)

@@ -15,6 +15,10 @@
 --
 -- Cost: O(1). Idempotent.
 
+if not ms_in_range(ARGV[2], REDLOCK_MAX_LEASE_MS) then
+  return redis.error_reply('ERR fairlock redlock renew: lease must be 1 to 86400000 ms, got ' ..
+    tostring(ARGV[2]))
+end
 local holder = redis.call('GET', KEYS[1])
 if holder and holder ~= ARGV[1] then
   return 0

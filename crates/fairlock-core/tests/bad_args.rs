@@ -11,7 +11,8 @@ mod support;
 use fairlock_core::{
     Acquire, AcquireMode, FencedOp, FencedWrite, KeyPrefix, LockKeys, LockName, OwnerId,
     PermitAcquire, PermitFamily, PermitOwnerId, PermitRelease, PermitRenewBatch, PermitRenewItem,
-    PermitRequest, RenewBatch, RenewItem, Reply, ScriptCall, Timings,
+    PermitRequest, RedlockAcquire, RedlockFence, RedlockRenew, RenewBatch, RenewItem, Reply,
+    ScriptCall, Timings,
 };
 use fairlock_testkit::{RedisServer, Resp};
 
@@ -294,5 +295,70 @@ fn a_permit_renewal_batch_is_checked_before_any_lease_is_set() {
             Ok(reply) => panic!("a {too_long} ms lease was taken: {reply:?}"),
         }
         assert_eq!(dump(&server, &watched), before, "{too_long}: no lease set");
+    }
+}
+
+/// RedLock's scripts check their numbers first: a lease of 0 or over a
+/// day is refused before the vote is written or renewed (a lease of 10^17
+/// ms was set: a vote that never expires), and a fence call refuses an
+/// idle TTL of 0 (it deleted the counter its reply described) and a token
+/// over 2^53 (rounded, or written as a counter later calls ignore).
+#[test]
+fn redlock_scripts_check_their_numbers_before_any_write() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let (owner, seq) = ("bad:redlock:{r}:owner", "bad:redlock:{r}:seq");
+    let holder = "0123456789abcdef0123456789abcdef";
+    let vote = RedlockAcquire {
+        owner_id: holder,
+        lease_ms: 30_000,
+        min_uptime_ms: 0,
+    };
+    let fence = RedlockFence {
+        token: 1_000,
+        idle_ms: 600_000,
+    };
+    let run = |script, keys: &[&str], args: Vec<String>| run_script(&server, script, keys, &args);
+    run(RedlockAcquire::SCRIPT, &[owner, seq], vote.args()).expect("vote");
+    run(RedlockFence::SCRIPT, &[seq], fence.args()).expect("fence");
+    let before = dump(&server, &[owner, seq]);
+    let refused = |result: Result<Reply, String>, what: &str| {
+        match result {
+            Err(message) => assert!(message.contains("fairlock redlock"), "{what}: {message}"),
+            Ok(reply) => panic!("{what} was taken: {reply:?}"),
+        }
+        assert_eq!(
+            dump(&server, &[owner, seq]),
+            before,
+            "{what}: Redis unchanged"
+        );
+    };
+    for lease_ms in [0, 86_400_001, 90_000_000_000_000_000, u64::MAX] {
+        let acquire = RedlockAcquire {
+            lease_ms,
+            ..vote.clone()
+        };
+        refused(
+            run(RedlockAcquire::SCRIPT, &[owner, seq], acquire.args()),
+            &format!("a vote for {lease_ms} ms"),
+        );
+        let renew = RedlockRenew {
+            owner_id: holder,
+            lease_ms,
+        };
+        refused(
+            run(RedlockRenew::SCRIPT, &[owner], renew.args()),
+            &format!("a renewal for {lease_ms} ms"),
+        );
+    }
+    for (token, idle_ms) in [(2_000, 0), ((1 << 53) + 1, 600_000), (u64::MAX, 600_000)] {
+        refused(
+            run(
+                RedlockFence::SCRIPT,
+                &[seq],
+                RedlockFence { token, idle_ms }.args(),
+            ),
+            &format!("a fence of {token} kept {idle_ms} ms"),
+        );
     }
 }

@@ -12,6 +12,23 @@ local function digits(n)
   return string.format('%.0f', n)
 end
 
+-- `text` as a number of ms if it is 1 to `max`, written in plain digits;
+-- else nil. Checked before a script's first write: a lease or TTL Redis
+-- refuses, or one of ages, is an error with nothing changed.
+local function ms_in_range(text, max)
+  if type(text) ~= 'string' or not string.match(text, '^[1-9]%d*$') or #text > 15 then
+    return nil
+  end
+  local ms = tonumber(text)
+  if ms > max then
+    return nil
+  end
+  return ms
+end
+
+-- The longest lease a RedLock holder may ask for: a day, as a fair lock's.
+local REDLOCK_MAX_LEASE_MS = 86400000
+
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
