@@ -507,6 +507,7 @@ async fn dead_permit_waiters_are_purged_in_bounded_steps() {
                         30_000,
                         fairlock_core::PermitRequest::Shared(1),
                     )
+                    .expect("owner id")
                     .as_str()
                     .to_owned(),
                 ]

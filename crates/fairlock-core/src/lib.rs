@@ -57,9 +57,9 @@ pub use keys::{
     key_slot, KeyPrefix, LockKeys, LockName, NameError, MAX_NAME_BYTES, MAX_PREFIX_BYTES,
 };
 pub use permit_calls::{
-    PermitAcquire, PermitCancel, PermitHeartbeat, PermitHeartbeatReply, PermitOwnerId,
-    PermitRelease, PermitReleaseReply, PermitRenewBatch, PermitRenewItem, PermitRequest,
-    MAX_PERMITS,
+    InvalidPermitRequest, PermitAcquire, PermitCancel, PermitHeartbeat, PermitHeartbeatReply,
+    PermitOwnerId, PermitRelease, PermitReleaseReply, PermitRenewBatch, PermitRenewItem,
+    PermitRequest, MAX_PERMITS,
 };
 pub use permit_keys::PermitFamily;
 pub use redlock::{

@@ -46,17 +46,34 @@ impl PermitRequest {
 ///
 /// ```
 /// use fairlock_core::{OwnerId, PermitOwnerId, PermitRequest};
-/// let owner_id = PermitOwnerId::new("0123456789abcdef0123456789abcdef", "00000000000000ff", 30_000, PermitRequest::Shared(3));
+/// let owner_id = PermitOwnerId::new("0123456789abcdef0123456789abcdef", "00000000000000ff", 30_000, PermitRequest::Shared(3)).expect("a share of 3");
 /// assert_eq!(owner_id.as_str(), "0123456789abcdef0123456789abcdef.00000000000000ff.30000.3");
 /// assert_eq!(OwnerId::tag_of(owner_id.as_str()), Some("00000000000000ff"));
+/// // No share of zero permits: it would read as a writer's request.
+/// assert!(PermitOwnerId::new("0123456789abcdef0123456789abcdef", "00000000000000ff", 30_000, PermitRequest::Shared(0)).is_err());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PermitOwnerId(String);
 
 impl PermitOwnerId {
-    /// Builds an owner id from its parts.
-    pub fn new(nonce: &str, tag: &str, lease_ms: u64, request: PermitRequest) -> Self {
-        Self(format!("{nonce}.{tag}.{lease_ms}.{}", request.count()))
+    /// Builds an owner id from its parts. A [`PermitRequest::Shared`] of 0
+    /// or over [`MAX_PERMITS`] is refused: the owner id of a share of 0
+    /// would read as a writer's (0 stands for [`PermitRequest::Exclusive`]).
+    pub fn new(
+        nonce: &str,
+        tag: &str,
+        lease_ms: u64,
+        request: PermitRequest,
+    ) -> Result<Self, InvalidPermitRequest> {
+        if let PermitRequest::Shared(permits) = request {
+            if permits == 0 || permits > MAX_PERMITS {
+                return Err(InvalidPermitRequest { permits });
+            }
+        }
+        Ok(Self(format!(
+            "{nonce}.{tag}.{lease_ms}.{}",
+            request.count()
+        )))
     }
 
     /// The owner id as stored in Redis.
@@ -64,6 +81,25 @@ impl PermitOwnerId {
         &self.0
     }
 }
+
+/// A [`PermitRequest::Shared`] count [`PermitOwnerId::new`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidPermitRequest {
+    /// The count asked for.
+    pub permits: u32,
+}
+
+impl std::fmt::Display for InvalidPermitRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "a share of {} permits is out of range: give 1 to {MAX_PERMITS}",
+            self.permits
+        )
+    }
+}
+
+impl std::error::Error for InvalidPermitRequest {}
 
 /// `permit_acquire.lua`.
 #[derive(Debug, Clone)]
@@ -390,7 +426,7 @@ mod tests {
 
     #[test]
     fn owner_ids_carry_the_request() {
-        let writer = PermitOwnerId::new("ab", "cd", 7, PermitRequest::Exclusive);
+        let writer = PermitOwnerId::new("ab", "cd", 7, PermitRequest::Exclusive).expect("a writer");
         assert_eq!(writer.as_str(), "ab.cd.7.0");
         assert_eq!(crate::OwnerId::nonce_of(writer.as_str()), Some("ab"));
     }

@@ -189,6 +189,7 @@ fn semaphore_with_a_waiter(server: &RedisServer, name: &str) -> (LockKeys, Strin
     );
     let owner = |n: u32, tag: &str| {
         PermitOwnerId::new(&format!("{n:032x}"), tag, 30_000, PermitRequest::Shared(1))
+            .expect("owner id")
             .as_str()
             .to_owned()
     };

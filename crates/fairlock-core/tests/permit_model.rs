@@ -495,6 +495,7 @@ fn run_case(
                 LEASE_MS,
                 requests[who],
             )
+            .expect("owner id")
             .as_str()
             .to_owned()
         })
@@ -634,6 +635,7 @@ fn a_permit_release_run_twice_answers_released_and_changes_nothing() {
             LEASE_MS,
             PermitRequest::Shared(1),
         )
+        .expect("owner id")
         .as_str()
         .to_owned()
     };
@@ -703,6 +705,7 @@ fn commands_per_permit_release() {
             LEASE_MS,
             PermitRequest::Shared(1),
         )
+        .expect("owner id")
         .as_str()
         .to_owned()
     };
@@ -769,7 +772,8 @@ fn a_foreign_key_fails_a_permit_script_and_changes_nothing() {
         &LockName::new("foreign").expect("name"),
         PermitFamily::ReadWrite,
     );
-    let owner_id = PermitOwnerId::new(&"a".repeat(32), &tag(0), LEASE_MS, PermitRequest::Exclusive);
+    let owner_id = PermitOwnerId::new(&"a".repeat(32), &tag(0), LEASE_MS, PermitRequest::Exclusive)
+        .expect("owner id");
     for (i, key) in keys.all().iter().enumerate() {
         if i == 3 {
             continue; // seq: repaired by next_seq, as for a lock
@@ -819,6 +823,7 @@ fn a_permit_grant_that_leaves_dead_waiters_says_so() {
             LEASE_MS,
             PermitRequest::Shared(2),
         )
+        .expect("owner id")
         .as_str()
         .to_owned()
     };
@@ -903,6 +908,7 @@ fn a_reader_rejoining_ahead_of_a_waiting_writer_is_granted() {
             LEASE_MS,
             request,
         )
+        .expect("owner id")
         .as_str()
         .to_owned()
     };

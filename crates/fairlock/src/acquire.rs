@@ -170,7 +170,7 @@ fn acquire_validated<'a>(
         // Shared with the waiter registry.
         let owner_id: Arc<str> = match request {
             Request::Lock => state.new_owner_id(millis(lease_len)),
-            Request::Permit(permits) => state.new_permit_owner_id(millis(lease_len), permits),
+            Request::Permit(permits) => state.new_permit_owner_id(millis(lease_len), permits)?,
         }
         .into();
         let mut pending = PendingAcquire::new(state, &keys, &owner_id, &telemetry);

@@ -25,15 +25,20 @@ use crate::waiters::{LockWaiters, WaiterEvent, Woke};
 impl ClientState {
     /// A new permit owner id: a random 128-bit nonce, this process's tag,
     /// the lease it asks for and its request.
-    pub(crate) fn new_permit_owner_id(&self, lease_ms: u64, request: PermitRequest) -> String {
+    /// `request` was checked (1 to `MAX_PERMITS` for a share) before.
+    pub(crate) fn new_permit_owner_id(
+        &self,
+        lease_ms: u64,
+        request: PermitRequest,
+    ) -> Result<String> {
         PermitOwnerId::new(
             &uuid::Uuid::new_v4().simple().to_string(),
             &self.tag,
             lease_ms,
             request,
         )
-        .as_str()
-        .to_owned()
+        .map(|owner_id| owner_id.as_str().to_owned())
+        .map_err(|invalid| Error::InvalidOptions(invalid.to_string()))
     }
 
     /// How long a permit set remembers a release of this process, so that
