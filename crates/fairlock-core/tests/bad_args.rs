@@ -9,10 +9,9 @@
 mod support;
 
 use fairlock_core::{
-    Acquire, AcquireMode, FencedOp, FencedWrite, KeyPrefix, LockKeys, LockName, OwnerId,
-    PermitAcquire, PermitFamily, PermitOwnerId, PermitRelease, PermitRenewBatch, PermitRenewItem,
-    PermitRequest, RedlockAcquire, RedlockFence, RedlockRenew, RenewBatch, RenewItem, Reply,
-    ScriptCall, Timings,
+    AcquireMode, FencedOp, FencedWrite, KeyPrefix, LockKeys, LockName, OwnerId, PermitAcquire,
+    PermitFamily, PermitOwnerId, PermitRelease, PermitRenewBatch, PermitRenewItem, PermitRequest,
+    RedlockAcquire, RedlockFence, RedlockRenew, RenewBatch, RenewItem, Reply, ScriptCall, Timings,
 };
 use fairlock_testkit::{RedisServer, Resp};
 
@@ -43,16 +42,16 @@ fn dump(server: &RedisServer, keys: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// A call refused with an error that mentions `needle`; `what` names it.
+fn assert_refused(result: Result<Reply, String>, needle: &str, what: &str) {
+    match result {
+        Err(message) => assert!(message.contains(needle), "{what}: {message}"),
+        Ok(reply) => panic!("{what} was taken: {reply:?}"),
+    }
+}
+
 fn acquire(server: &RedisServer, keys: &LockKeys, owner_id: &str) -> Result<Reply, String> {
-    let timings = Timings::default();
-    let call = Acquire {
-        owner_id,
-        mode: AcquireMode::Wait,
-        timings: &timings,
-        channel_prefix: CHANNEL_PREFIX,
-        rejoin: None,
-    };
-    run_script(server, Acquire::SCRIPT, &key_list(keys), &call.args())
+    support::acquire_wait(server, keys, owner_id, CHANNEL_PREFIX)
 }
 
 /// An owner id over 128 bytes (`OwnerId::is_well_formed`'s limit) was
@@ -73,13 +72,11 @@ fn an_owner_id_over_128_bytes_is_refused_before_any_write() {
     acquire(&server, &held, holder.as_str()).expect("held");
     for k in [&free, &held] {
         let before = dump(&server, &key_list(k));
-        match acquire(&server, k, long.as_str()) {
-            Err(message) => assert!(message.contains("malformed owner id"), "{message}"),
-            Ok(reply) => panic!(
-                "a {}-byte owner id was taken: {reply:?}",
-                long.as_str().len()
-            ),
-        }
+        assert_refused(
+            acquire(&server, k, long.as_str()),
+            "malformed owner id",
+            &format!("a {}-byte owner id", long.as_str().len()),
+        );
         assert_eq!(dump(&server, &key_list(k)), before, "Redis unchanged");
     }
 }
@@ -167,10 +164,11 @@ fn a_renewal_batch_is_checked_before_any_lease_is_set() {
         };
         let before = dump(&server, &[ka.owner(), kb.owner()]);
         let owner_keys = [ka.owner(), kb.owner()];
-        match run_script(&server, RenewBatch::script(), &owner_keys, &batch.args()) {
-            Err(message) => assert!(message.contains("lease"), "{message}"),
-            Ok(reply) => panic!("a {too_long} ms lease was taken: {reply:?}"),
-        }
+        assert_refused(
+            run_script(&server, RenewBatch::script(), &owner_keys, &batch.args()),
+            "lease",
+            &format!("a {too_long} ms lease"),
+        );
         assert_eq!(
             dump(&server, &[ka.owner(), kb.owner()]),
             before,
@@ -241,15 +239,16 @@ fn a_permit_release_checks_its_arguments_before_any_write() {
             channel_prefix: CHANNEL_PREFIX,
             remember_ms,
         };
-        match run_script(
-            &server,
-            PermitRelease::SCRIPT,
-            &key_list(&keys),
-            &call.args(),
-        ) {
-            Err(message) => assert!(message.contains("fairlock permit release"), "{message}"),
-            Ok(reply) => panic!("{owner_id} remembered {remember_ms} ms was taken: {reply:?}"),
-        }
+        assert_refused(
+            run_script(
+                &server,
+                PermitRelease::SCRIPT,
+                &key_list(&keys),
+                &call.args(),
+            ),
+            "fairlock permit release",
+            &format!("{owner_id} remembered {remember_ms} ms"),
+        );
         assert_eq!(
             dump(&server, &key_list(&keys)),
             before,
@@ -286,15 +285,16 @@ fn a_permit_renewal_batch_is_checked_before_any_lease_is_set() {
             ],
         };
         let before = dump(&server, &watched);
-        match run_script(
-            &server,
-            PermitRenewBatch::script(),
-            &batch.keys(),
-            &batch.args(),
-        ) {
-            Err(message) => assert!(message.contains("lease"), "{message}"),
-            Ok(reply) => panic!("a {too_long} ms lease was taken: {reply:?}"),
-        }
+        assert_refused(
+            run_script(
+                &server,
+                PermitRenewBatch::script(),
+                &batch.keys(),
+                &batch.args(),
+            ),
+            "lease",
+            &format!("a {too_long} ms permit lease"),
+        );
         assert_eq!(dump(&server, &watched), before, "{too_long}: no lease set");
     }
 }
@@ -324,10 +324,7 @@ fn redlock_scripts_check_their_numbers_before_any_write() {
     run(RedlockFence::SCRIPT, &[seq], fence.args()).expect("fence");
     let before = dump(&server, &[owner, seq]);
     let refused = |result: Result<Reply, String>, what: &str| {
-        match result {
-            Err(message) => assert!(message.contains("fairlock redlock"), "{what}: {message}"),
-            Ok(reply) => panic!("{what} was taken: {reply:?}"),
-        }
+        assert_refused(result, "fairlock redlock", what);
         assert_eq!(
             dump(&server, &[owner, seq]),
             before,

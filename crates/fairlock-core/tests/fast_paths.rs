@@ -43,15 +43,7 @@ fn owner(n: u32, lease_ms: u64) -> String {
 }
 
 fn acquire(server: &RedisServer, keys: &LockKeys, owner_id: &str) -> Result<Reply, String> {
-    let timings = Timings::default();
-    let call = Acquire {
-        owner_id,
-        mode: AcquireMode::Wait,
-        timings: &timings,
-        channel_prefix: CHANNEL_PREFIX,
-        rejoin: None,
-    };
-    run_script(server, Acquire::SCRIPT, &key_list(keys), &call.args())
+    support::acquire_wait(server, keys, owner_id, CHANNEL_PREFIX)
 }
 
 fn release(server: &RedisServer, keys: &LockKeys, owner_id: &str) -> Result<Reply, String> {

@@ -13,7 +13,9 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use fairlock_core::{Reply, Script, ALL_SCRIPTS};
+use fairlock_core::{
+    Acquire, AcquireMode, LockKeys, Reply, Script, ScriptCall, Timings, ALL_SCRIPTS,
+};
 use fairlock_testkit::{RedisServer, Resp};
 
 /// Converts a RESP reply into a [`Reply`]; a Redis error becomes `Err`.
@@ -61,6 +63,26 @@ pub fn run_script(
         return to_reply(server.cmd(&command).map_err(|e| e.to_string())?);
     }
     to_reply(resp)
+}
+
+/// A waiting acquire of the lock `keys` by `owner_id`, with the default
+/// timings: the script's reply, or the error it raised.
+pub fn acquire_wait(
+    server: &RedisServer,
+    keys: &LockKeys,
+    owner_id: &str,
+    channel_prefix: &str,
+) -> Result<Reply, String> {
+    let timings = Timings::default();
+    let call = Acquire {
+        owner_id,
+        mode: AcquireMode::Wait,
+        timings: &timings,
+        channel_prefix,
+        rejoin: None,
+    };
+    let all: Vec<&str> = keys.all().iter().map(String::as_str).collect();
+    run_script(server, Acquire::SCRIPT, &all, &call.args())
 }
 
 /// Runs a test's own read-only Lua with EVAL.
