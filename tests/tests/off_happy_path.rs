@@ -175,6 +175,44 @@ async fn a_grant_whose_release_reply_is_lost_is_found_by_the_heartbeat() {
     guard.release().await.expect("release");
 }
 
+/// A handoff to another process whose grant message reaches nobody (its
+/// subscriber is cut off): the script cuts the lease to the waiter TTL,
+/// the process's heartbeat finds the grant, and the waiter sets its own
+/// lease. (In the test above no message was sent, so the script left the
+/// lease whole; here it was cut and must be set again.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unheard_handoff_is_found_by_the_heartbeat_with_the_waiters_own_lease() {
+    let server = server();
+    let holding = client(&server).await;
+    let waiting = client(&server).await;
+    let name = "unheard-handoff";
+    let holder = holding.lock(name).await.expect("holder");
+    let waiter = {
+        let waiting = waiting.clone();
+        tokio::spawn(async move {
+            waiting
+                .lock_with(name, LockOptions::new().lease(Duration::from_secs(60)))
+                .await
+        })
+    };
+    wait_for_queue_len(&waiting, name, 1).await;
+    let cut_off = cut_off_subscribers(&server);
+    let published = calls(&server, "publish");
+    holder.release().await.expect("release");
+    let guard = granted(waiter, "found by the heartbeat").await;
+    assert!(
+        calls(&server, "publish") > published,
+        "the grant's message was sent, to nobody"
+    );
+    let left = pttl(&server, keys(name).owner());
+    drop(cut_off);
+    assert!(
+        left > 50_000,
+        "the unheard grant's lease is {left} ms, asked 60 s"
+    );
+    guard.release().await.expect("release");
+}
+
 /// The same on the acquire path: a waiter that runs acquire again (a
 /// re-check) after the holder's lease ran out is granted in that call's
 /// reply. Its grant message reaches nobody, yet the caller learns of the
