@@ -14,17 +14,10 @@
 -- a renewal never revives it. Idempotent: renewing twice sets the same
 -- lease.
 
--- Every item is checked before any lease is set: a lease over a day (the
--- most an owner id carries) or an item of another shape fails the call
--- with every permit as it was.
-local items = {}
-for i, arg in ipairs(ARGV) do
-  local owner_id, lease_ms = string.match(arg, '^(%S+) (%d+)$')
-  if not owner_id or #lease_ms > 8 or tonumber(lease_ms) > MAX_LEASE_MS then
-    return redis.error_reply('ERR fairlock permit renew: item ' .. i ..
-      ' needs "<owner id> <lease ms>" with a lease of at most a day (86400000), got ' .. arg)
-  end
-  items[i] = {owner_id, tonumber(lease_ms)}
+-- Every item is checked before any lease is set (renewal_items).
+local items, refused = renewal_items('permit renew', ARGV, #ARGV)
+if not items then
+  return refused
 end
 
 local now_ms = math.floor(now_us() / 1000)

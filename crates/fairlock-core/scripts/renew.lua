@@ -11,18 +11,10 @@
 --
 -- Idempotent: renewing twice sets the same lease. Cost: 2 commands a lock.
 
--- Every item is checked before any lease is set: a lease over a day (the
--- most an owner id carries) or an item of another shape fails the call
--- with every lock as it was.
-local items = {}
-for i = 1, #KEYS do
-  local owner_id, lease_ms = string.match(ARGV[i] or '', '^(%S+) (%d+)$')
-  if not owner_id or #lease_ms > 8 or tonumber(lease_ms) > 86400000 then
-    return redis.error_reply('ERR fairlock renew: item ' .. i ..
-      ' needs "<owner id> <lease ms>" with a lease of at most a day (86400000), got ' ..
-      tostring(ARGV[i]))
-  end
-  items[i] = {owner_id, tonumber(lease_ms)}
+-- Every item is checked before any lease is set (renewal_items).
+local items, refused = renewal_items('renew', ARGV, #KEYS)
+if not items then
+  return refused
 end
 
 local reply = {}

@@ -58,6 +58,25 @@ end
 -- is dropped like a dead one instead of failing the grant.
 local MAX_LEASE_MS = 86400000
 
+-- The items of a renewal batch (renew.lua, permit_renew.lua), each
+-- "<owner id> <lease ms>", lease 0 to check only: a list of
+-- {owner id, lease}, or nil and the error reply naming the first item of
+-- another shape or with a lease over MAX_LEASE_MS. Checked before any
+-- lease is set, so a refused call leaves every lease as it was.
+local function renewal_items(script, args, count)
+  local items = {}
+  for i = 1, count do
+    local owner_id, lease_ms = string.match(args[i] or '', '^(%S+) (%d+)$')
+    if not owner_id or #lease_ms > 8 or tonumber(lease_ms) > MAX_LEASE_MS then
+      return nil, redis.error_reply('ERR fairlock ' .. script .. ': item ' .. i ..
+        ' needs "<owner id> <lease ms>" with a lease of at most a day (86400000), got ' ..
+        tostring(args[i]))
+    end
+    items[i] = {owner_id, tonumber(lease_ms)}
+  end
+  return items
+end
+
 local function usable(lease)
   return lease ~= nil and lease >= 1 and lease <= MAX_LEASE_MS
 end
