@@ -709,7 +709,18 @@ mod tests {
         );
         assert_eq!(server.cmd(&["PING"]).unwrap(), Resp::Simple("PONG".into()));
         drop(server);
-        assert!(all.iter().all(|&p| !crate::ports::is_reserved(p).unwrap()));
+        // Released on drop. Another test's thread forking a child in that
+        // instant holds a copy of the lease's descriptor until the child
+        // execs (close-on-exec), so a port may look reserved for a moment:
+        // wait for that to pass, up to 5 s, rather than read it once.
+        let released = |p: u16| !crate::ports::is_reserved(p).unwrap();
+        for _ in 0..500 {
+            if all.iter().all(|&p| released(p)) {
+                break;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        assert!(all.iter().all(|&p| released(p)), "{all:?} still reserved");
     }
 
     #[test]
