@@ -1,6 +1,7 @@
 //! Lease safety: watchdog, lease-lost signal, extend, release_all,
 //! force_release, fencing tokens and the fenced-write helper.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use fairlock::{Error, FencedOp, FencedScript, LockClient, LockOptions, Reply};
@@ -709,4 +710,98 @@ impl StalledWaiter {
             .await
             .expect("join")
     }
+}
+
+/// When renewals fail while Redis still keeps the key (every connection of
+/// the holder's process cut, and its address now leading nowhere), the
+/// lost signal fires once the lease has run out by the local clock, with
+/// no answer from Redis to tell it so, and has fired by the time another
+/// process can take the lock. The key's TTL in Redis is watched as it runs
+/// down: it never rises, so no renewal got through. The local lease counts
+/// from when a renewal was sent, and Redis expires a key only after its
+/// full lease from when the renewal ran, so the signal cannot come late.
+/// (Without a local deadline the holder would learn nothing until Redis
+/// answered again: `lost()` would wait for ever and `is_lost()` stay
+/// false while the other process holds the lock.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_renewals_fire_the_lost_signal_when_the_lease_runs_out() {
+    let server = server();
+    let proxy = fairlock_tests::switch_proxy::SwitchProxy::start(server.port()).await;
+    let mut config = fast_config(&server);
+    config.url = proxy.url();
+    config.command_timeout = Duration::from_millis(500);
+    let holder_client = LockClient::with_config(config).await.expect("connect");
+    let other = client(&server).await;
+    let name = "renewals-fail";
+    let guard = holder_client.lock(name).await.expect("lock");
+    // Let one renewal through first: the lease the signal counts from is
+    // then a renewed one, not the grant's.
+    let renewed = within("a first renewal", async {
+        let mut lowest = pttl(&server, name);
+        loop {
+            let now = pttl(&server, name);
+            if now > lowest + 300 {
+                break;
+            }
+            lowest = lowest.min(now);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    renewed.await;
+
+    let nowhere = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    proxy.switch_to(nowhere);
+    proxy.cut();
+    assert!(
+        owner_in_redis(&server, name).is_some(),
+        "Redis keeps the key"
+    );
+    assert!(!guard.is_lost(), "lost before its lease ran out");
+    let lost = AtomicBool::new(false);
+    let signal = async {
+        guard.lost().await;
+        lost.store(true, Ordering::SeqCst);
+    };
+    let watch = async {
+        let mut last = pttl(&server, name);
+        loop {
+            let now = pttl(&server, name);
+            assert!(
+                now <= last,
+                "the TTL rose from {last} to {now} ms: a renewal got through"
+            );
+            if now < 0 {
+                break;
+            }
+            last = now;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let taken = other.try_lock(name).await.expect("try_lock");
+        assert!(taken.is_some(), "the lock is free once its lease ran out");
+        taken
+    };
+    let (_, taken) = within("the lease to run out", async {
+        tokio::join!(signal, watch)
+    })
+    .await;
+    assert!(lost.load(Ordering::SeqCst), "the lost signal fired");
+    assert!(guard.is_lost());
+    if let Some(taken) = taken {
+        taken.release().await.expect("release");
+    }
+    let released = within("the lost guard's release", guard.release()).await;
+    assert!(released.is_err(), "a lost guard released: {released:?}");
+}
+
+/// The TTL of lock `name`'s owner key in ms (-2 once it is gone).
+fn pttl(server: &RedisServer, name: &str) -> i64 {
+    server
+        .cmd(&["PTTL", keys(name).owner()])
+        .expect("PTTL")
+        .as_int()
+        .expect("an integer")
 }
