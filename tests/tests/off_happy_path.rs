@@ -8,8 +8,8 @@ use fairlock::{
     ClientConfig, Error, EvictionCheck, FencedOp, FencingToken, LockClient, LockOptions,
 };
 use fairlock_core::{
-    Acquire, AcquireMode, AcquireReply, KeyPrefix, LockKeys, LockName, OwnerId, Release,
-    ReleaseReply, Timings,
+    Acquire, AcquireMode, AcquireReply, HeartbeatBatch, KeyPrefix, LockKeys, LockName, OwnerId,
+    Release, ReleaseReply, Timings,
 };
 use fairlock_tests::*;
 
@@ -1076,4 +1076,183 @@ async fn a_lost_entry_among_many_waiters_of_a_process_is_queued_again() {
         back,
         "the lost waiter was not queued again within 10 heartbeats of its process"
     );
+}
+
+/// Which end of its process's waiters a lost run of entries takes in.
+#[derive(Clone, Copy, Debug)]
+enum LostEnd {
+    Oldest,
+    Newest,
+}
+
+/// A run of lost entries that takes in the process's oldest waiter on a
+/// lock: the heartbeat that finds the oldest missing has every waiter of
+/// the process on that lock run acquire again, so the whole run (18 of 24
+/// here, far more than the 8 waiters one heartbeat checks) is back after
+/// that one heartbeat, each with its own ticket, and all are granted in
+/// their old order. Checked by Redis's own log of the commands it ran
+/// (`SLOWLOG` with a threshold of 0, which logs a script after the
+/// commands it ran): every lost waiter's acquire ran before the second
+/// heartbeat after the loss. Checking only the 8 probes
+/// would take 3 heartbeats (the oldest and 6 of the others per beat).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_run_with_the_oldest_waiter_queues_the_whole_process_again() {
+    lost_run_queues_the_whole_process_again(LostEnd::Oldest).await;
+}
+
+/// The same for a run that takes in the process's newest waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_run_with_the_newest_waiter_queues_the_whole_process_again() {
+    lost_run_queues_the_whole_process_again(LostEnd::Newest).await;
+}
+
+async fn lost_run_queues_the_whole_process_again(end: LostEnd) {
+    const WAITERS: usize = 24;
+    const LOST: usize = 18;
+    let server = server();
+    let h = &client(&server).await;
+    // Heartbeats 400 ms apart: the rejoins the first one sets off have
+    // that long to run before the second, also on a loaded machine.
+    let mut config = fast_config(&server);
+    config.heartbeat_interval = Duration::from_millis(400);
+    config.waiter_timeout = Duration::from_secs(5);
+    let p = &LockClient::with_config(config).await.expect("connect");
+    let name = match end {
+        LostEnd::Oldest => "lost-run-oldest",
+        LostEnd::Newest => "lost-run-newest",
+    };
+    let lock_keys = keys(name);
+    let holder = h.lock(name).await.expect("holder");
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        tasks.push(spawn_turn(p, name));
+        wait_for_queue_len(h, name, i as u64 + 1).await;
+    }
+    let queued = queue_entries(&server, lock_keys.queue());
+    let lost: Vec<String> = match end {
+        LostEnd::Oldest => queued[..LOST].to_vec(),
+        LostEnd::Newest => queued[WAITERS - LOST..].to_vec(),
+    };
+    let tickets: Vec<String> = lost
+        .iter()
+        .map(|member| ticket_of(&server, lock_keys.queue(), member))
+        .collect();
+    // One heartbeat first, so that its script is loaded: the log below
+    // then holds one entry per heartbeat, not a `NOSCRIPT` try as well.
+    let tag = OwnerId::tag_of(&queued[0]).expect("an owner id").to_owned();
+    let deadline = || {
+        server
+            .cmd(&["ZSCORE", lock_keys.alive(), &tag])
+            .expect("ZSCORE")
+    };
+    let queued_at = deadline();
+    within("a first heartbeat", async {
+        while deadline() == queued_at {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+
+    for setting in [
+        ["slowlog-log-slower-than", "0"],
+        ["slowlog-max-len", "100000"],
+    ] {
+        server
+            .cmd_ok(&["CONFIG", "SET", setting[0], setting[1]])
+            .expect("CONFIG SET");
+    }
+    server.cmd_ok(&["SLOWLOG", "RESET"]).expect("SLOWLOG RESET");
+    let mut zrem = vec!["ZREM", lock_keys.queue()];
+    zrem.extend(lost.iter().map(String::as_str));
+    server.cmd_ok(&zrem).expect("ZREM");
+    within("the lost run to be queued again", async {
+        while zcard(&server, lock_keys.queue()) < WAITERS as i64 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let log = commands_run(&server);
+    server
+        .cmd_ok(&["CONFIG", "SET", "slowlog-log-slower-than", "-1"])
+        .expect("CONFIG SET");
+
+    let after_loss = log
+        .iter()
+        .position(|args| args.first().map(String::as_str) == Some("ZREM"))
+        .expect("the ZREM is in the log");
+    let heartbeat = HeartbeatBatch::script().sha1();
+    let acquire = <Acquire as fairlock_core::ScriptCall>::SCRIPT.sha1();
+    let mut heartbeats = 0;
+    let mut back = Vec::new();
+    let mut beats_before_each = Vec::new();
+    for args in &log[after_loss + 1..] {
+        let sha = args.get(1).map(String::as_str);
+        if args.first().map(String::as_str) != Some("EVALSHA") {
+            continue;
+        }
+        if sha == Some(heartbeat) {
+            heartbeats += 1;
+        } else if sha == Some(acquire) {
+            let owner_id = first_argv(args);
+            if lost.iter().any(|m| Some(m.as_str()) == owner_id) && !back.contains(&owner_id) {
+                back.push(owner_id);
+                beats_before_each.push(heartbeats);
+            }
+        }
+    }
+    assert_eq!(back.len(), LOST, "every lost waiter ran acquire again");
+    let most = beats_before_each.iter().copied().max().unwrap_or(0);
+    assert!(
+        most <= 1,
+        "{end:?}: the lost waiters ran acquire again after 0 or 1 heartbeats, \
+         not {most}: heartbeats before each rejoin {beats_before_each:?}"
+    );
+    for (member, ticket) in lost.iter().zip(&tickets) {
+        assert_eq!(
+            &ticket_of(&server, lock_keys.queue(), member),
+            ticket,
+            "{member} is queued again with its own ticket"
+        );
+    }
+
+    holder.release().await.expect("release");
+    let mut turns = Vec::new();
+    for task in tasks {
+        turns.push(within("a waiter", task).await.expect("waiter"));
+    }
+    turns.sort_by_key(|&(_, token)| token);
+    let granted: Vec<String> = turns.into_iter().map(|(owner_id, _)| owner_id).collect();
+    assert_eq!(granted, queued, "granted in the order they first queued");
+}
+
+/// Every command Redis logged in its `SLOWLOG` (all of them, at a
+/// threshold of 0), oldest first, each as its arguments.
+fn commands_run(server: &RedisServer) -> Vec<Vec<String>> {
+    let entries = server
+        .cmd_ok(&["SLOWLOG", "GET", "-1"])
+        .expect("SLOWLOG GET");
+    let mut log: Vec<(i64, Vec<String>)> = entries
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|entry| {
+            let fields = entry.as_array().expect("an entry");
+            let id = fields[0].as_int().expect("an id");
+            let args = fields[3]
+                .as_array()
+                .expect("arguments")
+                .iter()
+                .map(|arg| arg.as_str().unwrap_or_default().to_owned())
+                .collect();
+            (id, args)
+        })
+        .collect();
+    log.sort_by_key(|&(id, _)| id);
+    log.into_iter().map(|(_, args)| args).collect()
+}
+
+/// `ARGV[1]` of a logged `EVALSHA sha numkeys key... arg...`.
+fn first_argv(args: &[String]) -> Option<&str> {
+    let keys: usize = args.get(2)?.parse().ok()?;
+    args.get(3 + keys).map(String::as_str)
 }
