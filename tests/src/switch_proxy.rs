@@ -4,8 +4,10 @@
 //! server behind that address is replaced. The client reconnects to the
 //! same address and reaches the new server. It can also let one command
 //! through and drop its reply, closing that connection: a call that ran
-//! but whose answer was lost with its connection; and hold back every
-//! reply for a while: a slow network, or a server slow to answer.
+//! but whose answer was lost with its connection, or hold back that one
+//! reply for a while: a call that ran and is still in flight; and hold
+//! back every reply for a while: a slow network, or a server slow to
+//! answer.
 
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,6 +19,14 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 use crate::silent_proxy::sends_subscribe;
+
+/// What happens to the reply of the next command that carries a needle.
+struct Armed {
+    needle: Vec<u8>,
+    /// `None`: the reply is dropped and its connection closed; otherwise
+    /// the reply is held back this long.
+    hold: Option<Duration>,
+}
 
 /// One connection through the proxy: its copying task, and whether the
 /// client sent a `SUBSCRIBE` on it.
@@ -32,8 +42,9 @@ pub struct SwitchProxy {
     reply_delay_ms: Arc<AtomicU64>,
     flows: Arc<Mutex<Vec<Flow>>>,
     /// Bytes that, once seen in a command, make its reply be dropped and
-    /// its connection closed ([`SwitchProxy::drop_reply_to`]).
-    reply_dropped_for: Arc<Mutex<Option<Vec<u8>>>>,
+    /// its connection closed ([`SwitchProxy::drop_reply_to`]), or held back
+    /// ([`SwitchProxy::hold_reply_to`]).
+    armed: Arc<Mutex<Option<Armed>>>,
     accept: JoinHandle<()>,
 }
 
@@ -45,10 +56,10 @@ impl SwitchProxy {
         let target = Arc::new(AtomicU16::new(target_port));
         let reply_delay_ms = Arc::new(AtomicU64::new(0));
         let flows: Arc<Mutex<Vec<Flow>>> = Arc::default();
-        let reply_dropped_for: Arc<Mutex<Option<Vec<u8>>>> = Arc::default();
+        let armed: Arc<Mutex<Option<Armed>>> = Arc::default();
         let accept = tokio::spawn({
             let (target, flows) = (Arc::clone(&target), Arc::clone(&flows));
-            let armed = Arc::clone(&reply_dropped_for);
+            let armed = Arc::clone(&armed);
             let reply_delay_ms = Arc::clone(&reply_delay_ms);
             async move {
                 while let Ok((client, _)) = listener.accept().await {
@@ -65,16 +76,18 @@ impl SwitchProxy {
                         let (from_server, mut to_server) = server.into_split();
                         let mut to_client = to_client;
                         let cut = AtomicBool::new(false);
+                        let hold_ms = AtomicU64::new(0);
                         let forward = Forward {
                             subscribed: &noted,
                             armed: &armed,
                             cut: &cut,
+                            hold_ms: &hold_ms,
                         };
                         // Either direction ending ends the flow; dropping
                         // the halves closes both sockets.
                         tokio::select! {
                             () = forward.run(from_client, &mut to_server) => {}
-                            () = backward(from_server, &mut to_client, &cut, &delay) => {}
+                            () = backward(from_server, &mut to_client, &cut, &hold_ms, &delay) => {}
                         }
                     });
                     flows.lock().expect("flows").push(Flow { task, subscribed });
@@ -86,7 +99,7 @@ impl SwitchProxy {
             target,
             reply_delay_ms,
             flows,
-            reply_dropped_for,
+            armed,
             accept,
         }
     }
@@ -97,13 +110,29 @@ impl SwitchProxy {
     /// written and its connection lost before the answer, though the call
     /// ran. Once only.
     pub fn drop_reply_to(&self, needle: &str) {
-        *self.reply_dropped_for.lock().expect("needle") = Some(needle.as_bytes().to_vec());
+        self.arm(needle, None);
     }
 
-    /// Whether the command [`SwitchProxy::drop_reply_to`] waits for went
-    /// through (its reply is, or will be, dropped).
+    /// The next command that carries `needle` (on any connection) reaches
+    /// the server, and its reply reaches the client `hold` later: the call
+    /// ran, and stays in flight that long. Replies behind it on the same
+    /// connection wait too. Once only.
+    pub fn hold_reply_to(&self, needle: &str, hold: Duration) {
+        self.arm(needle, Some(hold));
+    }
+
+    fn arm(&self, needle: &str, hold: Option<Duration>) {
+        *self.armed.lock().expect("needle") = Some(Armed {
+            needle: needle.as_bytes().to_vec(),
+            hold,
+        });
+    }
+
+    /// Whether the command [`SwitchProxy::drop_reply_to`] or
+    /// [`SwitchProxy::hold_reply_to`] waits for went through (its reply
+    /// is, or will be, dropped or held back).
     pub fn reply_dropped(&self) -> bool {
-        self.reply_dropped_for.lock().expect("needle").is_none()
+        self.armed.lock().expect("needle").is_none()
     }
 
     /// A `redis://` URL through the proxy.
@@ -158,11 +187,15 @@ impl SwitchProxy {
 struct Forward<'a> {
     /// Set when the client sent a `SUBSCRIBE`.
     subscribed: &'a AtomicBool,
-    /// The proxy's needle of [`SwitchProxy::drop_reply_to`].
-    armed: &'a Mutex<Option<Vec<u8>>>,
-    /// Set when this flow carried the needle: the server's next bytes
-    /// close it instead of reaching the client.
+    /// The proxy's needle of [`SwitchProxy::drop_reply_to`] or
+    /// [`SwitchProxy::hold_reply_to`].
+    armed: &'a Mutex<Option<Armed>>,
+    /// Set when this flow carried a needle to drop the reply to: the
+    /// server's next bytes close it instead of reaching the client.
     cut: &'a AtomicBool,
+    /// Set when this flow carried a needle to hold the reply to: the
+    /// server's next bytes are held back this long.
+    hold_ms: &'a AtomicU64,
 }
 
 impl Forward<'_> {
@@ -180,23 +213,29 @@ impl Forward<'_> {
             }
             let carried = {
                 let mut armed = self.armed.lock().expect("needle");
-                let carried = armed.as_deref().is_some_and(|needle| {
+                let carried = armed.as_ref().is_some_and(|armed| {
                     buf[..n]
-                        .windows(needle.len())
-                        .any(|window| window == needle)
+                        .windows(armed.needle.len())
+                        .any(|window| window == armed.needle)
                 });
                 if carried {
-                    *armed = None;
+                    armed.take().map(|armed| armed.hold)
+                } else {
+                    None
                 }
-                carried
             };
             if to.write_all(&buf[..n]).await.is_err() {
                 return;
             }
             // Only once the command is written: both halves run in one
             // task, so the reply cannot be read before this.
-            if carried {
-                self.cut.store(true, Ordering::SeqCst);
+            match carried {
+                Some(None) => self.cut.store(true, Ordering::SeqCst),
+                Some(Some(hold)) => {
+                    let ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX);
+                    self.hold_ms.store(ms, Ordering::SeqCst);
+                }
+                None => {}
             }
         }
     }
@@ -204,11 +243,13 @@ impl Forward<'_> {
 
 /// Copies the server's bytes to the client, each read held back by the
 /// delay set then, until the flow is to be cut: then the bytes read (the
-/// reply to the marked command) are dropped and the flow ends.
+/// reply to the marked command) are dropped and the flow ends. The first
+/// read after a command marked to hold its reply is held back that long.
 async fn backward(
     mut from: OwnedReadHalf,
     to: &mut OwnedWriteHalf,
     cut: &AtomicBool,
+    hold_ms: &AtomicU64,
     delay_ms: &AtomicU64,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
@@ -220,7 +261,7 @@ async fn backward(
         if cut.load(Ordering::SeqCst) {
             return;
         }
-        let delay = delay_ms.load(Ordering::SeqCst);
+        let delay = delay_ms.load(Ordering::SeqCst) + hold_ms.swap(0, Ordering::SeqCst);
         if delay > 0 {
             tokio::time::sleep(Duration::from_millis(delay)).await;
         }

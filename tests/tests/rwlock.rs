@@ -246,24 +246,61 @@ async fn a_writer_that_gives_up_lets_the_readers_behind_it_in() {
 /// all 40 checking at once have 2 s, one per heartbeat would need 4 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_whose_grants_went_unheard_all_keep_them() {
+    unheard_readers_keep_their_grants("unheard", false).await;
+}
+
+/// The same while a release of the readers' process (of another lock) is
+/// in flight all along: its reply is held back 6 s by a proxy, longer than
+/// the unheard grants' 2 s leases. The check of the oldest waiter's grant
+/// once waited for the process to have no release on its way (21 of 40
+/// readers kept their grants with one held in flight); it must not depend
+/// on releases at all, or a busy process's readers lose theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_keep_their_unheard_grants_while_a_release_of_their_process_is_in_flight() {
+    unheard_readers_keep_their_grants("unheard-busy", true).await;
+}
+
+/// 40 readers of one process queue behind a writer of another; the
+/// writer releases while the readers' process hears no message, and each
+/// reader must get the very grant (token) the release gave it. With
+/// `release_in_flight`, the readers' process reaches Redis through a proxy
+/// that holds back the reply to its release of another lock, for longer
+/// than the readers' unheard leases, and that release is checked to be
+/// still in flight once every reader has its grant.
+async fn unheard_readers_keep_their_grants(name: &str, release_in_flight: bool) {
     const READERS: usize = 40;
+    const HOLD: Duration = Duration::from_secs(6);
     let server = server();
-    let name = "unheard";
+    let proxy = switch_proxy::SwitchProxy::start(server.port()).await;
     // The unheard grants' lease is the releasing process's waiter TTL.
-    let config = || {
-        fairlock::ClientConfig::builder(server.url())
+    let config = |url: String| {
+        fairlock::ClientConfig::builder(url)
             .heartbeat_interval(Duration::from_millis(100))
             .waiter_timeout(Duration::from_secs(2))
             .watchdog_lease(Duration::from_secs(3))
+            .command_timeout(Duration::from_secs(10))
             .build()
             .expect("config")
     };
-    let writer_client = fairlock::LockClient::with_config(config())
+    let writer_client = fairlock::LockClient::with_config(config(server.url()))
         .await
         .expect("connect");
-    let readers_client = fairlock::LockClient::with_config(config())
+    let readers_url = if release_in_flight {
+        proxy.url()
+    } else {
+        server.url()
+    };
+    let readers_client = fairlock::LockClient::with_config(config(readers_url))
         .await
         .expect("connect");
+    let busy = "busy";
+    let mut releasing = None;
+    if release_in_flight {
+        // A first cycle loads the release script: its SHA then marks the
+        // release below.
+        let guard = readers_client.lock(busy).await.expect("lock");
+        guard.release().await.expect("release");
+    }
     let writer = writer_client
         .rw_lock(name)
         .expect("rw lock")
@@ -277,6 +314,17 @@ async fn readers_whose_grants_went_unheard_all_keep_them() {
         readers.push(tokio::spawn(async move { rw.read().await }));
     }
     until_queued(&server, name, READERS as i64).await;
+    if release_in_flight {
+        let guard = readers_client.lock(busy).await.expect("lock");
+        proxy.hold_reply_to(
+            <fairlock_core::Release as fairlock_core::ScriptCall>::SCRIPT.sha1(),
+            HOLD,
+        );
+        releasing = Some(tokio::spawn(guard.release()));
+        // It ran in Redis; its reply is held back.
+        wait_for_owner(&server, busy, false).await;
+        assert!(proxy.reply_dropped(), "the release went through the proxy");
+    }
 
     let cut_off = cut_off_subscribers(&server);
     writer.release().await.expect("release");
@@ -306,6 +354,16 @@ async fn readers_whose_grants_went_unheard_all_keep_them() {
             "a reader kept the grant the writer's release gave it"
         );
         permits.push(permit);
+    }
+    if let Some(releasing) = releasing {
+        assert!(
+            !releasing.is_finished(),
+            "the other release was in flight while the readers were found"
+        );
+        within("the held release", releasing)
+            .await
+            .expect("task")
+            .expect("release");
     }
     drop(cut_off);
     for permit in permits {
