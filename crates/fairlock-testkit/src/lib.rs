@@ -5,7 +5,9 @@
 //! tears them down on drop:
 //!
 //! * [`install`]: locates (and, as root on Debian/Ubuntu, installs) the
-//!   server binaries: [`ensure_redis_server`], [`ensure_valkey_server`].
+//!   server binaries: [`ensure_redis_server`], [`ensure_valkey_server`];
+//!   the tools some tests drive ([`ensure_debian_binaries`]); libfaketime
+//!   ([`ensure_libfaketime`]).
 //! * [`version`]: Redis or Valkey ([`ServerKind`], chosen with
 //!   `FAIRLOCK_TEST_SERVER=valkey`) and which features a version has
 //!   ([`ServerVersion`]).
@@ -15,6 +17,9 @@
 //!   Its ports are reserved for its whole life, killed or not, across test
 //!   processes (a lock file per port in `/tmp/fairlock-ports`), from a
 //!   range outside the kernel's ephemeral ports.
+//! * [`RedisServerBuilder::clock_offset`]: a server whose wall clock runs
+//!   ahead of (or behind) the test's, under libfaketime, so a test can tell
+//!   the server's clock from its own.
 //! * [`RedisServer::cmd`] / [`cmd_at`]: a minimal blocking RESP2 client for
 //!   admin commands, so tests can inspect Redis without the library under
 //!   test; [`RedisServer::commandstats`] and [`RedisServer::info`] read stats.
@@ -42,6 +47,7 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+mod clock;
 mod cluster;
 mod cluster_view;
 mod error;
@@ -62,7 +68,9 @@ pub mod version;
 
 pub use cluster::RedisCluster;
 pub use error::TestkitError;
-pub use install::{ensure_debian_binaries, ensure_redis_server, ensure_valkey_server};
+pub use install::{
+    ensure_debian_binaries, ensure_libfaketime, ensure_redis_server, ensure_valkey_server,
+};
 pub use primaries::IndependentPrimaries;
 pub use prometheus::{
     ensure_prometheus, PromSample, PrometheusBins, PrometheusError, PrometheusServer,

@@ -34,12 +34,14 @@ const LOG_TAIL_LINES: usize = 40;
 const FAST_POLL_FOR: Duration = Duration::from_secs(1);
 
 /// What to run: the binary, an optional config file (which must come first
-/// on the command line, e.g. for `--sentinel`), and extra arguments.
+/// on the command line, e.g. for `--sentinel`), extra arguments, and
+/// environment variables set for the server alone (e.g. a shifted clock).
 #[derive(Debug, Clone)]
 pub(crate) struct LaunchSpec {
     pub(crate) bin: PathBuf,
     pub(crate) config_file: Option<PathBuf>,
     pub(crate) args: Vec<OsString>,
+    pub(crate) env: Vec<(OsString, OsString)>,
 }
 
 type SpawnRequest = (Command, mpsc::Sender<io::Result<Child>>);
@@ -99,6 +101,7 @@ fn build_command(spec: &LaunchSpec, port: u16, dir: &Path) -> io::Result<Command
         .arg("--logfile")
         .arg(dir.join("redis.log"))
         .args(&spec.args)
+        .envs(spec.env.iter().map(|(name, value)| (name, value)))
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())

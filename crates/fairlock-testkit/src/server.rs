@@ -11,6 +11,7 @@ use std::sync::{Mutex, PoisonError};
 use std::thread;
 use std::time::Duration;
 
+use crate::clock::clock_offset_env;
 use crate::install::ensure_server;
 use crate::ports::{self, PortLease};
 use crate::process::{
@@ -49,7 +50,9 @@ const CONFIG_FILE: &str = "server.conf";
 /// `static OnceLock<RedisServer>`) between tests.
 pub struct RedisServer {
     kind: ServerKind,
-    spec: LaunchSpec,
+    /// Boxed: it keeps the value small enough to sit beside a `String` in
+    /// [`RedisTarget`](crate::RedisTarget).
+    spec: Box<LaunchSpec>,
     port: u16,
     /// The TLS port, when started with [`RedisServerBuilder::tls`].
     tls_port: Option<u16>,
@@ -73,6 +76,7 @@ pub struct RedisServerBuilder {
     port: Option<u16>,
     tls_dir: Option<PathBuf>,
     cluster: bool,
+    clock_offset: Option<i64>,
 }
 
 impl RedisServerBuilder {
@@ -133,6 +137,19 @@ impl RedisServerBuilder {
     /// of port + 10000, which nothing keeps free.
     pub fn cluster_enabled(mut self) -> Self {
         self.cluster = true;
+        self
+    }
+
+    /// Runs the server with its wall clock `seconds` ahead of the
+    /// machine's (behind if negative): `TIME`, and the deadlines of keys
+    /// with a TTL, read the shifted clock, while the test process keeps
+    /// the real one. Its monotonic clock is not shifted. Done with
+    /// libfaketime preloaded into the server process (see
+    /// [`ensure_libfaketime`](crate::ensure_libfaketime), which the kit
+    /// calls, installing Debian's `libfaketime` as root when it is
+    /// missing); kept across [`restart`](RedisServer::restart).
+    pub fn clock_offset(mut self, seconds: i64) -> Self {
+        self.clock_offset = Some(seconds);
         self
     }
 
@@ -211,7 +228,8 @@ impl RedisServer {
     ///
     /// # Errors
     ///
-    /// [`TestkitError::NotInstalled`] if `redis-server` is missing,
+    /// [`TestkitError::NotInstalled`] if `redis-server` (or, with
+    /// [`RedisServerBuilder::clock_offset`], libfaketime) is missing,
     /// [`TestkitError::StartFailed`] (with the log tail) if it does not come
     /// up, [`TestkitError::Io`] for spawn or temp-dir errors.
     pub fn start() -> Result<RedisServer, TestkitError> {
@@ -228,6 +246,10 @@ impl RedisServer {
         builder: RedisServerBuilder,
     ) -> Result<RedisServer, TestkitError> {
         let bin = ensure_server(kind)?;
+        let env = match builder.clock_offset {
+            Some(seconds) => clock_offset_env(seconds)?,
+            None => Vec::new(),
+        };
         let dir = fresh_temp_dir()?;
         let config_file = match &builder.config {
             Some(text) => {
@@ -263,6 +285,7 @@ impl RedisServer {
                 bin: bin.clone(),
                 config_file: config_file.clone(),
                 args,
+                env: env.clone(),
             };
             // Start every attempt with fresh logs so the error shows this attempt.
             let _ = fs::remove_file(dir.join("redis.log"));
@@ -270,7 +293,7 @@ impl RedisServer {
                 Ok(child) => {
                     return Ok(RedisServer {
                         kind,
-                        spec,
+                        spec: Box::new(spec),
                         port: ports.port,
                         tls_port: ports.tls_port,
                         bus_port: ports.bus_port,
@@ -476,6 +499,7 @@ impl fmt::Debug for RedisServer {
             .field("running", &self.child.is_some())
             .field("dir", &self.dir)
             .field("args", &self.spec.args)
+            .field("env", &self.spec.env)
             .finish()
     }
 }
@@ -578,6 +602,44 @@ mod tests {
         assert_eq!(reply.as_array().unwrap()[1].as_str(), Some("100"));
         let reply = server.cmd(&["CONFIG", "GET", "databases"]).unwrap();
         assert_eq!(reply.as_array().unwrap()[1].as_str(), Some("3"));
+    }
+
+    /// The server's `TIME` in seconds, less the test process's clock.
+    fn skew_secs(server: &RedisServer) -> i64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let time = server.cmd(&["TIME"]).unwrap();
+        let secs: i64 = time.as_array().unwrap()[0]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        secs - now
+    }
+
+    #[test]
+    fn clock_offset_shifts_the_servers_wall_clock_across_restarts() {
+        const TEN_DAYS: i64 = 10 * 86_400;
+        let mut server = RedisServer::builder()
+            .clock_offset(TEN_DAYS)
+            .start()
+            .unwrap();
+        // A minute of slack for a slow machine; a server on the real clock
+        // is ten days off.
+        let skew = skew_secs(&server);
+        assert!((skew - TEN_DAYS).abs() < 60, "TIME is {skew} s ahead");
+        // Expiry reads the same shifted clock: a TTL is what was set.
+        server.cmd_ok(&["SET", "k", "v", "PX", "60000"]).unwrap();
+        let pttl = server.cmd(&["PTTL", "k"]).unwrap().as_int().unwrap();
+        assert!((50_000..=60_000).contains(&pttl), "PTTL {pttl}");
+        server.restart().unwrap();
+        let skew = skew_secs(&server);
+        assert!((skew - TEN_DAYS).abs() < 60, "after restart: {skew} s");
+        // Servers started without it keep the machine's clock.
+        let plain = RedisServer::start().unwrap();
+        assert!(skew_secs(&plain).abs() < 60);
     }
 
     #[test]
