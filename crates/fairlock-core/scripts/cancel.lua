@@ -13,6 +13,12 @@
 -- Idempotent: a second run finds nothing to remove and changes nothing
 -- (an owner id is never queued again once it gave up).
 
+-- The other family's keys are refused first (includes/key_family.lua).
+local other_family = refuse_other_family('cancel', true, 5)
+if other_family then
+  return other_family
+end
+
 local owner_id = ARGV[1]
 local holder = parse_owner(redis.call('GET', KEYS[1]))
 local was_queued = redis.call('ZREM', KEYS[2], owner_id)

@@ -23,6 +23,12 @@
 -- Idempotent: a resend finds a different holder (or none) and changes
 -- nothing, so it never frees the next holder.
 
+-- The other family's keys are refused first (includes/key_family.lua).
+local other_family = refuse_other_family('force_release', true, 5)
+if other_family then
+  return other_family
+end
+
 local expected = ARGV[1]
 local held = redis.call('GET', KEYS[1])
 if foreign_owner(held) then

@@ -38,6 +38,12 @@
 -- are forgotten per lock. The per-call cost (one round trip, one script
 -- run) is shared by the batch.
 
+-- The other family's keys are refused first (includes/key_family.lua).
+local other_family = refuse_other_family('heartbeat', true, 5)
+if other_family then
+  return other_family
+end
+
 local MAX_PROBES = 32
 
 local locks = #KEYS / 5

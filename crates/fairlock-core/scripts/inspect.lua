@@ -9,6 +9,12 @@
 --   listed waiter, oldest first: owner id, ticket, its process's deadline
 --   (ms of server time, -1 if the process is not alive there)
 
+-- The other family's keys are refused first (includes/key_family.lua).
+local other_family = refuse_other_family('inspect', true, 5)
+if other_family then
+  return other_family
+end
+
 local held = redis.call('GET', KEYS[1])
 if foreign_owner(held) then
   return foreign_owner_error()

@@ -30,6 +30,12 @@
 -- learns of its grant this way); run again by a queued owner id it keeps
 -- its place.
 
+-- The other family's keys are refused first (includes/key_family.lua).
+local other_family = refuse_other_family('permit_acquire', false, 5)
+if other_family then
+  return other_family
+end
+
 local owner_id = ARGV[1]
 local waiter_ttl_ms = tonumber(ARGV[3])
 local queue_ttl_ms = tonumber(ARGV[4])

@@ -14,6 +14,12 @@
 -- Idempotent: a second run finds nothing to remove (an owner id is never
 -- queued again once it gave up).
 
+-- The other family's keys are refused first (includes/key_family.lua).
+local other_family = refuse_other_family('permit_cancel', false, 5)
+if other_family then
+  return other_family
+end
+
 local owner_id = ARGV[1]
 local deadline = read_key(1, 'ZSCORE', owner_id)
 read_key(2, 'ZCARD')

@@ -36,6 +36,12 @@
 -- the holders only when a probe is missing from the queue), whatever the
 -- number of the process's waiters.
 
+-- The other family's keys are refused first (includes/key_family.lua).
+local other_family = refuse_other_family('permit_heartbeat', false, 5)
+if other_family then
+  return other_family
+end
+
 local MAX_PROBES = 32
 
 local tag = ARGV[1]

@@ -42,6 +42,12 @@
 -- once, not twice. Before releases were remembered a release ran 10 and
 -- 20 (permit_model.rs: commands_per_permit_release).
 
+-- The other family's keys are refused first (includes/key_family.lua).
+local other_family = refuse_other_family('permit_release', false, 5)
+if other_family then
+  return other_family
+end
+
 local owner_id = ARGV[1]
 local remember_ms = tonumber(ARGV[5])
 -- Checked before anything is read or written: a process tag taken for an

@@ -14,6 +14,12 @@
 -- a renewal never revives it. Idempotent: renewing twice sets the same
 -- lease.
 
+-- The other family's keys are refused first (includes/key_family.lua).
+local other_family = refuse_other_family('permit_renew', false, 2)
+if other_family then
+  return other_family
+end
+
 -- Every item is checked before any lease is set (renewal_items).
 local items, refused = renewal_items('permit renew', ARGV, #ARGV)
 if not items then

@@ -11,6 +11,12 @@
 --
 -- Idempotent: renewing twice sets the same lease. Cost: 2 commands a lock.
 
+-- The other family's keys are refused first (includes/key_family.lua).
+local other_family = refuse_other_family('renew', true, 1)
+if other_family then
+  return other_family
+end
+
 -- Every item is checked before any lease is set (renewal_items).
 local items, refused = renewal_items('renew', ARGV, #KEYS)
 if not items then

@@ -7,7 +7,9 @@
 //! never share a key, while all keys of one set still live in one cluster
 //! slot. They travel in a [`LockKeys`] value, so the client's waiter
 //! registry, grant router, heartbeat and watchdog carry them unchanged; the
-//! family tells which scripts apply.
+//! family tells which scripts apply. Each script refuses the other
+//! family's keys before it reads or writes anything
+//! (`scripts/includes/key_family.lua`).
 //!
 //! | key | type | holds |
 //! |---|---|---|

@@ -9,9 +9,11 @@
 mod support;
 
 use fairlock_core::{
-    AcquireMode, FencedOp, FencedWrite, KeyPrefix, LockKeys, LockName, OwnerId, PermitAcquire,
-    PermitFamily, PermitOwnerId, PermitRelease, PermitRenewBatch, PermitRenewItem, PermitRequest,
-    RedlockAcquire, RedlockFence, RedlockRenew, RenewBatch, RenewItem, Reply, ScriptCall, Timings,
+    Acquire, AcquireMode, Cancel, FencedOp, FencedWrite, ForceRelease, Heartbeat, HeartbeatBatch,
+    HeartbeatItem, Inspect, KeyPrefix, LockKeys, LockName, OwnerId, PermitAcquire, PermitCancel,
+    PermitFamily, PermitHeartbeat, PermitOwnerId, PermitRelease, PermitRenewBatch, PermitRenewItem,
+    PermitRequest, RedlockAcquire, RedlockFence, RedlockRenew, Release, RenewBatch, RenewItem,
+    Reply, Script, ScriptCall, Timings,
 };
 use fairlock_testkit::{RedisServer, Resp};
 
@@ -359,4 +361,277 @@ fn redlock_scripts_check_their_numbers_before_any_write() {
             &format!("a fence of {token} kept {idle_ms} ms"),
         );
     }
+}
+
+/// The scripts of one family run on the other family's keys: a lock's
+/// keys (a string owner, a string `freed`) and a permit set's (a zset of
+/// holders, a hash of grants) share their hash tag and three key types,
+/// and `LockKeys` carries both. The client picks the scripts by the keys'
+/// family; a program on `fairlock-core` could mix them up. Each script now
+/// refuses the other family's keys before it reads or writes anything
+/// (before, some took them and wrote keys of the wrong type, or took one
+/// family's entries for the other's). Each call starts from the same
+/// state: a held lock with a waiter, a held semaphore with a waiter, and a
+/// free lock and a free read-write lock.
+#[test]
+fn scripts_refuse_the_keys_of_the_other_family() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let lock = keys("family-lock");
+    let holder = OwnerId::new(&"ab".repeat(16), "00000000000000aa", 30_000);
+    let waiter = OwnerId::new(&"cd".repeat(16), "00000000000000bb", 30_000);
+    let free_lock = keys("family-free-lock");
+    let free_set = LockKeys::permits(
+        &KeyPrefix::new("bad:").expect("prefix"),
+        &LockName::new("family-free-set").expect("name"),
+        PermitFamily::ReadWrite,
+    );
+    let setup = || {
+        server.cmd_ok(&["FLUSHALL"]).expect("FLUSHALL");
+        acquire(&server, &lock, holder.as_str()).expect("held");
+        acquire(&server, &lock, waiter.as_str()).expect("queued");
+        semaphore_with_a_waiter(&server, "family-set")
+    };
+    let (set, a, b) = setup();
+    let mut watched = key_list(&lock);
+    watched.extend(key_list(&set));
+    watched.extend(key_list(&free_lock));
+    watched.extend(key_list(&free_set));
+    let timings = Timings::default();
+    let check = |script: &Script, call_keys: &[&str], args: &[String], what: String| {
+        setup();
+        let before = dump(&server, &watched);
+        assert_refused(
+            run_script(&server, script, call_keys, args),
+            "keys of the other family",
+            &what,
+        );
+        assert_eq!(dump(&server, &watched), before, "{what}: Redis unchanged");
+    };
+
+    for permit_keys in [&set, &free_set] {
+        for (owner_id, who) in [(holder.as_str(), "holder"), (waiter.as_str(), "waiter")] {
+            let probes = [owner_id];
+            let calls: Vec<(&Script, Vec<&str>, Vec<String>)> = vec![
+                (
+                    Acquire::SCRIPT,
+                    key_list(permit_keys),
+                    Acquire {
+                        owner_id,
+                        mode: AcquireMode::Wait,
+                        timings: &timings,
+                        channel_prefix: CHANNEL_PREFIX,
+                        rejoin: None,
+                    }
+                    .args(),
+                ),
+                (
+                    Release::SCRIPT,
+                    key_list(permit_keys),
+                    Release {
+                        owner_id,
+                        timings: &timings,
+                        channel_prefix: CHANNEL_PREFIX,
+                        reply_to: "",
+                    }
+                    .args(),
+                ),
+                (
+                    Cancel::SCRIPT,
+                    key_list(permit_keys),
+                    Cancel {
+                        owner_id,
+                        timings: &timings,
+                        channel_prefix: CHANNEL_PREFIX,
+                    }
+                    .args(),
+                ),
+                (
+                    ForceRelease::SCRIPT,
+                    key_list(permit_keys),
+                    ForceRelease {
+                        expected: "",
+                        timings: &timings,
+                        channel_prefix: CHANNEL_PREFIX,
+                    }
+                    .args(),
+                ),
+                (
+                    Inspect::SCRIPT,
+                    key_list(permit_keys),
+                    Inspect { waiters: 10 }.args(),
+                ),
+                (
+                    Heartbeat::SCRIPT,
+                    key_list(permit_keys),
+                    Heartbeat {
+                        tag: "00000000000000bb",
+                        probes: &probes,
+                        timings: &timings,
+                        channel_prefix: CHANNEL_PREFIX,
+                    }
+                    .args(),
+                ),
+                (
+                    RenewBatch::script(),
+                    vec![permit_keys.owner()],
+                    RenewBatch {
+                        items: vec![RenewItem {
+                            owner_key: permit_keys.owner(),
+                            owner_id,
+                            lease_ms: 90_000,
+                        }],
+                    }
+                    .args(),
+                ),
+            ];
+            for (script, call_keys, args) in calls {
+                let what = format!(
+                    "{} on the keys of permit set {} as its {who}",
+                    script.name(),
+                    permit_keys.owner()
+                );
+                check(script, &call_keys, &args, what);
+            }
+        }
+    }
+
+    for lock_keys in [&lock, &free_lock] {
+        for (owner_id, who) in [(a.as_str(), "holder"), (b.as_str(), "waiter")] {
+            let probes = [owner_id];
+            let calls: Vec<(&Script, Vec<&str>, Vec<String>)> = vec![
+                (
+                    PermitAcquire::SCRIPT,
+                    key_list(lock_keys),
+                    PermitAcquire {
+                        owner_id,
+                        mode: AcquireMode::Wait,
+                        timings: &timings,
+                        channel_prefix: CHANNEL_PREFIX,
+                        rejoin: None,
+                    }
+                    .args(),
+                ),
+                (
+                    PermitRelease::SCRIPT,
+                    key_list(lock_keys),
+                    PermitRelease {
+                        owner_id,
+                        timings: &timings,
+                        channel_prefix: CHANNEL_PREFIX,
+                        remember_ms: 60_000,
+                    }
+                    .args(),
+                ),
+                (
+                    PermitCancel::SCRIPT,
+                    key_list(lock_keys),
+                    PermitCancel {
+                        owner_id,
+                        timings: &timings,
+                        channel_prefix: CHANNEL_PREFIX,
+                    }
+                    .args(),
+                ),
+                (
+                    PermitHeartbeat::SCRIPT,
+                    key_list(lock_keys),
+                    PermitHeartbeat {
+                        tag: "00000000000000bb",
+                        probes: &probes,
+                        timings: &timings,
+                        channel_prefix: CHANNEL_PREFIX,
+                    }
+                    .args(),
+                ),
+                (
+                    PermitRenewBatch::script(),
+                    vec![lock_keys.owner(), lock_keys.freed()],
+                    PermitRenewBatch {
+                        items: vec![PermitRenewItem {
+                            keys: lock_keys,
+                            owner_id,
+                            lease_ms: 90_000,
+                        }],
+                    }
+                    .args(),
+                ),
+            ];
+            for (script, call_keys, args) in calls {
+                let what = format!(
+                    "{} on the keys of lock {} as its {who}",
+                    script.name(),
+                    lock_keys.owner()
+                );
+                check(script, &call_keys, &args, what);
+            }
+        }
+    }
+
+    // Batches: one item of the other family among items of the right one.
+    let empty: [&str; 0] = [];
+    let heartbeat = HeartbeatBatch {
+        tag: "00000000000000bb",
+        timings: &timings,
+        channel_prefix: CHANNEL_PREFIX,
+        items: vec![
+            HeartbeatItem {
+                keys: &lock,
+                probes: &empty,
+            },
+            HeartbeatItem {
+                keys: &set,
+                probes: &empty,
+            },
+        ],
+    };
+    let what = "a heartbeat batch with a permit set second".to_owned();
+    check(
+        HeartbeatBatch::script(),
+        &heartbeat.keys(),
+        &heartbeat.args(),
+        what,
+    );
+    let renew = RenewBatch {
+        items: vec![
+            RenewItem {
+                owner_key: lock.owner(),
+                owner_id: holder.as_str(),
+                lease_ms: 90_000,
+            },
+            RenewItem {
+                owner_key: set.owner(),
+                owner_id: a.as_str(),
+                lease_ms: 90_000,
+            },
+        ],
+    };
+    let what = "a renewal batch with a permit set second".to_owned();
+    check(
+        RenewBatch::script(),
+        &[lock.owner(), set.owner()],
+        &renew.args(),
+        what,
+    );
+    let permit_renew = PermitRenewBatch {
+        items: vec![
+            PermitRenewItem {
+                keys: &set,
+                owner_id: &a,
+                lease_ms: 90_000,
+            },
+            PermitRenewItem {
+                keys: &lock,
+                owner_id: holder.as_str(),
+                lease_ms: 90_000,
+            },
+        ],
+    };
+    let what = "a permit renewal batch with a lock second".to_owned();
+    check(
+        PermitRenewBatch::script(),
+        &permit_renew.keys(),
+        &permit_renew.args(),
+        what,
+    );
 }

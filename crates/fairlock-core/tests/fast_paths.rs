@@ -362,7 +362,11 @@ fn a_handoff_reads_the_queue_once() {
 /// what it handles and returns nothing (nil) where the full script would
 /// take over.
 fn fast_path_alone(server: &RedisServer, fast: &str, keys: &LockKeys, args: &[String]) -> Reply {
-    let source = format!("{}\n{fast}", include_str!("../scripts/fast_paths/draw.lua"));
+    let source = format!(
+        "{}\n{}\n{fast}",
+        include_str!("../scripts/includes/key_family.lua"),
+        include_str!("../scripts/fast_paths/draw.lua")
+    );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     support::eval(server, &source, &key_list(keys), &args)
 }

@@ -23,7 +23,13 @@
 -- script then writes it again, as it would have alone): a resend, found
 -- only by its queue entry's write, which puts the counter back first; and
 -- a counter of a foreign type, found by the draw (which writes nothing).
---
+
+-- The other family's keys are refused first (includes/key_family.lua).
+local other_family = refuse_other_family('acquire', true, 5)
+if other_family then
+  return other_family
+end
+
 -- `waiting`, the queue's length, is read here once for both.
 local waiting = redis.call('ZCARD', KEYS[2])
 if waiting == 0 and redis.call('EXISTS', KEYS[1]) == 0 then

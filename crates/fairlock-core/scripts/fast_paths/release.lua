@@ -17,7 +17,13 @@
 -- Anything else (a dead or malformed head, a caller that is not the owner,
 -- a value fairlock did not write, a counter of a foreign type) falls
 -- through to the full script below, which has written nothing yet.
---
+
+-- The other family's keys are refused first (includes/key_family.lua).
+local other_family = refuse_other_family('release', true, 5)
+if other_family then
+  return other_family
+end
+
 -- `owner_id`, `value` (the owner key's value) and `first` (the queue's
 -- oldest entry, read when the caller is the owner; the full script's
 -- handoff starts from it) are read here once for both.
