@@ -309,7 +309,7 @@ async fn a_resent_acquire_of_an_unheard_grant_sets_the_waiters_own_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn joining_a_queue_refreshes_its_keys() {
     let server = server();
-    let timings = Timings::new(5_000, 4_000, 600_000).expect("timings");
+    let timings = Timings::new(4_000, 4_000, 600_000).expect("timings");
     const HOLDER: &str = "aa000000000000000000000000000000.00000000000000a1.30000";
     const FIRST: &str = "cc000000000000000000000000000000.00000000000000c3.30000";
     const SECOND: &str = "dd000000000000000000000000000000.00000000000000c3.30000";

@@ -48,7 +48,8 @@ pub struct Timings {
 pub const MAX_TIMING_MS: u64 = 365 * 86_400_000;
 
 impl Timings {
-    /// Timings from their three TTLs, each 1 ms to [`MAX_TIMING_MS`]:
+    /// Timings from their three TTLs, each 1 ms to [`MAX_TIMING_MS`], and
+    /// the queue's at least the waiters':
     /// - `waiter_ttl_ms`: how long a process's waiters stay alive without
     ///   a heartbeat;
     /// - `queue_ttl_ms`: TTL of the queue keys; enqueues and heartbeats
@@ -71,9 +72,23 @@ impl Timings {
         while i < checked.len() {
             let (field, value) = checked[i];
             if value == 0 || value > MAX_TIMING_MS {
-                return Err(InvalidTimings { field, value });
+                return Err(InvalidTimings {
+                    field,
+                    value,
+                    min: 1,
+                });
             }
             i += 1;
+        }
+        // The queue and its liveness entries expire after queue_ttl_ms:
+        // shorter than the waiter TTL, they could vanish while a waiter
+        // counts as alive, and take its place with them.
+        if queue_ttl_ms < waiter_ttl_ms {
+            return Err(InvalidTimings {
+                field: "queue_ttl_ms",
+                value: queue_ttl_ms,
+                min: waiter_ttl_ms,
+            });
         }
         Ok(Self {
             waiter_ttl_ms,
@@ -115,15 +130,22 @@ pub struct InvalidTimings {
     pub field: &'static str,
     /// The value given, ms.
     pub value: u64,
+    /// The least value the field takes, ms: 1, or for `queue_ttl_ms` the
+    /// waiter TTL given.
+    pub min: u64,
 }
 
 impl std::fmt::Display for InvalidTimings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} = {} ms is out of range: give 1 ms to {MAX_TIMING_MS} ms (365 days)",
-            self.field, self.value
-        )
+        write!(f, "{} = {} ms is out of range: ", self.field, self.value)?;
+        if self.min > 1 {
+            write!(
+                f,
+                "the queue's keys must outlive a waiter (waiter_ttl_ms = {} ms); ",
+                self.min
+            )?;
+        }
+        write!(f, "give {} ms to {MAX_TIMING_MS} ms (365 days)", self.min)
     }
 }
 
@@ -1064,6 +1086,18 @@ mod tests {
             assert_eq!(error.field, field);
             assert!(error.to_string().contains(field), "{error}");
         }
+        // The queue and liveness keys expire after queue_ttl_ms: shorter
+        // than the waiter TTL, they could vanish while a waiter is alive.
+        let short_queue = Timings::new(5_000, 4_999, 600_000).expect_err("a short queue TTL");
+        assert_eq!(
+            (short_queue.field, short_queue.value),
+            ("queue_ttl_ms", 4_999)
+        );
+        assert!(
+            short_queue.to_string().contains("waiter_ttl_ms"),
+            "{short_queue}"
+        );
+        Timings::new(5_000, 5_000, 600_000).expect("a queue TTL equal to the waiter TTL");
         let widest = Timings::new(1, MAX_TIMING_MS, MAX_TIMING_MS).expect("the limits");
         assert_eq!(
             (
