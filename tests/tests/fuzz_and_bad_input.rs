@@ -1075,3 +1075,21 @@ async fn inspect_lists_the_waiters_around_garbage_queue_entries() {
         .collect();
     assert_eq!(listed, [(waiter.as_str(), 2), (endless.as_str(), 3)]);
 }
+
+/// An ACL user that may subscribe to the notify channels but not publish
+/// on them (`-publish`, or a channel rule that lets `SUBSCRIBE` through
+/// and `PUBLISH` not) is refused at connect with `NoPermission`: a release
+/// handing the lock to a waiter of another process publishes its grant
+/// inside the script, after its writes, and a refused `PUBLISH` there
+/// failed the release halfway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_user_that_cannot_publish_grants_is_refused_at_connect() {
+    let server = server_with_user(&["~*", "&*", "+@all", "-publish"]);
+    let refused = bounded("connect", LockClient::with_config(limited_config(&server))).await;
+    match refused {
+        Err(error @ Error::NoPermission(_)) => {
+            assert!(error.to_string().contains("publish"), "{error}")
+        }
+        other => panic!("a user without PUBLISH: {:?}", other.map(|_| "connected")),
+    }
+}

@@ -42,6 +42,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod acl;
 mod calls;
 mod fenced;
 mod keys;
@@ -51,6 +52,7 @@ mod redlock;
 mod reply;
 mod script;
 
+pub use acl::{PublishCheck, PublishCommand, PUBLISH_CHECK};
 pub use calls::*;
 pub use fenced::{decode_fenced, FencedOp, FencedReply, FencedScript, FencedWrite};
 pub use keys::{

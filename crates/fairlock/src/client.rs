@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use fairlock_core::{
     decode_fenced, key_slot, FencedOp, FencedReply, FencedScript, FencedWrite, ForceRelease,
-    Inspect, LockName, LockState, OwnerId, RenewBatch, RenewItem, RenewStatus, Reply, ScriptSource,
+    Inspect, LockKeys, LockName, LockState, OwnerId, PublishCheck, PublishCommand, RenewBatch,
+    RenewItem, RenewStatus, Reply, ScriptSource,
 };
 
 use crate::acquire::{acquire, acquire_keys, waited_grant, Mode};
@@ -90,7 +91,9 @@ impl LockClient {
     /// Connects with `config`. Fails with [`Error::Unreachable`] within the
     /// connect timeout if Redis does not answer, and with
     /// [`Error::UnsafeServer`] if the server may evict lock keys and
-    /// [`ClientConfig::eviction_check`] is [`EvictionCheck::Fail`]. A server
+    /// [`ClientConfig::eviction_check`] is [`EvictionCheck::Fail`], and with
+    /// [`Error::NoPermission`] if its ACL user may not subscribe to its
+    /// grant channel or publish grants to other processes. A server
     /// that answers the connect and then stalls fails the checks that
     /// follow (the eviction policy, the grant subscription) with
     /// [`Error::Timeout`] or [`Error::Unreachable`], each within its own
@@ -110,6 +113,10 @@ impl LockClient {
         let tag = format!("{:016x}", uuid::Uuid::new_v4().as_u64_pair().0);
         crate::telemetry::start_alerting_counters(&config.metrics_lock_label);
         let state = Arc::new(ClientState::new(config, timings, redis, tag));
+        if let Err(error) = check_publish(&state).await {
+            state.redis.quit().await;
+            return Err(error);
+        }
         let router = match subscribe_grants(&state).await {
             Ok(router) => router,
             Err(error) => {
@@ -566,6 +573,57 @@ async fn check_eviction(redis: &RedisConnection, check: EvictionCheck) -> Result
         _ => {
             tracing::warn!(%warning, "fairlock server settings put the lock guarantees at risk");
             Ok(Some(warning))
+        }
+    }
+}
+
+/// The lock whose keys route the publish check (on a cluster, to its
+/// slot's node); the check reads and writes no key.
+const PUBLISH_CHECK_LOCK: &str = "fairlock-publish-check";
+/// A client tag no process has: the check asks about another process's
+/// grant channel, where releases publish.
+const NOBODYS_TAG: &str = "0000000000000000";
+
+/// Refuses an ACL user that may subscribe to its grant channel but not
+/// publish on other processes' (`-publish`, `-spublish`): its first
+/// release handing a lock to another process would fail inside the
+/// script, after the handoff's writes. Where the check cannot run (a user
+/// without `EVAL`/`EVALSHA`, whose lock calls then fail with
+/// `NoPermission` themselves; a server before Redis 7.0, without
+/// `redis.acl_check_cmd`) nothing is refused.
+async fn check_publish(state: &ClientState) -> Result<()> {
+    let name =
+        LockName::new(PUBLISH_CHECK_LOCK).map_err(|e| Error::InvalidOptions(e.to_string()))?;
+    let keys = LockKeys::new(&state.config.prefix, &name);
+    let (command, shown) = if state.redis.is_clustered() {
+        (PublishCommand::Spublish, "SPUBLISH")
+    } else {
+        (PublishCommand::Publish, "PUBLISH")
+    };
+    let channel = format!("{}{NOBODYS_TAG}", state.channel_prefix(&keys));
+    match state
+        .run(
+            &keys,
+            &PublishCheck {
+                command,
+                channel: &channel,
+            },
+        )
+        .await
+    {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(Error::NoPermission(format!(
+            "the ACL user may not run {shown} on fairlock's grant channels (such as {channel}), \
+             where a release hands a lock to a waiter of another process; allow it \
+             (+{} and the channels' pattern)",
+            shown.to_lowercase()
+        ))),
+        Err(error @ (Error::Timeout { .. } | Error::Unreachable { .. } | Error::Closed)) => {
+            Err(error)
+        }
+        Err(error) => {
+            tracing::debug!(%error, "fairlock could not check that its user may publish grants");
+            Ok(())
         }
     }
 }
