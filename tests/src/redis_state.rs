@@ -1,0 +1,133 @@
+//! What a test reads straight from the server: its keys, counters, command
+//! counts, settings and subscriptions.
+
+use std::time::Duration;
+
+use fairlock_testkit::{RedisServer, Resp};
+use fred::prelude::{Client, KeysInterface};
+
+use crate::raw_calls::keys;
+
+/// A snapshot of every key and its value, to prove a call changed nothing.
+pub fn dump(server: &RedisServer) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let keys = match server.cmd(&["KEYS", "*"]) {
+        Ok(Resp::Array(Some(keys))) => keys,
+        other => panic!("KEYS failed: {other:?}"),
+    };
+    for key in keys {
+        let key = key.as_str().unwrap_or_default().to_owned();
+        let dumped = server.cmd(&["DUMP", &key]).expect("DUMP");
+        out.push((key, format!("{dumped:?}")));
+    }
+    out.sort();
+    out
+}
+
+/// GET a counter (missing = 0).
+pub async fn get_counter(client: &Client, key: &str) -> i64 {
+    client
+        .get::<Option<i64>, _>(key)
+        .await
+        .expect("GET")
+        .unwrap_or(0)
+}
+
+/// SET a counter.
+pub async fn set_counter(client: &Client, key: &str, value: i64) {
+    client
+        .set::<(), _, _>(key, value, None, None, false)
+        .await
+        .expect("SET");
+}
+
+/// Reads one stats counter from `INFO commandstats` (0 if absent).
+pub fn calls(server: &RedisServer, command: &str) -> u64 {
+    server
+        .commandstats()
+        .expect("INFO commandstats")
+        .get(command)
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Script calls (`EVALSHA`) the server ran during a window of about
+/// `window`, and how many 100 ms intervals (the fast config's heartbeat)
+/// the window really lasted: a loaded machine sleeps longer, so a bound
+/// per interval uses the measured count, not the intended one.
+pub async fn script_calls_over(server: &RedisServer, window: Duration) -> (u64, u64) {
+    server.cmd(&["CONFIG", "RESETSTAT"]).expect("reset stats");
+    let started = std::time::Instant::now();
+    tokio::time::sleep(window).await;
+    let evalsha = calls(server, "evalsha");
+    let intervals = started.elapsed().as_millis().div_ceil(100) as u64;
+    (evalsha, intervals)
+}
+
+/// `ZCARD key` through the admin connection.
+pub fn zcard(server: &RedisServer, key: &str) -> i64 {
+    server
+        .cmd(&["ZCARD", key])
+        .expect("ZCARD")
+        .as_int()
+        .expect("int")
+}
+
+/// The raw value of lock `name`'s owner key (default prefix), read by the
+/// admin connection: `None` when nobody holds the lock in Redis.
+pub fn owner_in_redis(server: &RedisServer, name: &str) -> Option<String> {
+    server
+        .cmd(&["GET", keys(name).owner()])
+        .expect("GET owner")
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// How many connections of `server` hold a subscription (`sub`, `psub` or
+/// `ssub` above 0 in `CLIENT LIST`).
+pub fn subscribed_connections(server: &RedisServer) -> usize {
+    let list = server.cmd_ok(&["CLIENT", "LIST"]).expect("CLIENT LIST");
+    list.as_str()
+        .expect("CLIENT LIST text")
+        .lines()
+        .filter(|line| {
+            line.split(' ').any(|field| {
+                ["sub=", "psub=", "ssub="]
+                    .iter()
+                    .any(|kind| field.strip_prefix(kind).is_some_and(|n| n != "0"))
+            })
+        })
+        .count()
+}
+
+/// A setting of `server` as `CONFIG GET` gives it.
+pub fn config_value(server: &RedisServer, name: &str) -> String {
+    let reply = server.cmd_ok(&["CONFIG", "GET", name]).expect("CONFIG GET");
+    reply
+        .as_array()
+        .and_then(|pair| pair.get(1))
+        .and_then(|value| value.as_str())
+        .unwrap_or_else(|| panic!("{name} is not a setting of the server"))
+        .to_owned()
+}
+
+/// The owner ids queued in zset `queue`, oldest ticket first.
+pub fn queue_entries(server: &RedisServer, queue: &str) -> Vec<String> {
+    match server.cmd(&["ZRANGE", queue, "0", "-1"]).expect("ZRANGE") {
+        Resp::Array(Some(items)) => items
+            .iter()
+            .map(|item| item.as_str().expect("owner id").to_owned())
+            .collect(),
+        other => panic!("ZRANGE {queue}: {other:?}"),
+    }
+}
+
+/// The ticket (score) of `member` in `queue`, as Redis prints it.
+pub fn ticket_of(server: &RedisServer, queue: &str, member: &str) -> String {
+    server
+        .cmd(&["ZSCORE", queue, member])
+        .expect("ZSCORE")
+        .as_str()
+        .unwrap_or_else(|| panic!("{member} is not queued"))
+        .to_owned()
+}
