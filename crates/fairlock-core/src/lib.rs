@@ -46,11 +46,13 @@ mod acl;
 mod calls;
 mod fenced;
 mod keys;
+mod owner_id;
 mod permit_calls;
 mod permit_keys;
 mod redlock;
 mod reply;
 mod script;
+mod timings;
 
 pub use acl::{PublishCheck, PublishCommand, PUBLISH_CHECK};
 pub use calls::*;
@@ -58,6 +60,7 @@ pub use fenced::{decode_fenced, FencedOp, FencedReply, FencedScript, FencedWrite
 pub use keys::{
     key_slot, KeyPrefix, LockKeys, LockName, NameError, MAX_NAME_BYTES, MAX_PREFIX_BYTES,
 };
+pub use owner_id::{OwnerId, MAX_OWNER_ID_BYTES};
 pub use permit_calls::{
     InvalidPermitRequest, PermitAcquire, PermitCancel, PermitHeartbeat, PermitHeartbeatReply,
     PermitOwnerId, PermitRelease, PermitReleaseReply, PermitRenewBatch, PermitRenewItem,
@@ -70,3 +73,4 @@ pub use redlock::{
 };
 pub use reply::{ProtocolError, Reply};
 pub use script::{Script, ScriptSource, ALL_SCRIPTS, PERMIT_SCRIPTS};
+pub use timings::{InvalidTimings, Timings, MAX_TIMING_MS};

@@ -7,13 +7,14 @@
 //! through [`PermitRenewBatch`].
 
 use crate::calls::{
-    AcquireMode, AcquireReply, CancelReply, Handoff, ProbeFlags, Purged, RenewStatus, Timings,
+    AcquireMode, AcquireReply, CancelReply, Handoff, ProbeFlags, Purged, RenewStatus,
 };
 use crate::keys::LockKeys;
 use crate::reply::{Fields, ProtocolError, Reply};
 use crate::script::{
     Script, PERMIT_ACQUIRE, PERMIT_CANCEL, PERMIT_HEARTBEAT, PERMIT_RELEASE, PERMIT_RENEW,
 };
+use crate::timings::Timings;
 
 /// The most permits a set may have. It is also the readers' share of a
 /// read-write lock, which makes readers in effect unlimited.
