@@ -1047,13 +1047,7 @@ async fn a_lost_entry_among_many_waiters_of_a_process_is_queued_again() {
     let (h, p) = (&clients[0], &clients[1]);
     let name = "lost-middle";
     let lock_keys = keys(name);
-    let holder = h.lock(name).await.expect("holder");
-    let mut tasks = Vec::new();
-    for i in 0..WAITERS {
-        tasks.push(spawn_turn(p, name));
-        wait_for_queue_len(h, name, i as u64 + 1).await;
-    }
-    let queued = queue_entries(&server, lock_keys.queue());
+    let (holder, tasks, queued) = held_with_turns_queued(&server, h, p, name, WAITERS).await;
     let lost = queued[WAITERS / 2 - 1].clone();
     let tag = OwnerId::tag_of(&lost).expect("an owner id").to_owned();
     server
@@ -1076,6 +1070,29 @@ async fn a_lost_entry_among_many_waiters_of_a_process_is_queued_again() {
         back,
         "the lost waiter was not queued again within 10 heartbeats of its process"
     );
+}
+
+/// Lock `name` held by a task of `h`, and `n` [`spawn_turn`] tasks of `p`
+/// queued behind it one after another: the holder's guard, the tasks and
+/// the queue's owner ids, oldest first.
+async fn held_with_turns_queued(
+    server: &RedisServer,
+    h: &LockClient,
+    p: &LockClient,
+    name: &'static str,
+    n: usize,
+) -> (
+    fairlock::LockGuard,
+    Vec<tokio::task::JoinHandle<(String, u64)>>,
+    Vec<String>,
+) {
+    let holder = h.lock(name).await.expect("holder");
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        tasks.push(spawn_turn(p, name));
+        wait_for_queue_len(h, name, i as u64 + 1).await;
+    }
+    (holder, tasks, queue_entries(server, keys(name).queue()))
 }
 
 /// Which end of its process's waiters a lost run of entries takes in.
@@ -1122,13 +1139,7 @@ async fn lost_run_queues_the_whole_process_again(end: LostEnd) {
         LostEnd::Newest => "lost-run-newest",
     };
     let lock_keys = keys(name);
-    let holder = h.lock(name).await.expect("holder");
-    let mut tasks = Vec::new();
-    for i in 0..WAITERS {
-        tasks.push(spawn_turn(p, name));
-        wait_for_queue_len(h, name, i as u64 + 1).await;
-    }
-    let queued = queue_entries(&server, lock_keys.queue());
+    let (holder, tasks, queued) = held_with_turns_queued(&server, h, p, name, WAITERS).await;
     let lost: Vec<String> = match end {
         LostEnd::Oldest => queued[..LOST].to_vec(),
         LostEnd::Newest => queued[WAITERS - LOST..].to_vec(),
