@@ -6,13 +6,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fairlock::{Error, FencedOp, LockClient, LockOptions, Reply};
+use fairlock::{ClientConfig, Error, FencedOp, LockClient, LockOptions, Reply};
 use fairlock_core::{Acquire, AcquireMode, AcquireReply, Timings};
 use fairlock_examples::seckill::{swarm, SwarmConfig, Variant};
 use fairlock_testkit::RedisCluster;
 use fairlock_tests::{
     assert_swarm_passed, cluster_client, hand_over, lock_names_on_every_primary, lock_slot,
-    pubsub_only_client, raw, wait_for_queue_len,
+    pubsub_only_client, raw, wait_for_queue_len, within,
 };
 
 /// Hang guard.
@@ -880,4 +880,50 @@ async fn an_idle_connection_to_a_silent_node_is_noticed_and_closed() {
     let granted = hand_over(holder, &holder_client, &waiter_client, LONG / 2).await;
     granted.release().await.expect("release");
     assert!(waiter_client.grants_subscribed_at().contains(&address));
+}
+
+/// On a cluster, an ACL user that may subscribe to the sharded grant
+/// channels but not `SPUBLISH` on them is refused at connect with
+/// `NoPermission` naming the command: the cluster's twin of
+/// `fuzz_and_bad_input.rs::an_acl_user_that_cannot_publish_grants_is_refused_at_connect`
+/// (a release handing the lock to another process publishes inside the
+/// script, after the handoff's writes). The same user with `SPUBLISH`
+/// connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_user_that_cannot_spublish_grants_is_refused_at_connect() {
+    let cluster = RedisCluster::start().expect("cluster");
+    let with_user = |rule: &str| {
+        for node in cluster.nodes() {
+            node.cmd_ok(&[
+                "ACL", "SETUSER", "limited", "reset", "on", ">pw", "~*", "&*", "+@all", rule,
+            ])
+            .expect("ACL SETUSER");
+        }
+        let mut config = ClientConfig::new(cluster.url().replacen(
+            "redis-cluster://",
+            "redis-cluster://limited:pw@",
+            1,
+        ));
+        config.connect_timeout = LONG / 4;
+        config
+    };
+    let refused = within(
+        "a connect without SPUBLISH",
+        LockClient::with_config(with_user("-spublish")),
+    )
+    .await;
+    match refused {
+        Err(error @ Error::NoPermission(_)) => {
+            assert!(error.to_string().contains("SPUBLISH"), "{error}")
+        }
+        other => panic!("a user without SPUBLISH: {:?}", other.map(|_| "connected")),
+    }
+    let allowed = within(
+        "a connect with SPUBLISH",
+        LockClient::with_config(with_user("+spublish")),
+    )
+    .await
+    .expect("the same user with SPUBLISH connects");
+    let guard = allowed.lock("acl-cluster").await.expect("lock");
+    guard.release().await.expect("release");
 }
