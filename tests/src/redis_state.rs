@@ -131,3 +131,13 @@ pub fn ticket_of(server: &RedisServer, queue: &str, member: &str) -> String {
         .unwrap_or_else(|| panic!("{member} is not queued"))
         .to_owned()
 }
+
+/// The TTL of `key` in ms, as Redis answers `PTTL` (-1 without a TTL, -2
+/// once the key is gone).
+pub fn pttl(server: &RedisServer, key: &str) -> i64 {
+    server
+        .cmd_ok(&["PTTL", key])
+        .expect("PTTL")
+        .as_int()
+        .expect("PTTL answers a number")
+}

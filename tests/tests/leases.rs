@@ -733,13 +733,15 @@ async fn failing_renewals_fire_the_lost_signal_when_the_lease_runs_out() {
     let holder_client = LockClient::with_config(config).await.expect("connect");
     let other = client(&server).await;
     let name = "renewals-fail";
+    let lock_keys = keys(name);
+    let owner_key = lock_keys.owner();
     let guard = holder_client.lock(name).await.expect("lock");
     // Let one renewal through first: the lease the signal counts from is
     // then a renewed one, not the grant's.
     let renewed = within("a first renewal", async {
-        let mut lowest = pttl(&server, name);
+        let mut lowest = pttl(&server, owner_key);
         loop {
-            let now = pttl(&server, name);
+            let now = pttl(&server, owner_key);
             if now > lowest + 300 {
                 break;
             }
@@ -767,9 +769,9 @@ async fn failing_renewals_fire_the_lost_signal_when_the_lease_runs_out() {
         lost.store(true, Ordering::SeqCst);
     };
     let watch = async {
-        let mut last = pttl(&server, name);
+        let mut last = pttl(&server, owner_key);
         loop {
-            let now = pttl(&server, name);
+            let now = pttl(&server, owner_key);
             assert!(
                 now <= last,
                 "the TTL rose from {last} to {now} ms: a renewal got through"
@@ -795,13 +797,4 @@ async fn failing_renewals_fire_the_lost_signal_when_the_lease_runs_out() {
     }
     let released = within("the lost guard's release", guard.release()).await;
     assert!(released.is_err(), "a lost guard released: {released:?}");
-}
-
-/// The TTL of lock `name`'s owner key in ms (-2 once it is gone).
-fn pttl(server: &RedisServer, name: &str) -> i64 {
-    server
-        .cmd(&["PTTL", keys(name).owner()])
-        .expect("PTTL")
-        .as_int()
-        .expect("an integer")
 }

@@ -16,13 +16,6 @@ use fairlock_tests::*;
 /// Hang guard for waits that must end.
 const LONG: Duration = Duration::from_secs(20);
 
-fn pttl(server: &RedisServer, key: &str) -> i64 {
-    match server.cmd(&["PTTL", key]).expect("PTTL") {
-        Resp::Int(ms) => ms,
-        other => panic!("PTTL: {other:?}"),
-    }
-}
-
 /// Fault 1: a lock handed to a waiter in another process carries that
 /// waiter's own lease from the moment of the grant (v1 gave it the 5 s
 /// grant lease and confirmed later).

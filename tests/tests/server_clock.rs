@@ -122,14 +122,6 @@ fn lease() -> LockOptions {
     LockOptions::new().lease(LEASE)
 }
 
-fn pttl(server: &RedisServer, key: &str) -> i64 {
-    server
-        .cmd_ok(&["PTTL", key])
-        .expect("PTTL")
-        .as_int()
-        .expect("PTTL answers a number")
-}
-
 /// Asserts the holder's key expires in about [`LEASE`]: set with a
 /// relative `PX` of the lease, so on the server's clock. An expiry at an
 /// instant computed on the client's clock would be ten days in the

@@ -55,7 +55,7 @@ impl ScriptCall for PublishCheck<'_> {
             Reply::Int(1) => Ok(true),
             Reply::Int(0) => Ok(false),
             other => Err(ProtocolError {
-                script: "publish_check",
+                script: PUBLISH_CHECK.name(),
                 detail: format!("expected 0 or 1, got {other:?}"),
             }),
         }
