@@ -19,45 +19,93 @@
 
 use std::sync::{Arc, Mutex};
 
+use fairlock::LockClient;
 use fairlock_tests::*;
 
+/// On the script sockets (the default on a single server) each enqueue is
+/// written to the waiters' socket by its caller at once, so the burst
+/// waits in Redis's input, not in the process: Redis is kept busy by a
+/// script on another connection while the burst and then the release are
+/// written, and once it reads again the release, alone on the holders'
+/// socket, runs before the enqueues still unread on the waiters'.
 #[test]
 fn a_release_overtakes_a_burst_of_enqueues_sent_before_it() {
+    release_overtakes_a_burst(true);
+}
+
+/// The same through fred's connections (`direct_calls(false)`, as behind
+/// Sentinel and on a cluster), where the burst also waits in fred's
+/// queue of the waiters' connection.
+#[test]
+fn a_release_overtakes_a_burst_of_enqueues_sent_before_it_through_fred() {
+    release_overtakes_a_burst(false);
+}
+
+fn release_overtakes_a_burst(direct_calls: bool) {
     const BURST: usize = 2_000;
     let server = server();
+    // A script that keeps Redis from reading any socket for a while (a
+    // counted loop: Valkey freezes the time a script sees).
+    let busy = "local n = 0 for i = 1, tonumber(ARGV[1]) do n = n + i end return 1";
+    let busy_started = std::sync::atomic::AtomicBool::new(false);
     // One thread: the burst's enqueues are all handed to the client before
     // the release is.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let grants = runtime.block_on(async {
-        let client = client(&server).await;
-        let holder = client.lock("burst").await.expect("holder");
-        let grants = Arc::new(Mutex::new(Vec::new()));
-        let mut tasks = Vec::new();
-        for _ in 0..BURST {
-            let (client, grants) = (client.clone(), grants.clone());
-            tasks.push(tokio::spawn(async move {
-                let guard = client.lock("burst").await.expect("granted");
-                grants
-                    .lock()
-                    .expect("grants")
-                    .push((guard.ticket(), guard.token().value()));
-                guard.release().await.expect("release");
-            }));
-        }
-        // Let every task run to its enqueue.
-        for _ in 0..4 {
-            tokio::task::yield_now().await;
-        }
-        holder.release().await.expect("release");
-        for task in tasks {
-            task.await.expect("task");
-        }
-        client.shutdown().await;
-        let grants = grants.lock().expect("grants").clone();
-        grants
+    let grants = std::thread::scope(|scope| {
+        runtime.block_on(async {
+            let mut config = fast_config(&server);
+            config.direct_calls = direct_calls;
+            let client = LockClient::with_config(config).await.expect("client");
+            let holder = client.lock("burst").await.expect("holder");
+            // Scripts loaded and both sockets open: a release and an
+            // acquire of another lock.
+            client
+                .lock("warm")
+                .await
+                .expect("warm")
+                .release()
+                .await
+                .expect("release");
+            scope.spawn(|| {
+                busy_started.store(true, std::sync::atomic::Ordering::SeqCst);
+                server
+                    .cmd_ok(&["EVAL", busy, "0", "30000000"])
+                    .expect("busy script");
+            });
+            while !busy_started.load(std::sync::atomic::Ordering::SeqCst) {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+            let grants = Arc::new(Mutex::new(Vec::new()));
+            let mut tasks = Vec::new();
+            for _ in 0..BURST {
+                let (client, grants) = (client.clone(), grants.clone());
+                tasks.push(tokio::spawn(async move {
+                    let guard = client.lock("burst").await.expect("granted");
+                    grants
+                        .lock()
+                        .expect("grants")
+                        .push((guard.ticket(), guard.token().value()));
+                    guard.release().await.expect("release");
+                }));
+            }
+            // Let every task run to its enqueue (each passes a few awaits
+            // on the way; with the release on the waiters' lane, both
+            // variants fail with this many rounds).
+            for _ in 0..40 {
+                tokio::task::yield_now().await;
+            }
+            holder.release().await.expect("release");
+            for task in tasks {
+                task.await.expect("task");
+            }
+            client.shutdown().await;
+            let grants = grants.lock().expect("grants").clone();
+            grants
+        })
     });
     assert_eq!(grants.len(), BURST);
     let first_token = grants
@@ -81,6 +129,7 @@ fn a_release_overtakes_a_burst_of_enqueues_sent_before_it() {
         tickets.windows(2).all(|w| w[0] < w[1]),
         "out of ticket order"
     );
+    eprintln!("{enqueued_after_release} of {BURST} enqueues ran after the release");
 }
 
 /// Runs `body` on one thread: a task woken there runs only when the

@@ -144,9 +144,9 @@ impl ClientState {
             self.run_while_closing(Lane::Holders, keys, &ReleaseAgain(release))
                 .await?
         } else {
-            // On the holders' script socket if it is free: a release
+            // On the holders' script socket if it owes no reply: a release
             // is half of every uncontended cycle.
-            let via = Via::Socket(Order::IfFree, None);
+            let via = Via::Socket(Order::IfClear, None);
             self.run_while_closing_via(Lane::Holders, via, keys, &release)
                 .await?
         };

@@ -484,7 +484,7 @@ impl ClientState {
     }
 
     /// Runs a lock script call on the waiters' lane, on its script socket
-    /// if that is free (`redis/script_socket.rs`); `unanswered` says while
+    /// if that owes no reply (`redis/script_socket.rs`); `unanswered` says while
     /// the call's reply there is unread (see [`Via::Socket`]).
     pub(crate) async fn run_direct<C: ScriptCall>(
         &self,
@@ -493,7 +493,7 @@ impl ClientState {
         unanswered: &AtomicBool,
     ) -> Result<C::Output> {
         self.check_open()?;
-        let via = Via::Socket(Order::IfFree, Some(unanswered));
+        let via = Via::Socket(Order::IfClear, Some(unanswered));
         Box::pin(self.redis.run_via(Lane::Waiters, via, keys, call)).await
     }
 
