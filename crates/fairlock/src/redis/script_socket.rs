@@ -922,6 +922,31 @@ mod tests {
         )
     }
 
+    /// A call on `socket` that may go anywhere, asking for `args[0]`.
+    async fn ask(
+        socket: &ScriptSocket,
+        endpoint: &GrantEndpoint,
+        sha: &str,
+        args: &[Vec<u8>],
+    ) -> Outcome {
+        let call = eval(sha, args);
+        socket
+            .call(&target(endpoint), &call, Order::IfClear, soon(), None)
+            .await
+    }
+
+    /// [`leaked`], the socket connected by a first call (calls that find
+    /// it connecting go through fred).
+    async fn connected(
+        server: &RedisServer,
+    ) -> (&'static str, &'static GrantEndpoint, &'static ScriptSocket) {
+        let (sha, endpoint, socket) = leaked(server);
+        let one = vec![b"one".to_vec()];
+        let outcome = ask(socket, endpoint, sha, &one).await;
+        assert_eq!(answered(outcome), "one", "connected by a first call");
+        (sha, endpoint, socket)
+    }
+
     /// `n` calls on `socket`, each in a task of its own, call `i` asking
     /// for the answer `call-i`.
     fn spawn_calls(
@@ -934,15 +959,7 @@ mod tests {
             .map(|i| {
                 tokio::spawn(async move {
                     let args = vec![format!("call-{i}").into_bytes()];
-                    socket
-                        .call(
-                            &target(endpoint),
-                            &eval(sha, &args),
-                            Order::IfClear,
-                            soon(),
-                            None,
-                        )
-                        .await
+                    ask(socket, endpoint, sha, &args).await
                 })
             })
             .collect()
@@ -1076,18 +1093,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn calls_made_at_once_are_pipelined_and_each_gets_its_own_reply() {
         let server = RedisServer::start().expect("redis-server");
-        let (sha, endpoint, socket) = leaked(&server);
-        let one = vec![b"one".to_vec()];
-        let outcome = socket
-            .call(
-                &target(endpoint),
-                &eval(sha, &one),
-                Order::IfClear,
-                soon(),
-                None,
-            )
-            .await;
-        assert_eq!(answered(outcome), "one", "connected by a first call");
+        let (sha, endpoint, socket) = connected(&server).await;
         server
             .cmd_ok(&["CLIENT", "PAUSE", "300", "ALL"])
             .expect("pause");
@@ -1108,18 +1114,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn callers_dropped_in_a_burst_leave_the_others_their_own_replies() {
         let server = RedisServer::start().expect("redis-server");
-        let (sha, endpoint, socket) = leaked(&server);
-        let one = vec![b"one".to_vec()];
-        let outcome = socket
-            .call(
-                &target(endpoint),
-                &eval(sha, &one),
-                Order::IfClear,
-                soon(),
-                None,
-            )
-            .await;
-        assert_eq!(answered(outcome), "one", "connected by a first call");
+        let (sha, endpoint, socket) = connected(&server).await;
         server
             .cmd_ok(&["CLIENT", "PAUSE", "400", "ALL"])
             .expect("pause");
@@ -1139,15 +1134,7 @@ mod tests {
             }
         }
         let last = vec![b"last".to_vec()];
-        let outcome = socket
-            .call(
-                &target(endpoint),
-                &eval(sha, &last),
-                Order::IfClear,
-                soon(),
-                None,
-            )
-            .await;
+        let outcome = ask(socket, endpoint, sha, &last).await;
         assert_eq!(answered(outcome), "last", "no reply is owed any more");
     }
 
@@ -1157,18 +1144,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_socket_closed_in_a_burst_loses_calls_but_never_mixes_replies() {
         let server = RedisServer::start().expect("redis-server");
-        let (sha, endpoint, socket) = leaked(&server);
-        let one = vec![b"one".to_vec()];
-        let outcome = socket
-            .call(
-                &target(endpoint),
-                &eval(sha, &one),
-                Order::IfClear,
-                soon(),
-                None,
-            )
-            .await;
-        assert_eq!(answered(outcome), "one", "connected by a first call");
+        let (sha, endpoint, socket) = connected(&server).await;
         let tasks = spawn_calls(socket, endpoint, sha, 2_000);
         server
             .cmd_ok(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"])
@@ -1184,15 +1160,7 @@ mod tests {
         let last = vec![b"last".to_vec()];
         let give_up = Instant::now() + Duration::from_secs(10);
         loop {
-            let outcome = socket
-                .call(
-                    &target(endpoint),
-                    &eval(sha, &last),
-                    Order::IfClear,
-                    soon(),
-                    None,
-                )
-                .await;
+            let outcome = ask(socket, endpoint, sha, &last).await;
             match outcome {
                 // Lost: the first call after the kill finds the socket
                 // closed; NotSent: the reconnect pause after a failed one.
