@@ -322,12 +322,15 @@ async fn soak(server: &RedisServer, config: &SoakConfig) -> Result<SoakReport, S
             guard.release().await
         });
     }
+    // Queued means the acquire's answer came back with a place: a waiter
+    // counts in `stats().waiters` as soon as its task starts waiting,
+    // while its acquire may still be on its way to Redis.
     let queued_by = Instant::now() + Duration::from_secs(120);
-    while client.stats().waiters < config.waiters {
+    while client.stats().queued < config.waiters {
         if Instant::now() > queued_by {
             return Err(format!(
                 "only {} of {} waiters queued after 120 s",
-                client.stats().waiters,
+                client.stats().queued,
                 config.waiters
             ));
         }
