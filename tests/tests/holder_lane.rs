@@ -17,7 +17,9 @@
 //! script sent, and run by Redis, before the new holder's first command,
 //! and every hold grew by that script's time.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use fairlock::LockClient;
 use fairlock_tests::*;
@@ -47,7 +49,7 @@ fn release_overtakes_a_burst(direct_calls: bool) {
     // A script that keeps Redis from reading any socket for a while (a
     // counted loop: Valkey freezes the time a script sees).
     let busy = "local n = 0 for i = 1, tonumber(ARGV[1]) do n = n + i end return 1";
-    let busy_started = std::sync::atomic::AtomicBool::new(false);
+    let busy_started = AtomicBool::new(false);
     // One thread: the burst's enqueues are all handed to the client before
     // the release is.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -70,15 +72,15 @@ fn release_overtakes_a_burst(direct_calls: bool) {
                 .await
                 .expect("release");
             scope.spawn(|| {
-                busy_started.store(true, std::sync::atomic::Ordering::SeqCst);
+                busy_started.store(true, Ordering::SeqCst);
                 server
                     .cmd_ok(&["EVAL", busy, "0", "30000000"])
                     .expect("busy script");
             });
-            while !busy_started.load(std::sync::atomic::Ordering::SeqCst) {
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            while !busy_started.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+            tokio::time::sleep(Duration::from_millis(30)).await;
             let grants = Arc::new(Mutex::new(Vec::new()));
             let mut tasks = Vec::new();
             for _ in 0..BURST {
@@ -148,12 +150,12 @@ fn the_next_holder_of_this_process_runs_before_release_returns() {
     on_one_thread(async {
         let client = client(&server).await;
         let holder = client.lock("handed-on").await.expect("holder");
-        let granted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let granted = Arc::new(AtomicBool::new(false));
         let waiter = {
             let (client, granted) = (client.clone(), granted.clone());
             tokio::spawn(async move {
                 let guard = client.lock("handed-on").await.expect("granted");
-                granted.store(true, std::sync::atomic::Ordering::SeqCst);
+                granted.store(true, Ordering::SeqCst);
                 guard.release().await.expect("release");
             })
         };
@@ -164,7 +166,7 @@ fn the_next_holder_of_this_process_runs_before_release_returns() {
         // Nothing else ran on this thread between the release's reply and
         // here but what the release let run.
         assert!(
-            granted.load(std::sync::atomic::Ordering::SeqCst),
+            granted.load(Ordering::SeqCst),
             "release returned before the task it handed the lock to ran"
         );
         waiter.await.expect("waiter");

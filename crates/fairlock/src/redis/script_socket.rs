@@ -697,7 +697,7 @@ impl ScriptSocket {
                     return Poll::Ready(());
                 };
                 loop {
-                    let wakers = {
+                    let (wakers, answered) = {
                         let mut pipe = self.lock();
                         if pipe.epoch != epoch {
                             // Lost by a writer: the call's slot says so.
@@ -705,7 +705,10 @@ impl ScriptSocket {
                             return Poll::Ready(());
                         }
                         match pipe.dispatch(&mut reader.buf, own) {
-                            Ok(wakers) => wakers,
+                            Ok(wakers) => {
+                                let answered = !matches!(pipe.slot(own), Some(Slot::Waiting(_)));
+                                (wakers, answered)
+                            }
                             Err(malformed) => {
                                 tracing::warn!(
                                     error = malformed.0,
@@ -719,7 +722,6 @@ impl ScriptSocket {
                             }
                         }
                     };
-                    let answered = !matches!(self.lock().slot(own), Some(Slot::Waiting(_)));
                     wake(wakers);
                     if answered {
                         return Poll::Ready(());
