@@ -13,7 +13,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use fairlock::{ClientConfig, Error, LockClient, LockOptions, MAX_DURATION, MAX_NAME_BYTES};
-use fairlock_core::{KeyPrefix, LockKeys, LockName};
+use fairlock_core::{KeyPrefix, LockKeys, LockName, PermitFamily};
 use fairlock_tests::*;
 
 /// Hang guard: a call that does not end within this fails the test.
@@ -1092,4 +1092,84 @@ async fn an_acl_user_that_cannot_publish_grants_is_refused_at_connect() {
         }
         other => panic!("a user without PUBLISH: {:?}", other.map(|_| "connected")),
     }
+}
+
+/// `PUBLISH` taken from the clients' user after they connected (the
+/// connect-time check passed): a release handing the lock to a waiter of
+/// another process still succeeds with all its writes (the lock handed on,
+/// the release recorded), and the waiter, whose grant message Redis
+/// refused, is granted as when nobody heard it: its lease cut to the
+/// waiter TTL until its process's next heartbeat finds the grant. Before,
+/// the refused `PUBLISH` failed the release halfway (`ScriptFailed`, the
+/// lock already handed on with the waiter's full lease, no release record).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_refused_after_connect_still_hands_the_lock_on() {
+    let server = server_with_user(&["~*", "&*", "+@all"]);
+    let connect = || async {
+        bounded("connect", LockClient::with_config(limited_config(&server)))
+            .await
+            .expect("a user with every permission connects")
+    };
+    let (holder_client, waiter_client) = (connect().await, connect().await);
+    let name = "acl-changed";
+    let holder = bounded("lock", holder_client.lock(name))
+        .await
+        .expect("the holder");
+    let waiter = {
+        let client = waiter_client.clone();
+        tokio::spawn(async move { client.lock(name).await })
+    };
+    wait_for_queue_len(&holder_client, name, 1).await;
+    server
+        .cmd_ok(&["ACL", "SETUSER", "limited", "-publish"])
+        .expect("take PUBLISH from the user");
+    let holder_token = holder.token().value();
+    let released = bounded("release", holder.release()).await;
+    assert!(
+        released.is_ok(),
+        "a release whose grant message was refused: {released:?}"
+    );
+    let keys = LockKeys::new(&KeyPrefix::default(), &LockName::new(name).expect("name"));
+    let freed = server.cmd(&["GET", keys.freed()]).expect("GET freed");
+    assert!(
+        freed.as_str().is_some(),
+        "the release is recorded, as every release is: {freed:?}"
+    );
+    let granted = bounded("the waiter's grant", waiter)
+        .await
+        .expect("task")
+        .expect("the waiter is granted by its heartbeat");
+    assert!(granted.token().value() > holder_token);
+    assert!(!granted.is_lost(), "the waiter set its own lease");
+    bounded("release", granted.release())
+        .await
+        .expect("the waiter's release, with nobody to publish to");
+
+    // The same for a semaphore's permit, given on by `permit_release.lua`.
+    let semaphore = |client: &LockClient| client.semaphore(name, 1).expect("semaphore");
+    let permit = bounded("acquire", semaphore(&holder_client).acquire())
+        .await
+        .expect("the permit");
+    let waiter = {
+        let semaphore = semaphore(&waiter_client);
+        tokio::spawn(async move { semaphore.acquire().await })
+    };
+    wait_for_zcard(
+        &server,
+        permit_keys(name, PermitFamily::Semaphore).queue(),
+        1,
+    )
+    .await;
+    let released = bounded("permit release", permit.release()).await;
+    assert!(
+        released.is_ok(),
+        "a permit release whose grant message was refused: {released:?}"
+    );
+    let granted = bounded("the permit waiter's grant", waiter)
+        .await
+        .expect("task")
+        .expect("the permit waiter is granted by its heartbeat");
+    bounded("permit release", granted.release())
+        .await
+        .expect("the waiter's permit release");
 }

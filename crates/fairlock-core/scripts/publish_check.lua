@@ -1,8 +1,9 @@
 -- publish_check.lua: whether the calling user's ACL lets it publish a
 -- grant. A release that hands the lock to a waiter of another process
 -- publishes inside the script, after its writes; a PUBLISH the ACL refuses
--- there fails the script halfway (the lock handed on, the release
--- answered as an error). The client asks this once, at connect.
+-- there counts as a message nobody received (includes/publish.lua), so
+-- every such grant would wait for the waiter's heartbeat. The client asks
+-- this once, at connect.
 --
 -- ARGV[1] command   PUBLISH (a single server) or SPUBLISH (a cluster)
 -- ARGV[2] channel   a grant channel of another process

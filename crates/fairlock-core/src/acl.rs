@@ -3,9 +3,11 @@
 //!
 //! Channel rules in an ACL apply to `SUBSCRIBE` and `PUBLISH` alike, but a
 //! user may be given one command and not the other (`-publish`). A user
-//! that can subscribe to its grants but not publish them connects, and its
-//! first release that hands a lock to another process fails inside the
-//! script after the handoff's writes. The client asks this at connect and
+//! that can subscribe to its grants but not publish them would connect,
+//! and every grant its releases hand to another process would go unheard
+//! (Redis refuses the message; `includes/publish.lua` takes that as a
+//! message nobody received, so the script still ends well), waiting for
+//! that process's next heartbeat. The client asks this at connect and
 //! refuses such a user there.
 
 use crate::calls::ScriptCall;

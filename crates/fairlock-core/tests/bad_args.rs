@@ -12,8 +12,8 @@ use fairlock_core::{
     Acquire, AcquireMode, Cancel, FencedOp, FencedWrite, ForceRelease, Heartbeat, HeartbeatBatch,
     HeartbeatItem, Inspect, KeyPrefix, LockKeys, LockName, OwnerId, PermitAcquire, PermitCancel,
     PermitFamily, PermitHeartbeat, PermitOwnerId, PermitRelease, PermitRenewBatch, PermitRenewItem,
-    PermitRequest, RedlockAcquire, RedlockFence, RedlockRenew, Release, RenewBatch, RenewItem,
-    Reply, Script, ScriptCall, Timings,
+    PermitRequest, RedlockAcquire, RedlockFence, RedlockRenew, Release, ReleaseReply, RenewBatch,
+    RenewItem, Reply, Script, ScriptCall, Timings,
 };
 use fairlock_testkit::{RedisServer, Resp};
 
@@ -633,5 +633,69 @@ fn scripts_refuse_the_keys_of_the_other_family() {
         &permit_renew.keys(),
         &permit_renew.args(),
         what,
+    );
+}
+
+/// On a Redis Cluster, a channel prefix whose hash tag is in another slot
+/// than the lock's (the client always builds it in the lock's own slot; a
+/// program on `fairlock-core` may not): the grant's `SPUBLISH` is refused
+/// inside the release, after the handoff's writes. The release still
+/// answers, with every write made (the lock handed on, the release
+/// recorded) and the grant unheard, so its lease is cut to the waiter TTL
+/// until the waiter's process finds it by heartbeat. Before, the script
+/// failed there, with the lock already handed on under the waiter's full
+/// lease and no record of the release.
+#[test]
+fn a_grant_message_refused_inside_a_release_still_answers() {
+    let cluster = fairlock_testkit::RedisCluster::start().expect("cluster");
+    let lock = keys("foreign-channel");
+    let slot = fairlock_testkit::key_slot(lock.owner().as_bytes());
+    let address = cluster.slot_owner(slot).expect("the lock's primary");
+    let node = cluster
+        .nodes()
+        .iter()
+        .find(|node| node.addr() == address)
+        .expect("the node at the lock's primary's address");
+    // A hash tag that hashes to a slot another primary serves.
+    let foreign = (0..10_000)
+        .map(|n| format!("bad:{{elsewhere-{n}}}:notify:"))
+        .find(|prefix| {
+            let other = fairlock_testkit::key_slot(prefix.as_bytes());
+            cluster.slot_owner(other).expect("slot owner") != address
+        })
+        .expect("a slot on another primary");
+    let holder = OwnerId::new(&"aa".repeat(16), "00000000000000aa", 30_000);
+    let waiter = OwnerId::new(&"bb".repeat(16), "00000000000000bb", 30_000);
+    support::acquire_wait(node, &lock, holder.as_str(), &foreign).expect("the holder");
+    support::acquire_wait(node, &lock, waiter.as_str(), &foreign).expect("the waiter joins");
+    let timings = Timings::default();
+    let release = Release {
+        owner_id: holder.as_str(),
+        timings: &timings,
+        channel_prefix: &foreign,
+        reply_to: "00000000000000aa",
+    };
+    let reply = run_script(node, Release::SCRIPT, &key_list(&lock), &release.args())
+        .expect("the release answers although its SPUBLISH was refused");
+    let ReleaseReply::Released {
+        handed_to: Some(handoff),
+        ..
+    } = Release::decode(reply).expect("a release reply")
+    else {
+        panic!("the lock was not handed to the waiter");
+    };
+    assert_eq!(handoff.owner_id, waiter.as_str());
+    assert!(handoff.unheard, "a refused message is a grant nobody heard");
+    let lease = node.cmd(&["PTTL", lock.owner()]).expect("PTTL");
+    let waiter_ttl = i64::try_from(timings.waiter_ttl_ms()).expect("ms");
+    assert!(
+        lease.as_int().is_some_and(|ms| ms > 0 && ms <= waiter_ttl),
+        "the unheard grant's lease is cut to the waiter TTL: {lease:?}"
+    );
+    let freed = node.cmd(&["GET", lock.freed()]).expect("GET freed");
+    assert_eq!(
+        freed.as_str(),
+        Some(holder.as_str()),
+        "the release is recorded"
     );
 }

@@ -363,8 +363,9 @@ fn a_handoff_reads_the_queue_once() {
 /// take over.
 fn fast_path_alone(server: &RedisServer, fast: &str, keys: &LockKeys, args: &[String]) -> Reply {
     let source = format!(
-        "{}\n{}\n{fast}",
+        "{}\n{}\n{}\n{fast}",
         include_str!("../scripts/includes/key_family.lua"),
+        include_str!("../scripts/includes/publish.lua"),
         include_str!("../scripts/fast_paths/draw.lua")
     );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();

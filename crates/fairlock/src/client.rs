@@ -585,9 +585,10 @@ const PUBLISH_CHECK_LOCK: &str = "fairlock-publish-check";
 const NOBODYS_TAG: &str = "0000000000000000";
 
 /// Refuses an ACL user that may subscribe to its grant channel but not
-/// publish on other processes' (`-publish`, `-spublish`): its first
-/// release handing a lock to another process would fail inside the
-/// script, after the handoff's writes. Where the check cannot run (a user
+/// publish on other processes' (`-publish`, `-spublish`): every grant its
+/// releases hand to another process would go unheard (the scripts take a
+/// refused message as one nobody received) and wait for that process's
+/// next heartbeat. Where the check cannot run (a user
 /// without `EVAL`/`EVALSHA`, whose lock calls then fail with
 /// `NoPermission` themselves; a server before Redis 7.0, without
 /// `redis.acl_check_cmd`) nothing is refused.

@@ -55,11 +55,10 @@ if value then
           redis.call('SET', KEYS[1], first .. ' ' .. token_str, 'PX', lease_str)
           local unheard = 0
           if tag ~= ARGV[5] then
-            -- publish() of includes/common.lua: SPUBLISH on a cluster.
-            local command = string.find(ARGV[3], '{', 1, true) and 'SPUBLISH' or 'PUBLISH'
             -- The waiter TTL as a number, as the full script reads it.
             local unheard_ms = tonumber(ARGV[4])
-            if redis.call(command, ARGV[3] .. tag, first .. ' ' .. token_str .. ' ' .. KEYS[1]) == 0
+            -- As publish() of includes/common.lua sends it.
+            if publish_to(ARGV[3] .. tag, first .. ' ' .. token_str .. ' ' .. KEYS[1]) == 0
                 and unheard_ms < lease then
               redis.call('PEXPIRE', KEYS[1], unheard_ms)
               unheard = 1

@@ -195,10 +195,10 @@ end
 -- One message reaches one subscriber: no herd.
 -- On a cluster the channel prefix carries a hash tag in the lock's own
 -- slot and the message goes by SPUBLISH, so it never crosses the cluster
--- bus. Returns how many subscribers received it.
+-- bus. Returns how many subscribers received it (0 for a message Redis
+-- refused: includes/publish.lua).
 local function publish(channel_prefix, owner_id, what, tag)
-  local command = string.find(channel_prefix, '{', 1, true) and 'SPUBLISH' or 'PUBLISH'
-  return redis.call(command, channel_prefix .. (tag or tag_of(owner_id)), owner_id .. ' ' .. what .. ' ' .. K[1])
+  return publish_to(channel_prefix .. (tag or tag_of(owner_id)), owner_id .. ' ' .. what .. ' ' .. K[1])
 end
 
 -- Make `owner_id` the owner with a fresh token and its own lease (`lease`,

@@ -128,8 +128,7 @@ end
 -- owner id has one field more than a lock's). Same message, so the client's
 -- one grant router serves both; KEYS[1] names the set.
 local function publish_permit(channel_prefix, owner_id, tag, what)
-  local command = string.find(channel_prefix, '{', 1, true) and 'SPUBLISH' or 'PUBLISH'
-  return redis.call(command, channel_prefix .. tag, owner_id .. ' ' .. what .. ' ' .. KEYS[1])
+  return publish_to(channel_prefix .. tag, owner_id .. ' ' .. what .. ' ' .. KEYS[1])
 end
 
 -- Direct handoff to as many waiters as fit: from the head of the queue,
