@@ -18,7 +18,7 @@
 //! runs after any acquire call it races: both travel one pipelined
 //! connection in order, or, if the acquire went on the script socket
 //! and its reply was never read, the cancel is written behind it there
-//! (`redis/script_socket.rs`).
+//! (`redis/script_socket/`).
 
 use std::future::Future;
 use std::pin::Pin;

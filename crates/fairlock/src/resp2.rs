@@ -4,7 +4,7 @@
 //! `SUBSCRIBE` and `PING`, and reads their answers and the messages of
 //! its one channel. Frames are read in place from the connection's
 //! buffer: a message hands out slices of it, so a grant costs no copy and
-//! no allocation. The script socket (`script_socket.rs`) sends `EVALSHA`
+//! no allocation. The script socket (`script_socket/`) sends `EVALSHA`
 //! and reads a script's whole reply ([`reply`]).
 
 use std::io::Write;

@@ -484,7 +484,7 @@ impl ClientState {
     }
 
     /// Runs a lock script call on the waiters' lane, on its script socket
-    /// if that owes no reply (`redis/script_socket.rs`); `unanswered` says while
+    /// if that owes no reply (`redis/script_socket/`); `unanswered` says while
     /// the call's reply there is unread (see [`Via::Socket`]).
     pub(crate) async fn run_direct<C: ScriptCall>(
         &self,

@@ -284,7 +284,7 @@ impl RedisConnection {
     }
 
     /// The call on the lane's script socket, if `via` asks for it and the
-    /// socket takes it (`script_socket.rs`): its answer, or `None` for the
+    /// socket takes it (`script_socket/`): its answer, or `None` for the
     /// call to go through fred (not sent there; or sent, and the socket
     /// failed before the reply, which a resend through fred answers; or
     /// Redis lacks the script, which fred's path loads).

@@ -7,7 +7,7 @@
 //! two command lanes and one subscriber that carries the process's single
 //! pub/sub channel; on a single server two more, the lanes' script
 //! sockets, on which the hot path's calls (a lock's acquire and release)
-//! are written and read by the calling tasks (`script_socket.rs`). On a single server, on a Sentinel-managed primary and
+//! are written and read by the calling tasks (`script_socket/`). On a single server, on a Sentinel-managed primary and
 //! on a cluster's nodes, over plain TCP or TLS, that subscriber is not fred's but fairlock's own
 //! grant connection (`grant_connection.rs`, one per node in
 //! `sharded_grants.rs`), read by the task that wakes the waiters; this
@@ -31,8 +31,9 @@
 //! (scripts, with their `NOSCRIPT` reload, resend and timeout);
 //! `grant_endpoint.rs` says where fairlock's own grant connections go;
 //! `fred_pubsub.rs` is fred's subscriber where it still carries grants;
-//! `script_socket.rs` is the socket of fairlock's own that a calling task
-//! writes a hot-path script call to and reads its reply from;
+//! `script_socket/` is the socket of fairlock's own that a calling task
+//! writes a hot-path script call to and reads its reply from (its
+//! `pipe.rs` keeps the calls in flight);
 //! `keeper.rs` restarts a fred connection task that ended; `errors.rs`
 //! turns fred's errors into fairlock's; `reconnect_count.rs` tells a
 //! `WAIT` answered on the write's connection from one answered after a
@@ -94,7 +95,7 @@ impl Lane {
 }
 
 /// How a script call travels: through the lane's fred connection, or on
-/// the lane's script socket (`script_socket.rs`) where there is one.
+/// the lane's script socket (`script_socket/`) where there is one.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Via<'a> {
     /// fred's connection of the lane, behind every call sent on it before.
@@ -150,7 +151,7 @@ pub(crate) struct RedisConnection {
     /// (`reconnect_count.rs`).
     reconnects: Option<ReconnectCount>,
     /// fairlock's own sockets for the hot path's script calls, one per
-    /// lane, `[waiters, holders]` (`script_socket.rs`); `None` where every
+    /// lane, `[waiters, holders]` (`script_socket/`); `None` where every
     /// call goes through fred.
     sockets: Option<Sockets>,
 }
@@ -183,7 +184,7 @@ impl RedisConnection {
             PubSub::Fred => None,
         };
         let (username, password) = (fred_config.username.clone(), fred_config.password.clone());
-        // Only on a single server (see `script_socket.rs`), where grants
+        // Only on a single server (see `script_socket/`), where grants
         // come on fairlock's own connection too.
         let sockets = (config.direct_calls
             && config.replica_acks.is_none()

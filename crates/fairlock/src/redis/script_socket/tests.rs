@@ -1,0 +1,478 @@
+//! The script socket against a real redis-server: pipelined calls each
+//! get their own reply, owed replies, callers dropped in a burst, a socket
+//! closed by Redis, the URL's database, a refused connection.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use fairlock_core::Reply;
+use fairlock_testkit::RedisServer;
+
+use super::super::grant_endpoint::{GrantEndpoint, GrantPlace};
+use super::{EvalSha, Order, Outcome, ScriptSocket, SocketTarget};
+
+/// A script that answers its argument.
+const ECHO: &str = "return ARGV[1]";
+
+fn endpoint(server: &RedisServer) -> GrantEndpoint {
+    let (_, never) = tokio::sync::broadcast::channel(1);
+    GrantEndpoint::new(GrantPlace::Fixed(server.addr()), || never, None, None, None)
+}
+
+/// The server's single-server target, no database selected.
+fn target(endpoint: &GrantEndpoint) -> SocketTarget<'_> {
+    SocketTarget {
+        endpoint,
+        database: None,
+        connect_timeout: Duration::from_secs(5),
+    }
+}
+
+/// Loads `script` into the server; its SHA1.
+fn load(server: &RedisServer, script: &str) -> String {
+    match server.cmd_ok(&["SCRIPT", "LOAD", script]).expect("load") {
+        fairlock_testkit::Resp::Bulk(Some(sha)) => String::from_utf8(sha).expect("sha"),
+        other => panic!("SCRIPT LOAD answered {other:?}"),
+    }
+}
+
+fn eval<'a>(sha: &'a str, args: &'a [Vec<u8>]) -> EvalSha<'a> {
+    EvalSha {
+        sha,
+        keys: &[],
+        args,
+    }
+}
+
+fn soon() -> Instant {
+    Instant::now() + Duration::from_secs(10)
+}
+
+/// The script's SHA1, an endpoint and a socket for `server`, kept for
+/// the whole test so that spawned calls may borrow them.
+fn leaked(server: &RedisServer) -> (&'static str, &'static GrantEndpoint, &'static ScriptSocket) {
+    (
+        Box::leak(load(server, ECHO).into_boxed_str()),
+        Box::leak(Box::new(endpoint(server))),
+        Box::leak(Box::new(ScriptSocket::new())),
+    )
+}
+
+/// A call on `socket` that may go anywhere, asking for `args[0]`.
+async fn ask(
+    socket: &ScriptSocket,
+    endpoint: &GrantEndpoint,
+    sha: &str,
+    args: &[Vec<u8>],
+) -> Outcome {
+    let call = eval(sha, args);
+    socket
+        .call(&target(endpoint), &call, Order::IfClear, soon(), None)
+        .await
+}
+
+/// [`leaked`], the socket connected by a first call (calls that find
+/// it connecting go through fred).
+async fn connected(
+    server: &RedisServer,
+) -> (&'static str, &'static GrantEndpoint, &'static ScriptSocket) {
+    let (sha, endpoint, socket) = leaked(server);
+    let one = vec![b"one".to_vec()];
+    let outcome = ask(socket, endpoint, sha, &one).await;
+    assert_eq!(answered(outcome), "one", "connected by a first call");
+    (sha, endpoint, socket)
+}
+
+/// `n` calls on `socket`, each in a task of its own, call `i` asking
+/// for the answer `call-i`.
+fn spawn_calls(
+    socket: &'static ScriptSocket,
+    endpoint: &'static GrantEndpoint,
+    sha: &'static str,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<Outcome>> {
+    (0..n)
+        .map(|i| {
+            tokio::spawn(async move {
+                let args = vec![format!("call-{i}").into_bytes()];
+                ask(socket, endpoint, sha, &args).await
+            })
+        })
+        .collect()
+}
+
+fn answered(outcome: Outcome) -> String {
+    match outcome {
+        Outcome::Answered(Ok(Reply::Str(text))) => text,
+        other => panic!("expected an answer, got {other:?}"),
+    }
+}
+
+/// A call whose reply it stopped waiting for leaves that reply owed:
+/// a call that must come after it is written behind it on the socket
+/// and gets its own reply, not the owed one; a call that may go
+/// anywhere is not sent while a reply is owed, and once it arrived
+/// the socket is used again. The caller's flag says when its reply was
+/// left unread. Redis is held up by `CLIENT PAUSE` (a script that
+/// spins on `TIME` would not do: Valkey 8.1 freezes the time a
+/// script sees).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unread_reply_is_owed_and_a_later_call_gets_its_own() {
+    let server = RedisServer::start().expect("redis-server");
+    let sha = load(&server, ECHO);
+    let endpoint = endpoint(&server);
+    let target = target(&endpoint);
+    let socket = ScriptSocket::new();
+    let arg = |answer: &str| vec![answer.as_bytes().to_vec()];
+    let soon = || Instant::now() + Duration::from_secs(5);
+    let pause = |ms: &str| {
+        server
+            .cmd_ok(&["CLIENT", "PAUSE", ms, "ALL"])
+            .expect("pause");
+    };
+
+    let first = arg("first");
+    let flag = AtomicBool::new(false);
+    let outcome = socket
+        .call(
+            &target,
+            &eval(&sha, &first),
+            Order::IfClear,
+            soon(),
+            Some(&flag),
+        )
+        .await;
+    assert_eq!(answered(outcome), "first");
+    assert!(
+        !flag.load(Ordering::SeqCst),
+        "an answered call is not unanswered"
+    );
+
+    // Its deadline passes while Redis holds it: the reply is owed.
+    pause("1000");
+    let slow = arg("slow");
+    let deadline = Instant::now() + Duration::from_millis(50);
+    let outcome = socket
+        .call(
+            &target,
+            &eval(&sha, &slow),
+            Order::IfClear,
+            deadline,
+            Some(&flag),
+        )
+        .await;
+    assert!(matches!(outcome, Outcome::TimedOut), "{outcome:?}");
+    assert!(flag.load(Ordering::SeqCst), "its reply was left unread");
+
+    // Redis still holds it: a call that may go anywhere is not sent.
+    let other = arg("other");
+    let outcome = socket
+        .call(&target, &eval(&sha, &other), Order::IfClear, soon(), None)
+        .await;
+    assert!(matches!(outcome, Outcome::NotSent), "{outcome:?}");
+
+    // One that must follow it goes behind it, and gets its own reply.
+    let after = arg("after");
+    let outcome = socket
+        .call(
+            &target,
+            &eval(&sha, &after),
+            Order::AfterSocket,
+            soon(),
+            None,
+        )
+        .await;
+    assert_eq!(answered(outcome), "after");
+
+    // A call dropped while it waits leaves its reply owed too.
+    pause("300");
+    let dropped = arg("dropped");
+    let flag = AtomicBool::new(false);
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(50),
+        socket.call(
+            &target,
+            &eval(&sha, &dropped),
+            Order::IfClear,
+            soon(),
+            Some(&flag),
+        ),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the held call was still waiting");
+    assert!(flag.load(Ordering::SeqCst), "its reply was left unread");
+    // Once the owed reply has arrived (seen by a later call's look at
+    // the socket, not waited for), the socket takes calls again; a call
+    // never gets the owed reply for its own.
+    let last = arg("last");
+    let give_up = Instant::now() + Duration::from_secs(10);
+    loop {
+        let outcome = socket
+            .call(&target, &eval(&sha, &last), Order::IfClear, soon(), None)
+            .await;
+        match outcome {
+            Outcome::NotSent if Instant::now() < give_up => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            outcome => {
+                assert_eq!(answered(outcome), "last");
+                break;
+            }
+        }
+    }
+}
+
+/// Calls made at once share the socket: written one behind another
+/// and each answered with its own reply, many in flight at a time,
+/// none sent through fred. Redis is held by `CLIENT PAUSE` so that
+/// every call is written before the first is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_made_at_once_are_pipelined_and_each_gets_its_own_reply() {
+    let server = RedisServer::start().expect("redis-server");
+    let (sha, endpoint, socket) = connected(&server).await;
+    server
+        .cmd_ok(&["CLIENT", "PAUSE", "300", "ALL"])
+        .expect("pause");
+    let tasks = spawn_calls(socket, endpoint, sha, 400);
+    for (i, task) in tasks.into_iter().enumerate() {
+        let outcome = task.await.expect("task");
+        assert_eq!(answered(outcome), format!("call-{i}"));
+    }
+    let most = socket.most_in_flight();
+    assert!(most > 100, "at most {most} calls were in flight at once");
+    assert!(socket.is_connected());
+}
+
+/// Callers that stop waiting in the middle of a burst, among them the
+/// first, which reads for the others, leave their replies owed:
+/// every other caller still gets its own reply, and once the owed
+/// replies are read the socket takes calls that may go anywhere again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_dropped_in_a_burst_leave_the_others_their_own_replies() {
+    let server = RedisServer::start().expect("redis-server");
+    let (sha, endpoint, socket) = connected(&server).await;
+    server
+        .cmd_ok(&["CLIENT", "PAUSE", "400", "ALL"])
+        .expect("pause");
+    let tasks = spawn_calls(socket, endpoint, sha, 300);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(socket.most_in_flight() > 100, "the burst is in flight");
+    for task in tasks.iter().step_by(3) {
+        task.abort();
+    }
+    for (i, task) in tasks.into_iter().enumerate() {
+        match task.await {
+            Ok(outcome) => {
+                assert!(i % 3 != 0, "call {i} was aborted, and answered {outcome:?}");
+                assert_eq!(answered(outcome), format!("call-{i}"));
+            }
+            Err(error) => assert!(error.is_cancelled() && i % 3 == 0, "call {i}: {error}"),
+        }
+    }
+    let last = vec![b"last".to_vec()];
+    let outcome = ask(socket, endpoint, sha, &last).await;
+    assert_eq!(answered(outcome), "last", "no reply is owed any more");
+}
+
+/// A socket Redis closes in the middle of a burst: every call is either
+/// answered with its own reply or lost (sent again through fred by its
+/// caller), never another's reply, and the next call connects afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_closed_in_a_burst_loses_calls_but_never_mixes_replies() {
+    let server = RedisServer::start().expect("redis-server");
+    let (sha, endpoint, socket) = connected(&server).await;
+    let tasks = spawn_calls(socket, endpoint, sha, 2_000);
+    server
+        .cmd_ok(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .expect("kill");
+    let mut lost = 0;
+    for (i, task) in tasks.into_iter().enumerate() {
+        match task.await.expect("task") {
+            Outcome::Lost | Outcome::NotSent => lost += 1,
+            outcome => assert_eq!(answered(outcome), format!("call-{i}")),
+        }
+    }
+    eprintln!("{lost} of 2000 calls lost or not sent");
+    let last = vec![b"last".to_vec()];
+    let give_up = Instant::now() + Duration::from_secs(10);
+    loop {
+        let outcome = ask(socket, endpoint, sha, &last).await;
+        match outcome {
+            // Lost: the first call after the kill finds the socket
+            // closed; NotSent: the reconnect pause after a failed one.
+            Outcome::Lost | Outcome::NotSent if Instant::now() < give_up => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            outcome => {
+                assert_eq!(answered(outcome), "last");
+                break;
+            }
+        }
+    }
+}
+
+/// A socket that Redis closed runs nothing more: a call that finds it
+/// so is lost (sent again through fred by the caller), and the next one
+/// connects afresh. After `close`, nothing is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_redis_closed_is_opened_again() {
+    let server = RedisServer::start().expect("redis-server");
+    let endpoint = endpoint(&server);
+    let target = target(&endpoint);
+    let sha = load(&server, ECHO);
+    let args = vec![b"hi".to_vec()];
+    let call = EvalSha {
+        sha: &sha,
+        keys: &[],
+        args: &args,
+    };
+    let soon = || Instant::now() + Duration::from_secs(5);
+    let socket = ScriptSocket::new();
+    let outcome = socket.call(&target, &call, Order::IfClear, soon(), None);
+    assert_eq!(answered(outcome.await), "hi");
+    assert!(socket.is_connected());
+    server
+        .cmd_ok(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .expect("kill");
+    let outcome = socket
+        .call(&target, &call, Order::IfClear, soon(), None)
+        .await;
+    assert!(matches!(outcome, Outcome::Lost), "{outcome:?}");
+    assert!(!socket.is_connected());
+    let outcome = socket.call(&target, &call, Order::IfClear, soon(), None);
+    assert_eq!(answered(outcome.await), "hi");
+    socket.close(Duration::from_secs(1)).await;
+    let outcome = socket
+        .call(&target, &call, Order::IfClear, soon(), None)
+        .await;
+    assert!(matches!(outcome, Outcome::NotSent), "{outcome:?}");
+}
+
+/// A lock's acquire and release go on the lanes' sockets (the
+/// waiters' and the holders'), in the URL's database; switched off,
+/// neither socket is opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_cycle_goes_on_the_sockets_in_the_urls_database() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = format!("{}/3", server.url().trim_end_matches('/'));
+    let client = crate::LockClient::connect(&url).await.expect("client");
+    let state = client.state().clone();
+    assert_eq!(state.redis.sockets_connected(), [false, false]);
+    // The first cycle finds the scripts missing: fred's path loads them.
+    let guard = client.lock("direct").await.expect("lock");
+    assert_eq!(state.redis.sockets_connected(), [true, false]);
+    guard.release().await.expect("release");
+    assert_eq!(state.redis.sockets_connected(), [true, true]);
+    // Written by the socket's acquire, read through fred: one database,
+    // not the server's first.
+    server.cmd_ok(&["FLUSHALL"]).expect("flush");
+    let guard = client.lock("direct").await.expect("lock");
+    let seen = client.inspect("direct").await.expect("inspect");
+    assert!(seen.owner.is_some(), "the lock is held in database 3");
+    assert_eq!(
+        server.cmd_ok(&["DBSIZE"]).expect("dbsize"),
+        fairlock_testkit::Resp::Int(0),
+        "nothing written to database 0"
+    );
+    guard.release().await.expect("release");
+    assert!(client
+        .inspect("direct")
+        .await
+        .expect("inspect")
+        .owner
+        .is_none());
+    client.shutdown().await;
+    assert_eq!(state.redis.sockets_connected(), [false, false]);
+
+    let config = crate::ClientConfig::builder(server.url())
+        .direct_calls(false)
+        .build()
+        .expect("config");
+    let client = crate::LockClient::with_config(config)
+        .await
+        .expect("client");
+    let state = client.state().clone();
+    client
+        .lock("direct")
+        .await
+        .expect("lock")
+        .release()
+        .await
+        .expect("release");
+    assert_eq!(state.redis.sockets_connected(), [false, false]);
+    client.shutdown().await;
+}
+
+/// A server that refuses the connection (at its `maxclients`, it writes
+/// an error and closes) fails the connect, and the call goes through
+/// fred; the call itself is never answered with that error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_sends_the_call_through_fred() {
+    let server = RedisServer::start().expect("redis-server");
+    let endpoint = endpoint(&server);
+    let target = target(&endpoint);
+    let _only_client = std::net::TcpStream::connect(server.addr()).expect("connect");
+    server
+        .cmd_ok(&["CONFIG", "SET", "maxclients", "1"])
+        .expect("maxclients");
+    let args = vec![b"hi".to_vec()];
+    let call = eval("0000000000000000000000000000000000000000", &args);
+    let socket = ScriptSocket::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let outcome = socket
+        .call(&target, &call, Order::IfClear, deadline, None)
+        .await;
+    assert!(matches!(outcome, Outcome::NotSent), "{outcome:?}");
+    assert!(!socket.is_connected());
+}
+
+/// An acquire dropped while its reply on the waiters' socket is unread
+/// (Redis held by `CLIENT PAUSE`) is cancelled behind it on that
+/// socket, not through fred, where the cancel could run first; the
+/// queue ends empty and the lock goes on to nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_acquires_cancel_goes_behind_it_on_the_socket() {
+    let server = RedisServer::start().expect("redis-server");
+    let client = crate::LockClient::connect(&server.url())
+        .await
+        .expect("client");
+    let state = client.state().clone();
+    // Scripts loaded, sockets open.
+    client
+        .lock("q")
+        .await
+        .expect("lock")
+        .release()
+        .await
+        .expect("release");
+    let holder = client.lock("q").await.expect("holder");
+    server
+        .cmd_ok(&["CLIENT", "PAUSE", "500", "ALL"])
+        .expect("pause");
+    let waited = tokio::time::timeout(Duration::from_millis(100), client.lock("q")).await;
+    assert!(waited.is_err(), "the acquire was held by the pause");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while state.redis.written_after_socket() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no cancel written behind the acquire"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen = client.inspect("q").await.expect("inspect");
+        if seen.queue_len == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dropped acquire left {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    holder.release().await.expect("release");
+    assert!(client.inspect("q").await.expect("inspect").owner.is_none());
+    assert_eq!(state.redis.written_after_socket(), 1);
+    client.shutdown().await;
+}
