@@ -101,6 +101,28 @@ pub enum AcquireReply {
     },
 }
 
+impl AcquireReply {
+    /// Reads the reply of `acquire.lua` or `permit_acquire.lua`, which
+    /// answer alike.
+    pub(crate) fn read(mut f: Fields) -> Result<Self, ProtocolError> {
+        match f.int()? {
+            1 => Ok(Self::Granted {
+                token: f.uint()?,
+                purged: Purged::read_if_sent(&mut f),
+            }),
+            2 => Ok(Self::Queued {
+                ticket: f.uint()?,
+                position: f.uint()?,
+                purged: Purged::read(&mut f)?,
+            }),
+            3 => Ok(Self::Busy {
+                purged: Purged::read(&mut f)?,
+            }),
+            other => Err(f.unknown_status(other)),
+        }
+    }
+}
+
 /// The ARGV of `acquire.lua` and `permit_acquire.lua`, which take the same.
 pub(crate) fn acquire_args(
     owner_id: &str,
@@ -142,22 +164,7 @@ impl ScriptCall for Acquire<'_> {
     }
 
     fn decode(reply: Reply) -> Result<AcquireReply, ProtocolError> {
-        let mut f = Fields::new(ACQUIRE.name(), reply)?;
-        match f.int()? {
-            1 => Ok(AcquireReply::Granted {
-                token: f.uint()?,
-                purged: Purged::read_if_sent(&mut f),
-            }),
-            2 => Ok(AcquireReply::Queued {
-                ticket: f.uint()?,
-                position: f.uint()?,
-                purged: Purged::read(&mut f)?,
-            }),
-            3 => Ok(AcquireReply::Busy {
-                purged: Purged::read(&mut f)?,
-            }),
-            other => Err(f.unknown_status(other)),
-        }
+        AcquireReply::read(Fields::new(ACQUIRE.name(), reply)?)
     }
 }
 
@@ -220,6 +227,29 @@ pub struct Handoff {
     pub unheard: bool,
 }
 
+impl Handoff {
+    /// Reads one grant of a release's reply: owner id, token, unheard.
+    pub(crate) fn read(f: &mut Fields) -> Result<Self, ProtocolError> {
+        Ok(Self {
+            owner_id: f.string()?,
+            token: f.uint()?,
+            unheard: f.int()? == 1,
+        })
+    }
+}
+
+/// The ARGV a script that may hand a lock or permits on starts with (a
+/// release or a cancel, of a lock or a permit): the caller, the idle TTL,
+/// the channel prefix and the waiter TTL.
+pub(crate) fn handoff_args(owner_id: &str, timings: &Timings, channel_prefix: &str) -> Vec<String> {
+    vec![
+        owner_id.to_owned(),
+        timings.idle_ms().to_string(),
+        channel_prefix.to_owned(),
+        timings.waiter_ttl_ms().to_string(),
+    ]
+}
+
 /// What [`Release`] answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReleaseReply {
@@ -241,13 +271,9 @@ impl ScriptCall for Release<'_> {
     type Output = ReleaseReply;
 
     fn args(&self) -> Vec<String> {
-        vec![
-            self.owner_id.to_owned(),
-            self.timings.idle_ms().to_string(),
-            self.channel_prefix.to_owned(),
-            self.timings.waiter_ttl_ms().to_string(),
-            self.reply_to.to_owned(),
-        ]
+        let mut args = handoff_args(self.owner_id, self.timings, self.channel_prefix);
+        args.push(self.reply_to.to_owned());
+        args
     }
 
     fn decode(reply: Reply) -> Result<ReleaseReply, ProtocolError> {
@@ -255,15 +281,9 @@ impl ScriptCall for Release<'_> {
         match f.int()? {
             1 => {
                 let purged = Purged::read(&mut f)?;
-                let owner_id = f.string()?;
-                let token = f.uint()?;
-                let unheard = f.int()? == 1;
+                let handoff = Handoff::read(&mut f)?;
                 Ok(ReleaseReply::Released {
-                    handed_to: (!owner_id.is_empty()).then_some(Handoff {
-                        owner_id,
-                        token,
-                        unheard,
-                    }),
+                    handed_to: (!handoff.owner_id.is_empty()).then_some(handoff),
                     purged,
                 })
             }
@@ -304,6 +324,23 @@ pub enum RenewStatus {
     WrongType,
 }
 
+impl RenewStatus {
+    /// Reads the reply of `renew.lua` or `permit_renew.lua`: one status
+    /// per item, in the order sent.
+    pub(crate) fn read_all(mut f: Fields) -> Result<Vec<Self>, ProtocolError> {
+        let mut statuses = Vec::with_capacity(f.remaining());
+        while f.remaining() > 0 {
+            statuses.push(match f.int()? {
+                1 => Self::Held,
+                0 => Self::Lost,
+                -1 => Self::WrongType,
+                other => return Err(f.unknown_status(other)),
+            });
+        }
+        Ok(statuses)
+    }
+}
+
 impl RenewBatch<'_> {
     /// The script it runs.
     pub fn script() -> &'static Script {
@@ -325,17 +362,7 @@ impl RenewBatch<'_> {
 
     /// Reads the reply: one status per item.
     pub fn decode(reply: Reply) -> Result<Vec<RenewStatus>, ProtocolError> {
-        let mut f = Fields::new(RENEW.name(), reply)?;
-        let mut statuses = Vec::with_capacity(f.remaining());
-        while f.remaining() > 0 {
-            statuses.push(match f.int()? {
-                1 => RenewStatus::Held,
-                0 => RenewStatus::Lost,
-                -1 => RenewStatus::WrongType,
-                other => return Err(f.unknown_status(other)),
-            });
-        }
-        Ok(statuses)
+        RenewStatus::read_all(Fields::new(RENEW.name(), reply)?)
     }
 }
 
@@ -561,26 +588,28 @@ pub struct CancelReply {
     pub purged: Purged,
 }
 
+impl CancelReply {
+    /// Reads the reply of `cancel.lua` or `permit_cancel.lua`, which
+    /// answer alike.
+    pub(crate) fn read(mut f: Fields) -> Result<Self, ProtocolError> {
+        Ok(Self {
+            was_queued: f.int()? == 1,
+            was_owner: f.int()? == 1,
+            purged: Purged::read(&mut f)?,
+        })
+    }
+}
+
 impl ScriptCall for Cancel<'_> {
     const SCRIPT: &'static Script = &CANCEL;
     type Output = CancelReply;
 
     fn args(&self) -> Vec<String> {
-        vec![
-            self.owner_id.to_owned(),
-            self.timings.idle_ms().to_string(),
-            self.channel_prefix.to_owned(),
-            self.timings.waiter_ttl_ms().to_string(),
-        ]
+        handoff_args(self.owner_id, self.timings, self.channel_prefix)
     }
 
     fn decode(reply: Reply) -> Result<CancelReply, ProtocolError> {
-        let mut f = Fields::new(CANCEL.name(), reply)?;
-        Ok(CancelReply {
-            was_queued: f.int()? == 1,
-            was_owner: f.int()? == 1,
-            purged: Purged::read(&mut f)?,
-        })
+        CancelReply::read(Fields::new(CANCEL.name(), reply)?)
     }
 }
 

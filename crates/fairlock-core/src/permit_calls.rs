@@ -7,7 +7,7 @@
 //! through [`PermitRenewBatch`].
 
 use crate::calls::{
-    AcquireMode, AcquireReply, CancelReply, Handoff, ProbeFlags, Purged, RenewStatus,
+    handoff_args, AcquireMode, AcquireReply, CancelReply, Handoff, ProbeFlags, Purged, RenewStatus,
 };
 use crate::keys::LockKeys;
 use crate::reply::{Fields, ProtocolError, Reply};
@@ -133,22 +133,7 @@ impl crate::ScriptCall for PermitAcquire<'_> {
     }
 
     fn decode(reply: Reply) -> Result<AcquireReply, ProtocolError> {
-        let mut f = Fields::new(PERMIT_ACQUIRE.name(), reply)?;
-        match f.int()? {
-            1 => Ok(AcquireReply::Granted {
-                token: f.uint()?,
-                purged: Purged::read_if_sent(&mut f),
-            }),
-            2 => Ok(AcquireReply::Queued {
-                ticket: f.uint()?,
-                position: f.uint()?,
-                purged: Purged::read(&mut f)?,
-            }),
-            3 => Ok(AcquireReply::Busy {
-                purged: Purged::read(&mut f)?,
-            }),
-            other => Err(f.unknown_status(other)),
-        }
+        AcquireReply::read(Fields::new(PERMIT_ACQUIRE.name(), reply)?)
     }
 }
 
@@ -192,13 +177,9 @@ impl crate::ScriptCall for PermitRelease<'_> {
     type Output = PermitReleaseReply;
 
     fn args(&self) -> Vec<String> {
-        vec![
-            self.owner_id.to_owned(),
-            self.timings.idle_ms().to_string(),
-            self.channel_prefix.to_owned(),
-            self.timings.waiter_ttl_ms().to_string(),
-            self.remember_ms.to_string(),
-        ]
+        let mut args = handoff_args(self.owner_id, self.timings, self.channel_prefix);
+        args.push(self.remember_ms.to_string());
+        args
     }
 
     fn decode(reply: Reply) -> Result<PermitReleaseReply, ProtocolError> {
@@ -208,14 +189,7 @@ impl crate::ScriptCall for PermitRelease<'_> {
                 let purged = Purged::read(&mut f)?;
                 let mut granted = Vec::with_capacity(f.remaining() / 3);
                 while f.remaining() >= 3 {
-                    let owner_id = f.string()?;
-                    let token = f.uint()?;
-                    let unheard = f.int()? == 1;
-                    granted.push(Handoff {
-                        owner_id,
-                        token,
-                        unheard,
-                    });
+                    granted.push(Handoff::read(&mut f)?);
                 }
                 Ok(PermitReleaseReply::Released { granted, purged })
             }
@@ -241,21 +215,11 @@ impl crate::ScriptCall for PermitCancel<'_> {
     type Output = CancelReply;
 
     fn args(&self) -> Vec<String> {
-        vec![
-            self.owner_id.to_owned(),
-            self.timings.idle_ms().to_string(),
-            self.channel_prefix.to_owned(),
-            self.timings.waiter_ttl_ms().to_string(),
-        ]
+        handoff_args(self.owner_id, self.timings, self.channel_prefix)
     }
 
     fn decode(reply: Reply) -> Result<CancelReply, ProtocolError> {
-        let mut f = Fields::new(PERMIT_CANCEL.name(), reply)?;
-        Ok(CancelReply {
-            was_queued: f.int()? == 1,
-            was_owner: f.int()? == 1,
-            purged: Purged::read(&mut f)?,
-        })
+        CancelReply::read(Fields::new(PERMIT_CANCEL.name(), reply)?)
     }
 }
 
@@ -366,17 +330,7 @@ impl PermitRenewBatch<'_> {
 
     /// Reads the reply: one status per permit.
     pub fn decode(reply: Reply) -> Result<Vec<RenewStatus>, ProtocolError> {
-        let mut f = Fields::new(PERMIT_RENEW.name(), reply)?;
-        let mut statuses = Vec::with_capacity(f.remaining());
-        while f.remaining() > 0 {
-            statuses.push(match f.int()? {
-                1 => RenewStatus::Held,
-                0 => RenewStatus::Lost,
-                -1 => RenewStatus::WrongType,
-                other => return Err(f.unknown_status(other)),
-            });
-        }
-        Ok(statuses)
+        RenewStatus::read_all(Fields::new(PERMIT_RENEW.name(), reply)?)
     }
 }
 
