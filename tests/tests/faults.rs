@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fairlock::{LockClient, LockOptions};
-use fairlock_core::{Acquire, AcquireMode, AcquireReply, Timings};
+use fairlock_core::{Acquire, AcquireMode, AcquireReply, KeyPrefix, LockKeys, LockName, Timings};
 use fairlock_tests::*;
 
 const CHILD_URL: &str = "FAIRLOCK_TEST_CHILD_URL";
@@ -400,40 +400,87 @@ async fn a_draining_queue_costs_no_rechecks() {
 /// A primary demoted to a replica without its connections closing (a
 /// coordinated `FAILOVER`, an operator's `REPLICAOF`, a DNS name or
 /// virtual IP moved to the new primary) answers every write `READONLY` on
-/// the old connections, and the client does not reconnect on that answer
-/// (a stated limit: fred's reconnect-on-error mode answered one call with
-/// another's error when tried). What it owes its caller is a typed error
-/// at once, never a hang: lock and try_lock get `ReadOnly`.
+/// the old connections. A client takes that answer as a sign that the
+/// URL's server has moved: it connects again (once, whichever call saw it
+/// first), which reaches the new primary, and sends the call again there;
+/// its grant connection follows at its next keep-alive check. Lock, try,
+/// release and a grant to another client's waiter all work on the new
+/// primary, and that grant is heard there (the waiter keeps the lease it
+/// asked for, not the waiter TTL the new primary gives a grant nobody
+/// hears). Before, every lock call answered `ReadOnly` until the client
+/// was restarted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_primary_demoted_without_closing_connections_answers_read_only() {
+async fn a_primary_demoted_without_closing_connections_is_left_for_the_new_one() {
     let old = server();
     let new = server();
     let proxy = switch_proxy::SwitchProxy::start(old.port()).await;
     let mut config = fast_config(&old);
     config.url = proxy.url();
-    let client = LockClient::with_config(config).await.expect("connect");
-    client
-        .lock("moved")
+    let holder_client = LockClient::with_config(config.clone())
         .await
-        .expect("lock on the primary")
-        .release()
-        .await
-        .expect("release");
+        .expect("connect");
+    let waiter_client = LockClient::with_config(config).await.expect("connect");
+    // Every connection of both clients is open on the old primary.
+    for client in [&holder_client, &waiter_client] {
+        let before = client.lock("moved").await.expect("lock on the primary");
+        before.release().await.expect("release");
+    }
 
     proxy.switch_to(new.port());
     old.cmd(&["REPLICAOF", "127.0.0.1", &new.port().to_string()])
         .expect("REPLICAOF");
-    let refused = within("a lock after the demotion", client.lock("moved")).await;
-    assert!(
-        matches!(refused, Err(fairlock::Error::ReadOnly(_))),
-        "{refused:?}"
+    let guard = within("a lock after the demotion", holder_client.lock("moved"))
+        .await
+        .expect("a lock after the demotion is taken on the new primary");
+    let keys = LockKeys::new(
+        &KeyPrefix::default(),
+        &LockName::new("moved").expect("name"),
     );
-    let refused = within("a try after the demotion", client.try_lock("moved")).await;
-    assert!(
-        matches!(refused, Err(fairlock::Error::ReadOnly(_))),
-        "{refused:?}"
+    assert_eq!(
+        new.cmd(&["EXISTS", keys.owner()]).expect("EXISTS").as_int(),
+        Some(1),
+        "the lock is held on the new primary"
     );
-    client.shutdown().await;
+    let lease = Duration::from_secs(30);
+    let waiter = {
+        let client = waiter_client.clone();
+        tokio::spawn(async move {
+            client
+                .lock_with("moved", LockOptions::new().lease(lease))
+                .await
+        })
+    };
+    wait_for_queue_len(&holder_client, "moved", 1).await;
+    // Both clients' grant connections have moved to the new primary.
+    within("the grant connections to move", async {
+        loop {
+            let channels = new.cmd(&["PUBSUB", "CHANNELS"]).expect("PUBSUB CHANNELS");
+            if channels.as_array().is_some_and(|c| c.len() == 2) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    within("release", guard.release())
+        .await
+        .expect("release on the new primary");
+    let next = within("the waiter's grant", waiter)
+        .await
+        .expect("task")
+        .expect("the waiter is granted on the new primary");
+    let pttl = new.cmd(&["PTTL", keys.owner()]).expect("PTTL").as_int();
+    assert!(
+        pttl.is_some_and(|ms| ms > 5_000),
+        "the grant was heard: the waiter's own lease, not the waiter TTL ({pttl:?} ms left)"
+    );
+    next.release().await.expect("release");
+    let tried = within("a try", holder_client.try_lock("moved"))
+        .await
+        .expect("a try on the new primary");
+    assert!(tried.is_some(), "the lock is free on the new primary");
+    holder_client.shutdown().await;
+    waiter_client.shutdown().await;
 }
 
 /// A grant connection opened again on a replica (behind Sentinel: the old

@@ -157,6 +157,9 @@ pub(crate) struct GrantConnection {
     stream: GrantStream,
     /// What has been read and not parsed yet.
     buf: Vec<u8>,
+    /// The endpoint's [`GrantEndpoint::moves`] when it was opened: a
+    /// single server's URL that has moved since is opened again.
+    moves: u64,
 }
 
 impl GrantConnection {
@@ -216,6 +219,7 @@ impl GrantConnection {
             address,
             stream,
             buf: Vec::with_capacity(BUFFER),
+            moves: endpoint.moves(),
         };
         let channel = subscribe.as_ref().map(|s| s.channel);
         // HELLO (which says the server's role, and authenticates) or AUTH,
@@ -333,7 +337,8 @@ impl GrantConnection {
     /// asked for (`Ok`). Once per `keepalive`: a PING if Redis sent nothing
     /// since the last check, the connection is lost if a PING has gone
     /// unanswered for `timeout`, and it is given up if the endpoint names
-    /// another server now (behind Sentinel, after a fail-over).
+    /// another server now (behind Sentinel, after a fail-over) or its URL
+    /// has moved (a single server that answered `READONLY`).
     async fn serve(
         &mut self,
         state: &Arc<ClientState>,
@@ -356,8 +361,10 @@ impl GrantConnection {
                 () = shutdown.requested() => return Ok(()),
                 read = self.read() => read?,
                 now = ticks.tick() => {
-                    let endpoint = state.redis.grant_endpoint().and_then(GrantEndpoint::address);
-                    if let Some(to) = endpoint.filter(|to| *to != self.address) {
+                    let endpoint = state.redis.grant_endpoint();
+                    let address = endpoint.and_then(GrantEndpoint::address);
+                    let moved = endpoint.is_some_and(|e| e.moves() != self.moves);
+                    if let Some(to) = address.filter(|to| moved || *to != self.address) {
                         return Err(ConnectionError::Moved { from: self.address.clone(), to });
                     }
                     match pinged {

@@ -245,15 +245,22 @@ impl RedisConnection {
         // behind slow replies took three times it.
         let in_redis = Instant::now();
         let deadline = in_redis + self.command_timeout + SLACK;
+        // Sent again at most once after a `READONLY` answer, on the
+        // connections opened again (`moved_primary.rs`).
+        let mut followed = false;
         if let Some(answer) = self
             .on_socket(lane, via, script, keys, &args)
             .instrument(span.clone())
             .await
         {
-            if let Err(error) = &answer {
-                span.in_scope(|| telemetry::span_failed(error));
+            followed = matches!(answer, Err(Error::ReadOnly(_)))
+                && self.follow_moved_primary(Instant::now()).await;
+            if !followed {
+                if let Err(error) = &answer {
+                    span.in_scope(|| telemetry::span_failed(error));
+                }
+                return answer;
             }
-            return answer;
         }
         let keys: Vec<Key> = keys.iter().map(|k| Key::from(*k)).collect();
         let args: Vec<Value> = args
@@ -266,6 +273,15 @@ impl RedisConnection {
                 .instrument(span.clone())
                 .await;
             match result {
+                Err(Error::ReadOnly(_)) if !followed && !self.closing.load(Ordering::SeqCst) => {
+                    // Moved where the URL leads now, and sent again there
+                    // if it is fairlock's own script; a user's script
+                    // fails, the connections moved for the next call.
+                    followed = self.follow_moved_primary(Instant::now()).await;
+                    if !(followed && resend) {
+                        break result;
+                    }
+                }
                 Err(ref error)
                     if resend
                         && resendable(error)

@@ -3,6 +3,7 @@
 //! reconnect announcements), or each cluster node serving a slot waited
 //! in; with the URL's credentials and, for TLS, fred's own connector.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use fred::prelude::{Config, Server};
@@ -21,6 +22,9 @@ pub(crate) struct GrantEndpoint {
     tls: Option<TlsSettings>,
     pub(crate) username: Option<String>,
     pub(crate) password: Option<String>,
+    /// How often a single server's URL was found to have moved (its
+    /// server answered `READONLY`, `moved_primary.rs`).
+    moves: AtomicU64,
 }
 
 /// Which server the grant connection subscribes on.
@@ -148,7 +152,21 @@ impl GrantEndpoint {
             tls,
             username,
             password,
+            moves: AtomicU64::new(0),
         }
+    }
+
+    /// How often the URL was found to have moved: a grant connection
+    /// opened before the last move is opened again (at the URL, which
+    /// leads to the new primary).
+    pub(crate) fn moves(&self) -> u64 {
+        self.moves.load(Ordering::SeqCst)
+    }
+
+    /// The URL's server answered `READONLY`: it was demoted, and the URL
+    /// may lead to a new primary.
+    pub(super) fn moved(&self) {
+        self.moves.fetch_add(1, Ordering::SeqCst);
     }
 
     /// How to wrap the connection in TLS, for `rediss://`.

@@ -34,7 +34,9 @@
 //! `script_socket/` is the socket of fairlock's own that a calling task
 //! writes a hot-path script call to and reads its reply from (its
 //! `pipe.rs` keeps the calls in flight);
-//! `keeper.rs` restarts a fred connection task that ended; `errors.rs`
+//! `keeper.rs` restarts a fred connection task that ended;
+//! `moved_primary.rs` connects again when a single server answers
+//! `READONLY` (demoted, its name moved to a new primary); `errors.rs`
 //! turns fred's errors into fairlock's; `reconnect_count.rs` tells a
 //! `WAIT` answered on the write's connection from one answered after a
 //! reconnect.
@@ -44,6 +46,7 @@ mod errors;
 mod fred_pubsub;
 mod grant_endpoint;
 mod keeper;
+mod moved_primary;
 mod reconnect_count;
 mod script_socket;
 
@@ -73,6 +76,7 @@ pub(crate) use grant_endpoint::{check_tls_scheme, GrantEndpoint};
 pub(crate) use reconnect_count::ReconnectMark;
 pub(crate) use script_socket::Order;
 
+use moved_primary::MovedPrimary;
 use script_socket::ScriptSocket;
 
 /// Which command connection a call goes on (see the module docs).
@@ -154,6 +158,10 @@ pub(crate) struct RedisConnection {
     /// lane, `[waiters, holders]` (`script_socket/`); `None` where every
     /// call goes through fred.
     sockets: Option<Sockets>,
+    /// On a single server's URL: the connections are opened again when
+    /// the server answers `READONLY` (`moved_primary.rs`); `None` where
+    /// fred follows the primary itself or a client must not move.
+    moved_primary: Option<MovedPrimary>,
 }
 
 /// The script sockets of a client on a single server.
@@ -186,6 +194,10 @@ impl RedisConnection {
         let (username, password) = (fred_config.username.clone(), fred_config.password.clone());
         // Only on a single server (see `script_socket/`), where grants
         // come on fairlock's own connection too.
+        // A single server's URL, followed where it leads after a
+        // `READONLY` answer (`moved_primary.rs`).
+        let moved_primary =
+            matches!(grant_place, Some(GrantPlace::Fixed(_))).then(MovedPrimary::default);
         let sockets = (config.direct_calls
             && config.replica_acks.is_none()
             && matches!(grant_place, Some(GrantPlace::Fixed(_))))
@@ -314,6 +326,7 @@ impl RedisConnection {
             closing: AtomicBool::new(false),
             reconnects,
             sockets,
+            moved_primary,
         })
     }
 

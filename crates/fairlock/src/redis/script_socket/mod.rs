@@ -499,6 +499,14 @@ impl ScriptSocket {
         self.lose(epoch);
     }
 
+    /// Closes the socket's connection, if open: its calls in flight are
+    /// lost (each sent again through fred) and the next call connects
+    /// again. For a server that has moved (`moved_primary.rs`).
+    pub(crate) fn disconnect(&self) {
+        let epoch = self.lock().epoch;
+        self.lose(epoch);
+    }
+
     /// How many calls were written behind the socket's owed replies
     /// ([`Order::AfterSocket`]).
     #[cfg(test)]
