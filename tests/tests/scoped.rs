@@ -101,6 +101,54 @@ async fn with_lock_blocking_serves_sync_code() {
     assert_eq!(client.inspect("sync").await.expect("inspect").owner, None);
 }
 
+/// Called on a worker thread of a multi-threaded runtime (an async task
+/// calling into synchronous code that locks), `with_lock_blocking` moves
+/// the wait off the worker (`block_in_place`) instead of panicking with
+/// tokio's "Cannot start a runtime from within a runtime".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lock_blocking_on_a_worker_thread_blocks_in_place() {
+    let server = server();
+    let client = client(&server).await;
+    let value = client
+        .with_lock_blocking("sync-worker", LockOptions::new(), |held| {
+            held.token().value()
+        })
+        .expect("with_lock_blocking on a worker thread");
+    assert!(value > 0);
+    assert_eq!(
+        client.inspect("sync-worker").await.expect("inspect").owner,
+        None
+    );
+}
+
+/// On the thread of a current-thread runtime nothing can block without
+/// stopping the runtime the lock's calls need: `with_lock_blocking` fails
+/// at once with `InvalidOptions` saying so, without touching Redis, where
+/// it panicked.
+#[test]
+fn with_lock_blocking_on_a_current_thread_runtime_is_refused() {
+    let server = server();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let client = client(&server).await;
+        let refused = client.with_lock_blocking("sync-current", LockOptions::new(), |_| ());
+        match refused {
+            Err(Error::InvalidOptions(reason)) => {
+                assert!(reason.contains("current-thread"), "{reason}")
+            }
+            other => panic!("with_lock_blocking on a current-thread runtime: {other:?}"),
+        }
+        assert_eq!(
+            client.inspect("sync-current").await.expect("inspect").owner,
+            None
+        );
+        client.shutdown().await;
+    });
+}
+
 async fn wait_until_held(client: &fairlock::LockClient, name: &str) {
     for _ in 0..1000 {
         if client.inspect(name).await.expect("inspect").owner.is_some() {

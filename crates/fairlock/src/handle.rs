@@ -264,13 +264,16 @@ impl LockClient {
     }
 
     /// [`LockClient::with_lock`] for synchronous code: blocks the calling
-    /// thread, which must not be a thread of the client's async runtime
-    /// (call it from `spawn_blocking` or a plain thread; on a runtime
-    /// thread tokio panics with "Cannot start a runtime from within a
-    /// runtime", which tokio gives no way to check for first). The body cannot be
-    /// interrupted: it should check [`LockGuard::is_lost`]-style state
-    /// itself through the [`Held`] token's writes; if the lease was lost by
-    /// the time it returns, the call fails with [`Error::LeaseLost`].
+    /// thread. From a plain thread or `spawn_blocking` it waits there; on a
+    /// worker thread of a multi-threaded runtime it moves the wait off the
+    /// worker first (`tokio::task::block_in_place`: the worker's other
+    /// tasks go to another thread); on the thread of a current-thread
+    /// runtime, which a blocked thread would stop, it fails at once with
+    /// [`Error::InvalidOptions`] (use [`LockClient::with_lock`] there).
+    /// The body cannot be interrupted: it should check
+    /// [`LockGuard::is_lost`]-style state itself through the [`Held`]
+    /// token's writes; if the lease was lost by the time it returns, the
+    /// call fails with [`Error::LeaseLost`].
     pub fn with_lock_blocking<F, T>(
         &self,
         name: impl AsRef<[u8]>,
@@ -280,12 +283,27 @@ impl LockClient {
     where
         F: FnOnce(Held) -> T,
     {
-        let runtime = self.state().runtime().clone();
-        let guard = runtime.block_on(self.lock_with(name, options))?;
-        let held = Held::from_guard(&guard);
-        let guard_name = held.name().to_owned();
-        let value = body(held);
-        let lost = guard.is_lost();
-        released_outcome(value, lost, runtime.block_on(guard.release()), guard_name)
+        let run = || {
+            let runtime = self.state().runtime().clone();
+            let guard = runtime.block_on(self.lock_with(name, options))?;
+            let held = Held::from_guard(&guard);
+            let guard_name = held.name().to_owned();
+            let value = body(held);
+            let lost = guard.is_lost();
+            released_outcome(value, lost, runtime.block_on(guard.release()), guard_name)
+        };
+        match tokio::runtime::Handle::try_current().map(|on| on.runtime_flavor()) {
+            // Not in a runtime: this thread may block.
+            Err(_) => run(),
+            Ok(tokio::runtime::RuntimeFlavor::CurrentThread) => Err(Error::InvalidOptions(
+                "with_lock_blocking was called on the thread of a current-thread tokio \
+                 runtime, which blocking would stop: call with_lock, or call this from \
+                 spawn_blocking or a plain thread"
+                    .to_owned(),
+            )),
+            // A multi-threaded runtime's thread (a worker, or one that
+            // entered its context): blocking in place is allowed there.
+            Ok(_) => tokio::task::block_in_place(run),
+        }
     }
 }
