@@ -267,9 +267,11 @@ impl LockClient {
     /// thread. From a plain thread or `spawn_blocking` it waits there; on a
     /// worker thread of a multi-threaded runtime it moves the wait off the
     /// worker first (`tokio::task::block_in_place`: the worker's other
-    /// tasks go to another thread); on the thread of a current-thread
-    /// runtime, which a blocked thread would stop, it fails at once with
-    /// [`Error::InvalidOptions`] (use [`LockClient::with_lock`] there).
+    /// tasks go to another thread). On the thread that drives a
+    /// current-thread runtime nothing may block, and tokio panics ("Cannot
+    /// start a runtime from within a runtime"; tokio offers no way to tell
+    /// that thread from its `spawn_blocking` threads, where this works):
+    /// use [`LockClient::with_lock`] there.
     /// The body cannot be interrupted: it should check
     /// [`LockGuard::is_lost`]-style state itself through the [`Held`]
     /// token's writes; if the lease was lost by the time it returns, the
@@ -293,17 +295,12 @@ impl LockClient {
             released_outcome(value, lost, runtime.block_on(guard.release()), guard_name)
         };
         match tokio::runtime::Handle::try_current().map(|on| on.runtime_flavor()) {
-            // Not in a runtime: this thread may block.
-            Err(_) => run(),
-            Ok(tokio::runtime::RuntimeFlavor::CurrentThread) => Err(Error::InvalidOptions(
-                "with_lock_blocking was called on the thread of a current-thread tokio \
-                 runtime, which blocking would stop: call with_lock, or call this from \
-                 spawn_blocking or a plain thread"
-                    .to_owned(),
-            )),
-            // A multi-threaded runtime's thread (a worker, or one that
-            // entered its context): blocking in place is allowed there.
-            Ok(_) => tokio::task::block_in_place(run),
+            // A multi-threaded runtime's thread: a worker hands its tasks
+            // on first; any other thread (spawn_blocking's) just runs it.
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(run),
+            // No runtime, or a current-thread one's spawn_blocking thread:
+            // this thread may block.
+            _ => run(),
         }
     }
 }
