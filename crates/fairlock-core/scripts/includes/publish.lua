@@ -21,7 +21,7 @@ local function publish_to(channel, message)
   local heard = redis.pcall(command, channel, message)
   if type(heard) == 'table' then
     redis.log(redis.LOG_WARNING, 'fairlock: ' .. command .. ' ' .. channel .. ' refused (' ..
-      tostring(heard.err) .. '); the grant waits for its process\'s heartbeat')
+      tostring(heard.err) .. '); its process learns of it at its next heartbeat')
     return 0
   end
   return heard

@@ -36,7 +36,7 @@ use super::RedisConnection;
 
 /// After opening the connections again for a `READONLY` answer, the
 /// shortest time before doing it again for a later one.
-pub(super) const AGAIN_AFTER: Duration = Duration::from_secs(1);
+const AGAIN_AFTER: Duration = Duration::from_secs(1);
 
 /// When the connections were last opened again for a `READONLY` answer;
 /// held while that is under way, so that calls answered `READONLY`
