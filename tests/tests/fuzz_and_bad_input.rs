@@ -1099,9 +1099,11 @@ async fn an_acl_user_that_cannot_publish_grants_is_refused_at_connect() {
 /// another process still succeeds with all its writes (the lock handed on,
 /// the release recorded), and the waiter, whose grant message Redis
 /// refused, is granted as when nobody heard it: its lease cut to the
-/// waiter TTL until its process's next heartbeat finds the grant. Before,
-/// the refused `PUBLISH` failed the release halfway (`ScriptFailed`, the
-/// lock already handed on with the waiter's full lease, no release record).
+/// waiter TTL until its process's next heartbeat finds the grant. The same
+/// for a semaphore's permit, and for a forced release's message to the
+/// evicted holder. Before, the refused `PUBLISH` failed each of them
+/// halfway (`ScriptFailed`, the lock already handed on with the waiter's
+/// full lease and no release record, or already freed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publish_refused_after_connect_still_hands_the_lock_on() {
     let server = server_with_user(&["~*", "&*", "+@all"]);
@@ -1172,4 +1174,17 @@ async fn a_publish_refused_after_connect_still_hands_the_lock_on() {
     bounded("permit release", granted.release())
         .await
         .expect("the waiter's permit release");
+
+    // An administrator's forced release: its `revoked` message to the
+    // holder's process is refused too; the lock is freed all the same, and
+    // the holder learns of it at its next lease check.
+    let holder = bounded("lock", holder_client.lock("acl-forced"))
+        .await
+        .expect("a holder to evict");
+    let forced = bounded("force release", waiter_client.force_release("acl-forced")).await;
+    assert!(
+        matches!(forced, Ok(true)),
+        "a forced release whose message was refused: {forced:?}"
+    );
+    bounded("the evicted holder's lost signal", holder.lost()).await;
 }
