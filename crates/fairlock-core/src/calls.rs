@@ -240,14 +240,17 @@ impl Handoff {
 
 /// The ARGV a script that may hand a lock or permits on starts with (a
 /// release or a cancel, of a lock or a permit): the caller, the idle TTL,
-/// the channel prefix and the waiter TTL.
+/// the channel prefix and the waiter TTL, with room for the one argument
+/// a release adds (a release is half of every cycle: no regrowth).
 pub(crate) fn handoff_args(owner_id: &str, timings: &Timings, channel_prefix: &str) -> Vec<String> {
-    vec![
+    let mut args = Vec::with_capacity(5);
+    args.extend([
         owner_id.to_owned(),
         timings.idle_ms().to_string(),
         channel_prefix.to_owned(),
         timings.waiter_ttl_ms().to_string(),
-    ]
+    ]);
+    args
 }
 
 /// What [`Release`] answered.
