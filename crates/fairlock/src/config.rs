@@ -96,7 +96,19 @@ impl LockOptions {
         self
     }
 
-    /// Give up with [`Error::WaitTimeout`] after waiting this long.
+    /// Give up with [`Error::WaitTimeout`] after waiting this long in the
+    /// queue. When the error is returned the caller's entry has left the
+    /// queue (a grant that raced the timeout is passed on), unless Redis
+    /// failed that cancel too: the heartbeat then tries it again.
+    ///
+    /// It bounds the wait for the lock, not a Redis call in flight: the
+    /// first call is always answered (a free lock is granted even with a
+    /// zero wait timeout), and each call, the cancel included, is bounded
+    /// by [`crate::ClientConfig::command_timeout`] instead. Against a
+    /// server that stops answering, a call can take the wait timeout plus
+    /// two command timeouts. For a hard bound on the whole call, wrap its
+    /// future in `tokio::time::timeout`: dropping it is safe, and the
+    /// cancel then runs in the background.
     pub fn wait_timeout(mut self, timeout: Duration) -> Self {
         self.wait_timeout = Some(timeout);
         self
