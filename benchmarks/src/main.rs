@@ -19,6 +19,7 @@ mod probes;
 mod processes;
 mod progress;
 mod report;
+mod rounds;
 mod stats;
 mod topologies;
 
@@ -38,7 +39,7 @@ use report::{CellRecord, Results, RunInfo, UncontendedRecord, WaitersRecord};
 const CLIENTS: usize = 8;
 
 const USAGE: &str = "\
-usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]... [--cell C:H]... [--many-locks] [--waiters] [--clients N]
+usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]... [--cell C:H]... [--many-locks] [--waiters] [--clients N] [--rounds N]
        fairlock-bench --topologies [--quick] [--out DIR]
 
   --quick      fewer cells and shorter windows (2-3 minutes)
@@ -64,6 +65,10 @@ usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]... [--cell C:H]... [--
                --quick), for a look at the memory targets
   --clients N  simulated client processes (LockClients) per cell, 1 to 64
                (default 8)
+  --rounds N   measure each one-hot-lock cell in N rounds, 1 to 9, the
+               implementations' order rotating from round to round; each
+               row is its implementation's median round (default 3 in the
+               full run, 1 with --quick or --cell)
 ";
 
 /// What the command line asked for.
@@ -82,6 +87,8 @@ struct Options {
     waiters_only: bool,
     /// `--clients`: simulated client processes per cell.
     clients: usize,
+    /// `--rounds`: rounds of each one-hot-lock cell (`None`: the mode's).
+    rounds: Option<usize>,
 }
 
 /// `C:H` of `--cell`: contenders and hold in milliseconds.
@@ -107,6 +114,7 @@ fn parse_args() -> std::result::Result<Options, String> {
         many_locks_only: false,
         waiters_only: false,
         clients: CLIENTS,
+        rounds: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -141,6 +149,13 @@ fn parse_args() -> std::result::Result<Options, String> {
                 match n.parse::<usize>() {
                     Ok(n) if (1..=64).contains(&n) => options.clients = n,
                     _ => return Err(format!("--clients wants 1 to 64, not {n:?}")),
+                }
+            }
+            "--rounds" => {
+                let n = args.next().ok_or("--rounds needs a count")?;
+                match n.parse::<usize>() {
+                    Ok(n) if (1..=9).contains(&n) => options.rounds = Some(n),
+                    _ => return Err(format!("--rounds wants 1 to 9, not {n:?}")),
                 }
             }
             "-h" | "--help" => return Err(String::new()),
@@ -197,6 +212,8 @@ struct Plan {
     processes: usize,
     /// Simulated client processes of each in-process cell.
     clients: usize,
+    /// Rounds of each one-hot-lock cell (`rounds.rs`).
+    rounds: usize,
 }
 
 impl Plan {
@@ -225,6 +242,11 @@ impl Plan {
                 }
                 None => plan.cells = options.cells.clone(),
             }
+            // A look at one spot: once, unless asked.
+            plan.rounds = 1;
+        }
+        if let Some(rounds) = options.rounds {
+            plan.rounds = rounds;
         }
         plan
     }
@@ -251,6 +273,7 @@ impl Plan {
                 process_cells: vec![(256, ms(1))],
                 processes: 4,
                 clients: options.clients,
+                rounds: 1,
             }
         } else {
             let mut cells = Vec::new();
@@ -277,6 +300,8 @@ impl Plan {
                 process_cells: vec![(1024, ms(1))],
                 processes: 4,
                 clients: options.clients,
+                // The ratio targets are read from these cells: see rounds.rs.
+                rounds: 3,
             }
         }
     }
@@ -324,7 +349,8 @@ impl Plan {
             .iter()
             .map(|&(c, h)| Plan::cell_seconds(&self.cell_plan(c, h)))
             .sum::<f64>()
-            * n;
+            * n
+            * self.rounds as f64;
         let latency = self.latency_iterations as f64 * 0.0004 * n + n;
         let processes: f64 = self
             .process_cells
@@ -444,16 +470,29 @@ async fn run(options: &Options) -> Result<bool> {
     }
 
     for &(contenders, hold) in &plan.cells {
-        for &imp in &plan.impls {
-            let cell = plan.cell_plan(contenders, hold);
-            progress.step(
-                &format!("{} C={contenders} H={}ms", imp.label(), hold.as_millis()),
-                Plan::cell_seconds(&cell),
-            );
-            let record = with_impl!(imp, lock => measure_cell(&lock, imp, "cell", &admin, &cell, &progress).await)?;
-            progress.println(&record.summary());
-            results.cells.push(record);
+        let cell = plan.cell_plan(contenders, hold);
+        let mut rounds = rounds::Rounds::new(&plan.impls);
+        for round in 0..plan.rounds {
+            for imp in rounds::order(&plan.impls, round) {
+                let of = if plan.rounds > 1 {
+                    format!(" (round {} of {})", round + 1, plan.rounds)
+                } else {
+                    String::new()
+                };
+                progress.step(
+                    &format!(
+                        "{} C={contenders} H={}ms{of}",
+                        imp.label(),
+                        hold.as_millis()
+                    ),
+                    Plan::cell_seconds(&cell),
+                );
+                let record = with_impl!(imp, lock => measure_cell(&lock, imp, "cell", &admin, &cell, &progress).await)?;
+                progress.println(&record.summary());
+                rounds.add(record);
+            }
         }
+        results.cells.extend(rounds.medians());
     }
 
     for &(contenders, hold) in &plan.process_cells {
@@ -548,6 +587,7 @@ async fn run_info(plan: &Plan, admin: &Admin) -> Result<RunInfo> {
         redis_version: admin.version().await?,
         clients: plan.clients,
         window_s: plan.measure.as_secs_f64(),
+        rounds: plan.rounds,
         duration_s: 0.0,
     })
 }

@@ -16,7 +16,7 @@ pub fn document(results: &Results, charts: &[(String, String)]) -> String {
     let _ = writeln!(md, "# fairlock benchmark results ({} mode)\n", info.mode);
     let _ = writeln!(
         md,
-        "`{}` on {} UTC: {} x {}, redis-server {}, {} simulated client processes per cell, {:.1} s window per cell, run took {:.0} s.\n",
+        "`{}` on {} UTC: {} x {}, redis-server {}, {} simulated client processes per cell, {:.1} s window per cell{}, run took {:.0} s.\n",
         info.command,
         info.date_utc,
         info.nproc,
@@ -24,6 +24,11 @@ pub fn document(results: &Results, charts: &[(String, String)]) -> String {
         info.redis_version,
         info.clients,
         info.window_s,
+        if info.rounds > 1 {
+            format!(" (each one-hot-lock cell in {} rounds)", info.rounds)
+        } else {
+            String::new()
+        },
         info.duration_s
     );
     let _ = writeln!(
@@ -36,6 +41,7 @@ pub fn document(results: &Results, charts: &[(String, String)]) -> String {
     if !results.cells.is_empty() {
         let _ = writeln!(md, "## One hot lock\n");
         hot_lock_table(&mut md, &results.cells);
+        rounds_table(&mut md, &results.cells, info.rounds);
     }
 
     let _ = writeln!(md, "\n## Uncontended acquire + release\n");
@@ -260,6 +266,62 @@ fn hot_lock_table(md: &mut String, records: &[CellRecord]) {
         );
     }
     cold_cells_note(md, records);
+}
+
+/// The cycles/s of every round of the one-hot-lock cells, when they ran
+/// in rounds: the table above shows each implementation's median round.
+fn rounds_table(md: &mut String, records: &[CellRecord], rounds: usize) {
+    if !records.iter().any(|c| c.rounds_cycles_per_s.len() > 1) {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\nEach cell ran in {rounds} rounds, every implementation once per round and their order rotating from round to round \
+         (this machine's speed drifts within minutes; see `benchmarks/src/rounds.rs`). Each row above is its implementation's \
+         median round by cycles/s; its violations and errors count every round. Cycles/s of each round, in the order they ran:\n"
+    );
+    let mut impls: Vec<&str> = Vec::new();
+    for c in records {
+        if !impls.contains(&c.implementation) {
+            impls.push(c.implementation);
+        }
+    }
+    let _ = writeln!(md, "| cell | {} |", impls.join(" | "));
+    let _ = writeln!(md, "|---|{}", "--:|".repeat(impls.len()));
+    let mut tags: Vec<(f64, usize)> = Vec::new();
+    for c in records {
+        if !tags.contains(&(c.hold_ms, c.contenders)) {
+            tags.push((c.hold_ms, c.contenders));
+        }
+    }
+    tags.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    for (hold_ms, contenders) in tags {
+        let row: Vec<String> = impls
+            .iter()
+            .map(|imp| {
+                records
+                    .iter()
+                    .find(|c| {
+                        c.implementation == *imp
+                            && c.hold_ms == hold_ms
+                            && c.contenders == contenders
+                    })
+                    .map_or("-".to_owned(), |c| {
+                        let rounds: Vec<String> = c
+                            .rounds_cycles_per_s
+                            .iter()
+                            .map(|r| format!("{r:.0}"))
+                            .collect();
+                        rounds.join(" / ")
+                    })
+            })
+            .collect();
+        let _ = writeln!(
+            md,
+            "| C={contenders} H={hold_ms} ms | {} |",
+            row.join(" | ")
+        );
+    }
 }
 
 /// A note listing the cells where some contender never got the lock

@@ -107,6 +107,11 @@ pub struct CellRecord {
     pub bench_cpu_s: Option<f64>,
     /// `bench_cpu_s` per cycle, microseconds.
     pub bench_cpu_us_per_cycle: Option<f64>,
+    /// Cycles/s of every round of the cell, in the order they ran, when
+    /// it ran in rounds (`rounds.rs`; this record is the median round);
+    /// empty for a cell measured once.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rounds_cycles_per_s: Vec<f64>,
     /// Wait CDF points (ms, fraction), kept for the charts only.
     #[serde(skip)]
     pub wait_cdf: Vec<(f64, f64)>,
@@ -165,6 +170,7 @@ impl CellRecord {
             bench_cpu_us_per_cycle: run
                 .bench_cpu_s
                 .map(|cpu| cpu * 1e6 / metrics.cycles.max(1) as f64),
+            rounds_cycles_per_s: Vec::new(),
             wait_cdf: metrics.wait_cdf(300),
         }
     }
@@ -288,6 +294,8 @@ pub struct RunInfo {
     pub clients: usize,
     /// Measured window per cell, s.
     pub window_s: f64,
+    /// Rounds of each one-hot-lock cell (`rounds.rs`).
+    pub rounds: usize,
     /// Wall-clock time of the whole run, s.
     pub duration_s: f64,
 }

@@ -679,6 +679,7 @@ mod tests {
                 redis_version: String::new(),
                 clients: 4,
                 window_s: 1.0,
+                rounds: 1,
                 duration_s: 0.0,
             },
             ping: None,
