@@ -243,7 +243,7 @@ fn acquire_validated<'a>(
                                 channel_prefix: &channel_prefix,
                                 rejoin: ticket,
                             };
-                            state.run(&keys, &call).await
+                            state.run_direct(&keys, &call, &pending.unanswered).await
                         })
                         .await
                     }

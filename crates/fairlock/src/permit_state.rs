@@ -18,7 +18,7 @@ use fairlock_core::{
 };
 
 use crate::error::{Error, Result};
-use crate::redis::Lane;
+use crate::redis::{Lane, Order, Via};
 use crate::state::ClientState;
 use crate::waiters::{LockWaiters, WaiterEvent, Woke};
 
@@ -71,7 +71,13 @@ impl ClientState {
             channel_prefix: &self.channel_prefix(keys),
             remember_ms: self.release_memory_ms(),
         };
-        match self.run_while_closing(Lane::Holders, keys, &call).await? {
+        // On the holders' script socket if it owes no reply, as a lock's
+        // release.
+        let via = Via::Socket(Order::IfClear, None);
+        match self
+            .run_while_closing_via(Lane::Holders, via, keys, &call)
+            .await?
+        {
             PermitReleaseReply::Released { granted, purged } => {
                 self.after_purge(keys, purged);
                 let mut woke = Woke::NobodyHere;
@@ -89,20 +95,28 @@ impl ClientState {
         }
     }
 
-    /// Runs `permit_cancel.lua` for `owner_id`; see [`ClientState::cancel`].
+    /// Runs `permit_cancel.lua` for `owner_id`, behind its acquire on the
+    /// waiters' script socket if that acquire's reply was never read
+    /// (`after_socket`); see [`ClientState::cancel`].
     pub(crate) async fn cancel_permit_call(
         self: &Arc<Self>,
         keys: &Arc<LockKeys>,
         owner_id: &str,
+        after_socket: bool,
     ) -> Result<Purged> {
         let call = PermitCancel {
             owner_id,
             timings: &self.timings,
             channel_prefix: &self.channel_prefix(keys),
         };
+        let via = if after_socket {
+            Via::Socket(Order::AfterSocket, None)
+        } else {
+            Via::Fred
+        };
         // Also while the client closes (see `ClientState::cancel`).
         Ok(self
-            .run_while_closing(Lane::Waiters, keys, &call)
+            .run_while_closing_via(Lane::Waiters, via, keys, &call)
             .await?
             .purged)
     }

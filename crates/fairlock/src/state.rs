@@ -483,7 +483,7 @@ impl ClientState {
         self.run_on(Lane::Waiters, keys, call).await
     }
 
-    /// Runs a lock script call on the waiters' lane, on its script socket
+    /// Runs a lock or permit script call on the waiters' lane, on its script socket
     /// if that owes no reply (`redis/script_socket/`); `unanswered` says while
     /// the call's reply there is unread (see [`Via::Socket`]).
     pub(crate) async fn run_direct<C: ScriptCall>(
@@ -590,7 +590,7 @@ impl ClientState {
         after_socket: bool,
     ) {
         let result = if keys.permit_family().is_some() {
-            self.cancel_permit_call(keys, owner_id).await
+            self.cancel_permit_call(keys, owner_id, after_socket).await
         } else {
             let call = Cancel {
                 owner_id,

@@ -1,6 +1,6 @@
-//! A command socket of fairlock's own for the hot path's script calls (a
-//! lock's acquire and release), written and read by the calling tasks
-//! themselves.
+//! A command socket of fairlock's own for the hot path's script calls (the
+//! acquire and release of a lock, a semaphore and a read-write lock),
+//! written and read by the calling tasks themselves.
 //!
 //! A call through fred crosses tasks twice: the caller hands it to fred's
 //! connection task, which writes it, reads the reply and hands that back.

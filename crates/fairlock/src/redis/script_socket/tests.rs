@@ -1,6 +1,7 @@
 //! The script socket against a real redis-server: pipelined calls each
 //! get their own reply, owed replies, callers dropped in a burst, a socket
-//! closed by Redis, the URL's database, a refused connection.
+//! closed by Redis, the URL's database, a refused connection, and
+//! the calls of locks and permit sets that go on it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -474,5 +475,78 @@ async fn a_dropped_acquires_cancel_goes_behind_it_on_the_socket() {
     holder.release().await.expect("release");
     assert!(client.inspect("q").await.expect("inspect").owner.is_none());
     assert_eq!(state.redis.written_after_socket(), 1);
+    client.shutdown().await;
+}
+
+/// A semaphore's acquire and release go on the lanes' sockets as a
+/// lock's do (before, every permit call went through fred).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_cycle_goes_on_the_sockets() {
+    let server = RedisServer::start().expect("redis-server");
+    let client = crate::LockClient::connect(&server.url())
+        .await
+        .expect("client");
+    let state = client.state().clone();
+    let semaphore = client.semaphore("direct", 2).expect("semaphore");
+    let permit = semaphore.acquire().await.expect("permit");
+    assert_eq!(state.redis.sockets_connected(), [true, false]);
+    permit.release().await.expect("release");
+    assert_eq!(state.redis.sockets_connected(), [true, true]);
+    client.shutdown().await;
+}
+
+/// A permit acquire dropped while its reply on the waiters' socket is
+/// unread (Redis held by `CLIENT PAUSE`) is cancelled behind it on that
+/// socket, as a lock's is: the queue ends empty, and the permit the
+/// holder gives back is free for the next caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_permit_acquires_cancel_goes_behind_it_on_the_socket() {
+    let server = RedisServer::start().expect("redis-server");
+    let client = crate::LockClient::connect(&server.url())
+        .await
+        .expect("client");
+    let state = client.state().clone();
+    let semaphore = client.semaphore("q", 1).expect("semaphore");
+    // Scripts loaded, sockets open.
+    semaphore
+        .acquire()
+        .await
+        .expect("permit")
+        .release()
+        .await
+        .expect("release");
+    let holder = semaphore.acquire().await.expect("holder");
+    server
+        .cmd_ok(&["CLIENT", "PAUSE", "500", "ALL"])
+        .expect("pause");
+    let waited = tokio::time::timeout(Duration::from_millis(100), semaphore.acquire()).await;
+    assert!(waited.is_err(), "the acquire was held by the pause");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while state.redis.written_after_socket() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no cancel written behind the acquire"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let queued = server
+            .cmd_ok(&["ZCARD", "fairlock:{q}:sem:queue"])
+            .expect("zcard");
+        if queued == fairlock_testkit::Resp::Int(0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dropped acquire left {queued:?} queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    holder.release().await.expect("release");
+    let next = semaphore.try_acquire().await.expect("try");
+    assert!(next.is_some(), "the permit went to nobody");
+    assert_eq!(state.redis.written_after_socket(), 1);
+    next.expect("permit").release().await.expect("release");
     client.shutdown().await;
 }
