@@ -427,6 +427,43 @@ async fn a_refused_connection_sends_the_call_through_fred() {
     assert!(!socket.is_connected());
 }
 
+/// Holds Redis with `CLIENT PAUSE` and drops `acquire` (a waiter of a
+/// held lock or permit set) while its reply on the waiters' socket is
+/// unread; then waits (bounded) until its cancel was written behind it
+/// on that socket and the queue at `queue_key` is empty again.
+async fn drop_an_acquire_held_by_a_pause<T>(
+    server: &RedisServer,
+    state: &crate::state::ClientState,
+    acquire: impl std::future::Future<Output = T>,
+    queue_key: &str,
+) {
+    server
+        .cmd_ok(&["CLIENT", "PAUSE", "500", "ALL"])
+        .expect("pause");
+    let waited = tokio::time::timeout(Duration::from_millis(100), acquire).await;
+    assert!(waited.is_err(), "the acquire was held by the pause");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while state.redis.written_after_socket() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no cancel written behind the acquire"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let queued = server.cmd_ok(&["ZCARD", queue_key]).expect("zcard");
+        if queued == fairlock_testkit::Resp::Int(0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dropped acquire left {queued:?} queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// An acquire dropped while its reply on the waiters' socket is unread
 /// (Redis held by `CLIENT PAUSE`) is cancelled behind it on that
 /// socket, not through fred, where the cancel could run first; the
@@ -447,31 +484,7 @@ async fn a_dropped_acquires_cancel_goes_behind_it_on_the_socket() {
         .await
         .expect("release");
     let holder = client.lock("q").await.expect("holder");
-    server
-        .cmd_ok(&["CLIENT", "PAUSE", "500", "ALL"])
-        .expect("pause");
-    let waited = tokio::time::timeout(Duration::from_millis(100), client.lock("q")).await;
-    assert!(waited.is_err(), "the acquire was held by the pause");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while state.redis.written_after_socket() == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "no cancel written behind the acquire"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let seen = client.inspect("q").await.expect("inspect");
-        if seen.queue_len == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the dropped acquire left {seen:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    drop_an_acquire_held_by_a_pause(&server, &state, client.lock("q"), "fairlock:{q}:queue").await;
     holder.release().await.expect("release");
     assert!(client.inspect("q").await.expect("inspect").owner.is_none());
     assert_eq!(state.redis.written_after_socket(), 1);
@@ -516,33 +529,13 @@ async fn a_dropped_permit_acquires_cancel_goes_behind_it_on_the_socket() {
         .await
         .expect("release");
     let holder = semaphore.acquire().await.expect("holder");
-    server
-        .cmd_ok(&["CLIENT", "PAUSE", "500", "ALL"])
-        .expect("pause");
-    let waited = tokio::time::timeout(Duration::from_millis(100), semaphore.acquire()).await;
-    assert!(waited.is_err(), "the acquire was held by the pause");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while state.redis.written_after_socket() == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "no cancel written behind the acquire"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let queued = server
-            .cmd_ok(&["ZCARD", "fairlock:{q}:sem:queue"])
-            .expect("zcard");
-        if queued == fairlock_testkit::Resp::Int(0) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the dropped acquire left {queued:?} queued"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    drop_an_acquire_held_by_a_pause(
+        &server,
+        &state,
+        semaphore.acquire(),
+        "fairlock:{q}:sem:queue",
+    )
+    .await;
     holder.release().await.expect("release");
     let next = semaphore.try_acquire().await.expect("try");
     assert!(next.is_some(), "the permit went to nobody");
