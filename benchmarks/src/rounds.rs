@@ -10,7 +10,8 @@
 //! each implementation's row in the report is its median round by
 //! cycles/s. The rounds' cycles/s are all kept beside it
 //! ([`CellRecord::rounds_cycles_per_s`]), and its violations and errors
-//! are those of every round, so a bad round is never hidden by the median.
+//! are those of every round, and it counts as warmed up only if every
+//! round was, so a bad round is never hidden by the median.
 
 use crate::impls::Implementation;
 use crate::report::CellRecord;
@@ -50,7 +51,8 @@ impl Rounds {
 
     /// Each implementation's median round by cycles/s (the lower of the
     /// two middle ones for an even count), carrying every round's cycles/s
-    /// in the order they ran and the violations and errors of all rounds.
+    /// in the order they ran, the violations and errors of all rounds, and
+    /// warmed up only if every round was.
     pub(crate) fn medians(self) -> Vec<CellRecord> {
         self.per_impl
             .into_iter()
@@ -59,6 +61,7 @@ impl Rounds {
                 let violations = records.iter().map(|r| r.violations).sum();
                 let errors = records.iter().map(|r| r.errors).sum();
                 let first_error = records.iter().find_map(|r| r.first_error.clone());
+                let warmed_up = records.iter().all(|r| r.warmed_up);
                 let mut sorted = records;
                 sorted.sort_by(|a, b| a.cycles_per_s.total_cmp(&b.cycles_per_s));
                 let middle = sorted.len().checked_sub(1)? / 2;
@@ -66,6 +69,7 @@ impl Rounds {
                 median.rounds_cycles_per_s = rounds;
                 median.violations = violations;
                 median.errors = errors;
+                median.warmed_up = warmed_up;
                 median.first_error = median.first_error.or(first_error);
                 Some(median)
             })
@@ -82,6 +86,7 @@ mod tests {
             implementation: imp.label(),
             cycles_per_s,
             violations,
+            warmed_up: true,
             ..CellRecord::default()
         }
     }
@@ -120,14 +125,18 @@ mod tests {
     }
 
     #[test]
-    fn a_violation_in_any_round_stays_in_the_row() {
+    fn a_violation_or_a_cold_start_in_any_round_stays_in_the_row() {
         let mut rounds = Rounds::new(&[Implementation::Rslock]);
         rounds.add(record(Implementation::Rslock, 100.0, 2));
         rounds.add(record(Implementation::Rslock, 200.0, 0));
-        rounds.add(record(Implementation::Rslock, 300.0, 0));
+        rounds.add(CellRecord {
+            warmed_up: false,
+            ..record(Implementation::Rslock, 300.0, 0)
+        });
         let rows = rounds.medians();
         assert_eq!(rows[0].cycles_per_s, 200.0);
         assert_eq!(rows[0].violations, 2);
+        assert!(!rows[0].warmed_up, "a round that never warmed up is listed");
     }
 
     #[test]
