@@ -95,24 +95,19 @@ impl ClientState {
         }
     }
 
-    /// Runs `permit_cancel.lua` for `owner_id`, behind its acquire on the
-    /// waiters' script socket if that acquire's reply was never read
-    /// (`after_socket`); see [`ClientState::cancel`].
+    /// Runs `permit_cancel.lua` for `owner_id` on the waiters' lane `via`
+    /// fred or behind its acquire on the script socket; see
+    /// [`ClientState::cancel`].
     pub(crate) async fn cancel_permit_call(
         self: &Arc<Self>,
         keys: &Arc<LockKeys>,
         owner_id: &str,
-        after_socket: bool,
+        via: Via<'_>,
     ) -> Result<Purged> {
         let call = PermitCancel {
             owner_id,
             timings: &self.timings,
             channel_prefix: &self.channel_prefix(keys),
-        };
-        let via = if after_socket {
-            Via::Socket(Order::AfterSocket, None)
-        } else {
-            Via::Fred
         };
         // Also while the client closes (see `ClientState::cancel`).
         Ok(self

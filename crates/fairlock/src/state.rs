@@ -483,9 +483,10 @@ impl ClientState {
         self.run_on(Lane::Waiters, keys, call).await
     }
 
-    /// Runs a lock or permit script call on the waiters' lane, on its script socket
-    /// if that owes no reply (`redis/script_socket/`); `unanswered` says while
-    /// the call's reply there is unread (see [`Via::Socket`]).
+    /// Runs a lock or permit script call on the waiters' lane, on its
+    /// script socket if that owes no reply (`redis/script_socket/`);
+    /// `unanswered` says while the call's reply there is unread (see
+    /// [`Via::Socket`]).
     pub(crate) async fn run_direct<C: ScriptCall>(
         &self,
         keys: &LockKeys,
@@ -589,18 +590,18 @@ impl ClientState {
         owner_id: &str,
         after_socket: bool,
     ) {
+        let via = if after_socket {
+            Via::Socket(Order::AfterSocket, None)
+        } else {
+            Via::Fred
+        };
         let result = if keys.permit_family().is_some() {
-            self.cancel_permit_call(keys, owner_id, after_socket).await
+            self.cancel_permit_call(keys, owner_id, via).await
         } else {
             let call = Cancel {
                 owner_id,
                 timings: &self.timings,
                 channel_prefix: &self.channel_prefix(keys),
-            };
-            let via = if after_socket {
-                Via::Socket(Order::AfterSocket, None)
-            } else {
-                Via::Fred
             };
             // Also while the client closes: leaving the queue is what a
             // closing client's waiters do last.
