@@ -12,6 +12,7 @@
 //! what every column means.
 
 mod admin;
+mod busy_cpus;
 mod cell;
 mod hold;
 mod impls;
@@ -39,7 +40,7 @@ use report::{CellRecord, Results, RunInfo, UncontendedRecord, WaitersRecord};
 const CLIENTS: usize = 8;
 
 const USAGE: &str = "\
-usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]... [--cell C:H]... [--many-locks] [--waiters] [--clients N] [--rounds N]
+usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]... [--cell C:H]... [--many-locks] [--waiters] [--clients N] [--rounds N] [--busy-cpus]
        fairlock-bench --topologies [--quick] [--out DIR]
 
   --quick      fewer cells and shorter windows (2-3 minutes)
@@ -69,6 +70,11 @@ usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]... [--cell C:H]... [--
                implementations' order rotating from round to round; each
                row is its implementation's median round (default 3 in the
                full run, 1 with --quick or --cell)
+  --busy-cpus  a diagnostic, not a measure (needs --out): one spinner per
+               CPU at the lowest priority (SCHED_IDLE) for the whole run,
+               so no CPU goes idle between messages; compared with a run
+               without it, shows how much of a gap is the machine waking
+               idle CPUs (see src/busy_cpus.rs)
 ";
 
 /// What the command line asked for.
@@ -89,6 +95,10 @@ struct Options {
     clients: usize,
     /// `--rounds`: rounds of each one-hot-lock cell (`None`: the mode's).
     rounds: Option<usize>,
+    /// `--busy-cpus`: spinners keep every CPU busy (`busy_cpus.rs`).
+    busy_cpus: bool,
+    /// Whether `--out` was given.
+    out_given: bool,
 }
 
 /// `C:H` of `--cell`: contenders and hold in milliseconds.
@@ -115,6 +125,8 @@ fn parse_args() -> std::result::Result<Options, String> {
         waiters_only: false,
         clients: CLIENTS,
         rounds: None,
+        busy_cpus: false,
+        out_given: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -123,7 +135,9 @@ fn parse_args() -> std::result::Result<Options, String> {
             "--topologies" => options.topologies = true,
             "--out" => {
                 options.out = PathBuf::from(args.next().ok_or("--out needs a directory")?);
+                options.out_given = true;
             }
+            "--busy-cpus" => options.busy_cpus = true,
             "--impl" => {
                 let name = args.next().ok_or("--impl needs a name")?;
                 options.impls.push(
@@ -167,6 +181,15 @@ fn parse_args() -> std::result::Result<Options, String> {
     }
     if options.impls.is_empty() {
         options.impls = Implementation::ALL.to_vec();
+    }
+    if options.busy_cpus && options.topologies {
+        return Err("--busy-cpus is for the one-hot-lock cells, not --topologies".to_owned());
+    }
+    if options.busy_cpus && !options.out_given {
+        return Err(
+            "--busy-cpus needs --out: its figures are a diagnostic and must not replace the benchmark's results"
+                .to_owned(),
+        );
     }
     if options.processes.is_some() && options.cells.is_empty() {
         return Err("--processes needs at least one --cell".to_owned());
@@ -214,6 +237,9 @@ struct Plan {
     clients: usize,
     /// Rounds of each one-hot-lock cell (`rounds.rs`).
     rounds: usize,
+    /// `--busy-cpus`: spinners run beside the measurements, one per CPU
+    /// (0: none).
+    busy_cpus: usize,
 }
 
 impl Plan {
@@ -248,6 +274,9 @@ impl Plan {
         if let Some(rounds) = options.rounds {
             plan.rounds = rounds;
         }
+        if options.busy_cpus {
+            plan.busy_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        }
         plan
     }
 
@@ -274,6 +303,7 @@ impl Plan {
                 processes: 4,
                 clients: options.clients,
                 rounds: 1,
+                busy_cpus: 0,
             }
         } else {
             let mut cells = Vec::new();
@@ -302,6 +332,7 @@ impl Plan {
                 clients: options.clients,
                 // The ratio targets are read from these cells: see rounds.rs.
                 rounds: 3,
+                busy_cpus: 0,
             }
         }
     }
@@ -377,7 +408,17 @@ impl Plan {
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
-    if args.next().as_deref() == Some(processes::WORKER_FLAG) {
+    let first = args.next();
+    if first.as_deref() == Some(busy_cpus::SPINNER_FLAG) {
+        return match busy_cpus::spinner_main() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("fairlock-bench spinner: cannot take the lowest priority: {error}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if first.as_deref() == Some(processes::WORKER_FLAG) {
         let spec = args.next().unwrap_or_default();
         return match processes::worker_main(&spec) {
             Ok(()) => ExitCode::SUCCESS,
@@ -430,6 +471,11 @@ async fn run(options: &Options) -> Result<bool> {
     let started = Instant::now();
     let plan = Plan::new(options);
     let admin = Admin::start()?;
+    // Stopped when dropped, at the end of the run or on an error.
+    let _busy = match plan.busy_cpus {
+        0 => None,
+        count => Some(busy_cpus::BusyCpus::start(count)?),
+    };
     let progress = Progress::new(plan.estimated_seconds());
     let mut results = Results {
         info: run_info(&plan, &admin).await?,
@@ -572,15 +618,21 @@ async fn run_info(plan: &Plan, admin: &Admin) -> Result<RunInfo> {
                 .map(|(_, model)| model.trim().to_owned())
         })
         .unwrap_or_else(|| "unknown CPU".to_owned());
-    let command = if plan.mode == "quick" {
-        "cargo run --release -p fairlock-bench -- --quick"
+    // The command as given, so that a run of some cells (`--cell`) or a
+    // diagnostic (`--busy-cpus`) is never taken for the full matrix.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let command = if args.is_empty() {
+        "cargo run --release -p fairlock-bench".to_owned()
     } else {
-        "cargo run --release -p fairlock-bench"
+        format!(
+            "cargo run --release -p fairlock-bench -- {}",
+            args.join(" ")
+        )
     };
     Ok(RunInfo {
         kind: "run",
         mode: plan.mode,
-        command: command.to_owned(),
+        command,
         date_utc: utc_now(),
         nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
         cpu_model,
@@ -588,6 +640,7 @@ async fn run_info(plan: &Plan, admin: &Admin) -> Result<RunInfo> {
         clients: plan.clients,
         window_s: plan.measure.as_secs_f64(),
         rounds: plan.rounds,
+        busy_cpus: plan.busy_cpus,
         duration_s: 0.0,
     })
 }

@@ -31,6 +31,15 @@ pub fn document(results: &Results, charts: &[(String, String)]) -> String {
         },
         info.duration_s
     );
+    if info.busy_cpus > 0 {
+        let _ = writeln!(
+            md,
+            "**A diagnostic run, not a measure (`--busy-cpus`):** {} spinners at the lowest priority (`SCHED_IDLE`) kept every CPU \
+             busy, so no CPU went idle between two messages. Its ratios tell how much of a gap is the machine waking idle CPUs; \
+             the targets below are judged on runs without it.\n",
+            info.busy_cpus
+        );
+    }
     let _ = writeln!(
         md,
         "Commands per cycle count the lock part only (the critical section's GET and SET and the harness's own commands are removed). \
@@ -347,5 +356,50 @@ fn per_cycle(cell: &CellRecord, value: Option<f64>, show: impl Fn(f64) -> String
     match value {
         Some(value) if cell.cycles > 0 => show(value),
         _ => "-".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::RunInfo;
+
+    fn results(busy_cpus: usize) -> Results {
+        Results {
+            info: RunInfo {
+                kind: "run",
+                mode: "full",
+                command: "cargo run --release -p fairlock-bench -- --busy-cpus --out x".to_owned(),
+                date_utc: String::new(),
+                nproc: 2,
+                cpu_model: String::new(),
+                redis_version: String::new(),
+                clients: 8,
+                window_s: 1.0,
+                rounds: 1,
+                busy_cpus,
+                duration_s: 0.0,
+            },
+            ping: None,
+            uncontended: Vec::new(),
+            costs: Vec::new(),
+            waiters: Vec::new(),
+            cells: Vec::new(),
+            processes: Vec::new(),
+            many_locks: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_busy_cpus_run_says_at_its_top_that_it_is_a_diagnostic() {
+        let banner = "A diagnostic run, not a measure";
+        let busy = document(&results(2), &[]);
+        let top: String = busy.lines().take(6).collect::<Vec<_>>().join("\n");
+        assert!(top.contains(banner), "no banner near the top:\n{top}");
+        assert!(
+            top.contains("--busy-cpus --out x"),
+            "the command as given is missing:\n{top}"
+        );
+        assert!(!document(&results(0), &[]).contains(banner));
     }
 }

@@ -296,6 +296,9 @@ pub struct RunInfo {
     pub window_s: f64,
     /// Rounds of each one-hot-lock cell (`rounds.rs`).
     pub rounds: usize,
+    /// Spinners that kept every CPU busy (`--busy-cpus`, a diagnostic; 0
+    /// in a measuring run).
+    pub busy_cpus: usize,
     /// Wall-clock time of the whole run, s.
     pub duration_s: f64,
 }

@@ -680,6 +680,7 @@ mod tests {
                 clients: 4,
                 window_s: 1.0,
                 rounds: 1,
+                busy_cpus: 0,
                 duration_s: 0.0,
             },
             ping: None,
