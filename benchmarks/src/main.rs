@@ -388,7 +388,8 @@ impl Plan {
             .iter()
             .map(|&(c, h)| Plan::cell_seconds(&self.cell_plan(c, h)) + 4.0)
             .sum::<f64>()
-            * n;
+            * n
+            * self.rounds as f64;
         let many = if self.many_locks_cell {
             Plan::cell_seconds(&self.many_locks_plan()) * n
         } else {
@@ -520,16 +521,12 @@ async fn run(options: &Options) -> Result<bool> {
         let mut rounds = rounds::Rounds::new(&plan.impls);
         for round in 0..plan.rounds {
             for imp in rounds::order(&plan.impls, round) {
-                let of = if plan.rounds > 1 {
-                    format!(" (round {} of {})", round + 1, plan.rounds)
-                } else {
-                    String::new()
-                };
                 progress.step(
                     &format!(
-                        "{} C={contenders} H={}ms{of}",
+                        "{} C={contenders} H={}ms{}",
                         imp.label(),
-                        hold.as_millis()
+                        hold.as_millis(),
+                        round_of(round, plan.rounds)
                     ),
                     Plan::cell_seconds(&cell),
                 );
@@ -541,27 +538,33 @@ async fn run(options: &Options) -> Result<bool> {
         results.cells.extend(rounds.medians());
     }
 
+    // In rounds too: across processes the drift is the same machine's.
     for &(contenders, hold) in &plan.process_cells {
-        for &imp in &plan.impls {
-            let cell = plan.cell_plan(contenders, hold);
-            progress.step(
-                &format!(
-                    "{} C={contenders} H={}ms in {} processes",
-                    imp.label(),
-                    hold.as_millis(),
-                    plan.processes
-                ),
-                Plan::cell_seconds(&cell) + 4.0,
-            );
-            let run =
-                processes::run_cell_in_processes(imp, &admin, &cell, plan.processes, &progress)
-                    .await?;
-            let top_level = with_impl!(imp, lock => lock.top_level_commands());
-            let metrics = stats::summarize(&run, top_level);
-            let record = CellRecord::new("processes", imp, &run, &metrics);
-            progress.println(&record.summary());
-            results.processes.push(record);
+        let cell = plan.cell_plan(contenders, hold);
+        let mut rounds = rounds::Rounds::new(&plan.impls);
+        for round in 0..plan.rounds {
+            for imp in rounds::order(&plan.impls, round) {
+                progress.step(
+                    &format!(
+                        "{} C={contenders} H={}ms in {} processes{}",
+                        imp.label(),
+                        hold.as_millis(),
+                        plan.processes,
+                        round_of(round, plan.rounds)
+                    ),
+                    Plan::cell_seconds(&cell) + 4.0,
+                );
+                let run =
+                    processes::run_cell_in_processes(imp, &admin, &cell, plan.processes, &progress)
+                        .await?;
+                let top_level = with_impl!(imp, lock => lock.top_level_commands());
+                let metrics = stats::summarize(&run, top_level);
+                let record = CellRecord::new("processes", imp, &run, &metrics);
+                progress.println(&record.summary());
+                rounds.add(record);
+            }
         }
+        results.processes.extend(rounds.medians());
     }
 
     let many = plan.many_locks_plan();
@@ -592,6 +595,15 @@ async fn run(options: &Options) -> Result<bool> {
         .chain(&results.many_locks)
         .all(|c| c.violations == 0);
     Ok(clean)
+}
+
+/// " (round 2 of 3)" for the progress line, or nothing for a single round.
+fn round_of(round: usize, rounds: usize) -> String {
+    if rounds > 1 {
+        format!(" (round {} of {rounds})", round + 1)
+    } else {
+        String::new()
+    }
 }
 
 /// Runs one cell and summarizes it as a report record of `kind`.

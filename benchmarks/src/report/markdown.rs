@@ -117,6 +117,7 @@ pub fn document(results: &Results, charts: &[(String, String)]) -> String {
             first.clients
         );
         hot_lock_table(&mut md, &results.processes);
+        rounds_table(&mut md, &results.processes, results.info.rounds);
     }
 
     many_locks_table(&mut md, &results.many_locks, results.info.mode);
@@ -277,8 +278,9 @@ fn hot_lock_table(md: &mut String, records: &[CellRecord]) {
     cold_cells_note(md, records);
 }
 
-/// The cycles/s of every round of the one-hot-lock cells, when they ran
-/// in rounds: the table above shows each implementation's median round.
+/// The cycles/s of every round of the one-hot-lock cells (in one process
+/// or across processes), when they ran in rounds: the table above shows
+/// each implementation's median round.
 fn rounds_table(md: &mut String, records: &[CellRecord], rounds: usize) {
     if !records.iter().any(|c| c.rounds_cycles_per_s.len() > 1) {
         return;
@@ -388,6 +390,29 @@ mod tests {
             processes: Vec::new(),
             many_locks: Vec::new(),
         }
+    }
+
+    #[test]
+    fn the_cell_across_processes_lists_its_rounds() {
+        let mut results = results(0);
+        results.info.rounds = 2;
+        results.processes = vec![CellRecord {
+            implementation: "fairlock",
+            contenders: 1024,
+            hold_ms: 1.0,
+            clients: 4,
+            cycles: 10,
+            cycles_per_s: 700.0,
+            rounds_cycles_per_s: vec![700.0, 650.0],
+            ..CellRecord::default()
+        }];
+        let md = document(&results, &[]);
+        let processes = md
+            .find("contenders in 4 OS processes")
+            .expect("the processes section");
+        let rounds = &md[processes..];
+        assert!(rounds.contains("Each cell ran in 2 rounds"), "{rounds}");
+        assert!(rounds.contains("| C=1024 H=1 ms | 700 / 650 |"), "{rounds}");
     }
 
     #[test]
