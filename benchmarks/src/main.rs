@@ -478,16 +478,7 @@ async fn run(options: &Options) -> Result<bool> {
         count => Some(busy_cpus::BusyCpus::start(count)?),
     };
     let progress = Progress::new(plan.estimated_seconds());
-    let mut results = Results {
-        info: run_info(&plan, &admin).await?,
-        ping: None,
-        uncontended: Vec::new(),
-        costs: Vec::new(),
-        waiters: Vec::new(),
-        cells: Vec::new(),
-        processes: Vec::new(),
-        many_locks: Vec::new(),
-    };
+    let mut results = Results::new(run_info(&plan, &admin).await?);
 
     for &imp in &plan.impls {
         progress.step(&format!("uncontended: {}", imp.label()), 1.0);
@@ -518,53 +509,33 @@ async fn run(options: &Options) -> Result<bool> {
 
     for &(contenders, hold) in &plan.cells {
         let cell = plan.cell_plan(contenders, hold);
-        let mut rounds = rounds::Rounds::new(&plan.impls);
-        for round in 0..plan.rounds {
-            for imp in rounds::order(&plan.impls, round) {
-                progress.step(
-                    &format!(
-                        "{} C={contenders} H={}ms{}",
-                        imp.label(),
-                        hold.as_millis(),
-                        round_of(round, plan.rounds)
-                    ),
-                    Plan::cell_seconds(&cell),
-                );
-                let record = with_impl!(imp, lock => measure_cell(&lock, imp, "cell", &admin, &cell, &progress).await)?;
-                progress.println(&record.summary());
-                rounds.add(record);
-            }
-        }
-        results.cells.extend(rounds.medians());
+        let what = format!("C={contenders} H={}ms", hold.as_millis());
+        let medians = in_rounds(&plan, &progress, &what, Plan::cell_seconds(&cell), async |imp| {
+            with_impl!(imp, lock => measure_cell(&lock, imp, "cell", &admin, &cell, &progress).await)
+        })
+        .await?;
+        results.cells.extend(medians);
     }
 
     // In rounds too: across processes the drift is the same machine's.
     for &(contenders, hold) in &plan.process_cells {
         let cell = plan.cell_plan(contenders, hold);
-        let mut rounds = rounds::Rounds::new(&plan.impls);
-        for round in 0..plan.rounds {
-            for imp in rounds::order(&plan.impls, round) {
-                progress.step(
-                    &format!(
-                        "{} C={contenders} H={}ms in {} processes{}",
-                        imp.label(),
-                        hold.as_millis(),
-                        plan.processes,
-                        round_of(round, plan.rounds)
-                    ),
-                    Plan::cell_seconds(&cell) + 4.0,
-                );
-                let run =
-                    processes::run_cell_in_processes(imp, &admin, &cell, plan.processes, &progress)
-                        .await?;
-                let top_level = with_impl!(imp, lock => lock.top_level_commands());
-                let metrics = stats::summarize(&run, top_level);
-                let record = CellRecord::new("processes", imp, &run, &metrics);
-                progress.println(&record.summary());
-                rounds.add(record);
-            }
-        }
-        results.processes.extend(rounds.medians());
+        let what = format!(
+            "C={contenders} H={}ms in {} processes",
+            hold.as_millis(),
+            plan.processes
+        );
+        let seconds = Plan::cell_seconds(&cell) + 4.0;
+        let medians = in_rounds(&plan, &progress, &what, seconds, async |imp| {
+            let run =
+                processes::run_cell_in_processes(imp, &admin, &cell, plan.processes, &progress)
+                    .await?;
+            let top_level = with_impl!(imp, lock => lock.top_level_commands());
+            let metrics = stats::summarize(&run, top_level);
+            Ok(CellRecord::new("processes", imp, &run, &metrics))
+        })
+        .await?;
+        results.processes.extend(medians);
     }
 
     let many = plan.many_locks_plan();
@@ -597,13 +568,33 @@ async fn run(options: &Options) -> Result<bool> {
     Ok(clean)
 }
 
-/// " (round 2 of 3)" for the progress line, or nothing for a single round.
-fn round_of(round: usize, rounds: usize) -> String {
-    if rounds > 1 {
-        format!(" (round {} of {rounds})", round + 1)
-    } else {
-        String::new()
+/// Measures one cell in the plan's rounds, every implementation once per
+/// round in rotating order (`rounds.rs`), and returns each
+/// implementation's median round. `what` names the cell on the progress
+/// line, `seconds` is one measurement's estimated length, and `measure`
+/// measures one implementation once.
+async fn in_rounds(
+    plan: &Plan,
+    progress: &Progress,
+    what: &str,
+    seconds: f64,
+    mut measure: impl AsyncFnMut(Implementation) -> Result<CellRecord>,
+) -> Result<Vec<CellRecord>> {
+    let mut rounds = rounds::Rounds::new(&plan.impls);
+    for round in 0..plan.rounds {
+        for imp in rounds::order(&plan.impls, round) {
+            let of = if plan.rounds > 1 {
+                format!(" (round {} of {})", round + 1, plan.rounds)
+            } else {
+                String::new()
+            };
+            progress.step(&format!("{} {what}{of}", imp.label()), seconds);
+            let record = measure(imp).await?;
+            progress.println(&record.summary());
+            rounds.add(record);
+        }
     }
+    Ok(rounds.medians())
 }
 
 /// Runs one cell and summarizes it as a report record of `kind`.

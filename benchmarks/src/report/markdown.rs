@@ -367,29 +367,20 @@ mod tests {
     use crate::report::RunInfo;
 
     fn results(busy_cpus: usize) -> Results {
-        Results {
-            info: RunInfo {
-                kind: "run",
-                mode: "full",
-                command: "cargo run --release -p fairlock-bench -- --busy-cpus --out x".to_owned(),
-                date_utc: String::new(),
-                nproc: 2,
-                cpu_model: String::new(),
-                redis_version: String::new(),
-                clients: 8,
-                window_s: 1.0,
-                rounds: 1,
-                busy_cpus,
-                duration_s: 0.0,
-            },
-            ping: None,
-            uncontended: Vec::new(),
-            costs: Vec::new(),
-            waiters: Vec::new(),
-            cells: Vec::new(),
-            processes: Vec::new(),
-            many_locks: Vec::new(),
-        }
+        Results::new(RunInfo {
+            kind: "run",
+            mode: "full",
+            command: "cargo run --release -p fairlock-bench -- --busy-cpus --out x".to_owned(),
+            date_utc: String::new(),
+            nproc: 2,
+            cpu_model: String::new(),
+            redis_version: String::new(),
+            clients: 8,
+            window_s: 1.0,
+            rounds: 1,
+            busy_cpus,
+            duration_s: 0.0,
+        })
     }
 
     #[test]

@@ -325,6 +325,20 @@ pub struct Results {
 }
 
 impl Results {
+    /// A run with nothing measured yet.
+    pub fn new(info: RunInfo) -> Results {
+        Results {
+            info,
+            ping: None,
+            uncontended: Vec::new(),
+            costs: Vec::new(),
+            waiters: Vec::new(),
+            cells: Vec::new(),
+            processes: Vec::new(),
+            many_locks: Vec::new(),
+        }
+    }
+
     /// The run as JSON lines, one object per measurement, in the order
     /// the README lists them.
     pub fn to_jsonl(&self) -> Result<String> {

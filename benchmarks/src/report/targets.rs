@@ -668,29 +668,22 @@ mod tests {
     }
 
     fn results(cells: Vec<CellRecord>) -> Results {
-        Results {
-            info: RunInfo {
-                kind: "run",
-                mode: "full",
-                command: String::new(),
-                date_utc: String::new(),
-                nproc: 2,
-                cpu_model: String::new(),
-                redis_version: String::new(),
-                clients: 4,
-                window_s: 1.0,
-                rounds: 1,
-                busy_cpus: 0,
-                duration_s: 0.0,
-            },
-            ping: None,
-            uncontended: Vec::new(),
-            costs: Vec::new(),
-            waiters: Vec::new(),
-            cells,
-            processes: Vec::new(),
-            many_locks: Vec::new(),
-        }
+        let mut results = Results::new(RunInfo {
+            kind: "run",
+            mode: "full",
+            command: String::new(),
+            date_utc: String::new(),
+            nproc: 2,
+            cpu_model: String::new(),
+            redis_version: String::new(),
+            clients: 4,
+            window_s: 1.0,
+            rounds: 1,
+            busy_cpus: 0,
+            duration_s: 0.0,
+        });
+        results.cells = cells;
+        results
     }
 
     #[test]
