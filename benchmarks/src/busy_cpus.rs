@@ -78,13 +78,21 @@ impl Drop for BusyCpus {
 
 /// A spinner's whole life: lowest priority, dies with its parent, spins.
 /// Returns only if it cannot lower its priority (it must never compete
-/// with the work it keeps company).
-pub fn spinner_main() -> std::io::Result<()> {
-    become_idle_priority()?;
-    // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number and
-    // touches no memory of ours.
-    unsafe {
+/// with the work it keeps company) or its parent is gone already.
+pub fn spinner_main() -> std::io::Error {
+    if let Err(error) = become_idle_priority() {
+        return error;
+    }
+    // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number, and
+    // getppid nothing; neither touches memory of ours.
+    let orphaned = unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        // A parent that died before the prctl sent no signal: the spinner
+        // was handed to init (or a subreaper) already.
+        libc::getppid() == 1
+    };
+    if orphaned {
+        return std::io::Error::other("the benchmark that started this spinner is gone");
     }
     loop {
         std::hint::spin_loop();
