@@ -242,8 +242,12 @@ pub struct ClientConfig {
     /// Redis client's connection crosses to its connection task and back,
     /// which on a multi-threaded runtime wakes other worker threads: about
     /// 15-20 µs per call on a local server. Each command lane gets one
-    /// such socket (two more connections per client); a call that finds
-    /// its lane's socket busy goes through the Redis client as before.
+    /// such socket (two more connections per client); calls made at once
+    /// are pipelined on it. A call goes through the Redis client instead
+    /// while the socket is down (for a second after a failed connect) or
+    /// owes a reply to a call that stopped waiting (a timeout, a dropped
+    /// future), and behind Sentinel, on a cluster and with
+    /// `replica_acks`, where the sockets are not used.
     /// Off: every call goes through the Redis client.
     pub direct_calls: bool,
 }
