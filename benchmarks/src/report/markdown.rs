@@ -121,6 +121,7 @@ pub fn document(results: &Results, charts: &[(String, String)]) -> String {
     }
 
     many_locks_table(&mut md, &results.many_locks, results.info.mode);
+    rounds_table(&mut md, &results.many_locks, results.info.rounds);
 
     let _ = writeln!(md, "\n## Targets (fairlock)\n");
     let _ = writeln!(md, "| target | measured | result |");
@@ -278,9 +279,9 @@ fn hot_lock_table(md: &mut String, records: &[CellRecord]) {
     cold_cells_note(md, records);
 }
 
-/// The cycles/s of every round of the one-hot-lock cells (in one process
-/// or across processes), when they ran in rounds: the table above shows
-/// each implementation's median round.
+/// The cycles/s of every round of the cells above (one hot lock in one
+/// process or across processes, or the 1,000 locks), when they ran in
+/// rounds: the table above shows each implementation's median round.
 fn rounds_table(md: &mut String, records: &[CellRecord], rounds: usize) {
     if !records.iter().any(|c| c.rounds_cycles_per_s.len() > 1) {
         return;
@@ -327,11 +328,18 @@ fn rounds_table(md: &mut String, records: &[CellRecord], rounds: usize) {
                     })
             })
             .collect();
-        let _ = writeln!(
-            md,
-            "| C={contenders} H={hold_ms} ms | {} |",
-            row.join(" | ")
-        );
+        let cell = match records
+            .iter()
+            .find(|c| c.contenders == contenders && c.locks > 1)
+        {
+            Some(c) => format!(
+                "{} locks × {} H={hold_ms} ms",
+                c.locks,
+                contenders / c.locks
+            ),
+            None => format!("C={contenders} H={hold_ms} ms"),
+        };
+        let _ = writeln!(md, "| {cell} | {} |", row.join(" | "));
     }
 }
 
@@ -404,6 +412,33 @@ mod tests {
         let rounds = &md[processes..];
         assert!(rounds.contains("Each cell ran in 2 rounds"), "{rounds}");
         assert!(rounds.contains("| C=1024 H=1 ms | 700 / 650 |"), "{rounds}");
+    }
+
+    #[test]
+    fn the_many_locks_cell_lists_its_rounds() {
+        let mut results = results(0);
+        results.info.rounds = 3;
+        results.many_locks = vec![CellRecord {
+            implementation: "fairlock",
+            contenders: 64_000,
+            locks: 1000,
+            hold_ms: 1.0,
+            clients: 8,
+            cycles: 10,
+            cycles_per_s: 10_500.0,
+            rounds_cycles_per_s: vec![10_500.0, 9_800.0, 12_000.0],
+            ..CellRecord::default()
+        }];
+        let md = document(&results, &[]);
+        let many = md
+            .find("1000 distinct locks")
+            .expect("the 1,000-lock section");
+        let rounds = &md[many..];
+        assert!(rounds.contains("Each cell ran in 3 rounds"), "{rounds}");
+        assert!(
+            rounds.contains("| 1000 locks × 64 H=1 ms | 10500 / 9800 / 12000 |"),
+            "{rounds}"
+        );
     }
 
     #[test]
