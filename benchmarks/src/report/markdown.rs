@@ -391,53 +391,64 @@ mod tests {
         })
     }
 
+    /// A fairlock row of `contenders` over `locks` at H=1 ms that ran in
+    /// the rounds given, each round's cycles/s.
+    fn row_of_rounds(
+        contenders: usize,
+        locks: usize,
+        clients: usize,
+        rounds: &[f64],
+    ) -> CellRecord {
+        CellRecord {
+            implementation: "fairlock",
+            contenders,
+            locks,
+            hold_ms: 1.0,
+            clients,
+            cycles: 10,
+            cycles_per_s: rounds[0],
+            rounds_cycles_per_s: rounds.to_vec(),
+            ..CellRecord::default()
+        }
+    }
+
+    /// Asserts that the section found by `heading` lists its rounds,
+    /// `row` among them.
+    fn assert_rounds_listed(results: &Results, heading: &str, row: &str) {
+        let md = document(results, &[]);
+        let at = md.find(heading).expect(heading);
+        let section = &md[at..];
+        let count = format!("Each cell ran in {} rounds", results.info.rounds);
+        assert!(section.contains(&count), "{section}");
+        assert!(section.contains(row), "{section}");
+    }
+
     #[test]
     fn the_cell_across_processes_lists_its_rounds() {
         let mut results = results(0);
         results.info.rounds = 2;
-        results.processes = vec![CellRecord {
-            implementation: "fairlock",
-            contenders: 1024,
-            hold_ms: 1.0,
-            clients: 4,
-            cycles: 10,
-            cycles_per_s: 700.0,
-            rounds_cycles_per_s: vec![700.0, 650.0],
-            ..CellRecord::default()
-        }];
-        let md = document(&results, &[]);
-        let processes = md
-            .find("contenders in 4 OS processes")
-            .expect("the processes section");
-        let rounds = &md[processes..];
-        assert!(rounds.contains("Each cell ran in 2 rounds"), "{rounds}");
-        assert!(rounds.contains("| C=1024 H=1 ms | 700 / 650 |"), "{rounds}");
+        results.processes = vec![row_of_rounds(1024, 1, 4, &[700.0, 650.0])];
+        assert_rounds_listed(
+            &results,
+            "contenders in 4 OS processes",
+            "| C=1024 H=1 ms | 700 / 650 |",
+        );
     }
 
     #[test]
     fn the_many_locks_cell_lists_its_rounds() {
         let mut results = results(0);
         results.info.rounds = 3;
-        results.many_locks = vec![CellRecord {
-            implementation: "fairlock",
-            contenders: 64_000,
-            locks: 1000,
-            hold_ms: 1.0,
-            clients: 8,
-            cycles: 10,
-            cycles_per_s: 10_500.0,
-            rounds_cycles_per_s: vec![10_500.0, 9_800.0, 12_000.0],
-            ..CellRecord::default()
-        }];
-        let md = document(&results, &[]);
-        let many = md
-            .find("1000 distinct locks")
-            .expect("the 1,000-lock section");
-        let rounds = &md[many..];
-        assert!(rounds.contains("Each cell ran in 3 rounds"), "{rounds}");
-        assert!(
-            rounds.contains("| 1000 locks × 64 H=1 ms | 10500 / 9800 / 12000 |"),
-            "{rounds}"
+        results.many_locks = vec![row_of_rounds(
+            64_000,
+            1000,
+            8,
+            &[10_500.0, 9_800.0, 12_000.0],
+        )];
+        assert_rounds_listed(
+            &results,
+            "1000 distinct locks",
+            "| 1000 locks × 64 H=1 ms | 10500 / 9800 / 12000 |",
         );
     }
 
