@@ -1,10 +1,11 @@
-//! Interleaved rounds of the one-hot-lock cells.
+//! Interleaved rounds of the benchmark's cells: one hot lock in one
+//! process or across processes, and the 1,000 locks.
 //!
 //! This machine's speed drifts by tens of percent within minutes (the
 //! PING round trip of one cell can be 40 µs and of the next 130 µs), and
 //! the implementations of a cell run one after the other: with one window
 //! each, a ratio between two of them measured the drift as much as the
-//! locks. So the full run measures every one-hot-lock cell in rounds: each
+//! locks. So the full run measures every cell in rounds: each
 //! round runs every implementation once, the order rotating from round to
 //! round (with three implementations A B C, then B C A, then C A B), and
 //! each implementation's row in the report is its median round by

@@ -25,7 +25,7 @@ pub fn document(results: &Results, charts: &[(String, String)]) -> String {
         info.clients,
         info.window_s,
         if info.rounds > 1 {
-            format!(" (each one-hot-lock cell in {} rounds)", info.rounds)
+            format!(" (each cell in {} rounds)", info.rounds)
         } else {
             String::new()
         },

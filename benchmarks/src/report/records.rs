@@ -294,7 +294,8 @@ pub struct RunInfo {
     pub clients: usize,
     /// Measured window per cell, s.
     pub window_s: f64,
-    /// Rounds of each one-hot-lock cell (`rounds.rs`).
+    /// Rounds of each cell: one hot lock, across processes, 1,000 locks
+    /// (`rounds.rs`).
     pub rounds: usize,
     /// Spinners that kept every CPU busy (`--busy-cpus`, a diagnostic; 0
     /// in a measuring run).
