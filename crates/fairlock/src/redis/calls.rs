@@ -334,6 +334,20 @@ impl RedisConnection {
         match Box::pin(socket.call(&target, &call, order, deadline, unanswered)).await {
             Outcome::Answered(Ok(reply)) => Some(Ok(reply)),
             Outcome::Answered(Err(error)) if error.starts_with("NOSCRIPT") => None,
+            Outcome::Answered(Err(error))
+                if error.starts_with("READONLY") && endpoint.follows_primary() =>
+            {
+                // Behind Sentinel, a socket left on a demoted primary whose
+                // connections stayed open: the call wrote nothing there (a
+                // replica refuses a script's first write) and goes through
+                // fred, which follows the primary the sentinels name; the
+                // sockets connect again, to a server that answers `ROLE`
+                // as the primary (`script_socket/login.rs`).
+                for socket in &sockets.lanes {
+                    socket.disconnect();
+                }
+                None
+            }
             Outcome::Answered(Err(error)) => Some(Err(classify(
                 &FredError::new(ErrorKind::Unknown, error),
                 script.name,

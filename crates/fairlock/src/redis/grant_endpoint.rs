@@ -181,6 +181,13 @@ impl GrantEndpoint {
         matches!(self.target, GrantTarget::ClusterNodes)
     }
 
+    /// Whether connections follow a Sentinel-managed primary: the address
+    /// changes with fred's reconnects, and a server found there must still
+    /// be checked to be a primary (`script_socket/login.rs`).
+    pub(crate) fn follows_primary(&self) -> bool {
+        matches!(self.target, GrantTarget::Primary(_))
+    }
+
     /// The address to connect to now. `None` behind Sentinel before fred
     /// has reached a primary, and on a cluster.
     pub(crate) fn address(&self) -> Option<String> {
@@ -188,19 +195,37 @@ impl GrantEndpoint {
             GrantTarget::Fixed(address) => Some(address.clone()),
             GrantTarget::ClusterNodes => None,
             GrantTarget::Primary(follow) => {
-                let mut follow = follow.lock().unwrap_or_else(|p| p.into_inner());
-                loop {
-                    match follow.reconnects.try_recv() {
-                        Ok(server) => follow.latest = Some(address(&server)),
-                        // Missed announcements: the next ones are newer.
-                        Err(broadcast::error::TryRecvError::Lagged(_)) => {}
-                        Err(_) => break,
-                    }
-                }
-                follow.latest.clone()
+                follow_latest(follow, |latest| latest.map(str::to_owned))
             }
         }
     }
+
+    /// Whether a connection opened to `address` is still where
+    /// [`GrantEndpoint::address`] leads: behind Sentinel, false once fred
+    /// has announced a reconnect to another server (a fail-over); always
+    /// true for a single server. Allocates nothing: the script sockets ask
+    /// on every call.
+    pub(crate) fn still_at(&self, address: &str) -> bool {
+        match &self.target {
+            GrantTarget::Primary(follow) => follow_latest(follow, |latest| latest == Some(address)),
+            GrantTarget::Fixed(_) | GrantTarget::ClusterNodes => true,
+        }
+    }
+}
+
+/// `read` of the last server fred's reconnect announcements named, after
+/// taking every announcement made since the last look.
+fn follow_latest<T>(follow: &Mutex<FollowPrimary>, read: impl FnOnce(Option<&str>) -> T) -> T {
+    let mut follow = follow.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        match follow.reconnects.try_recv() {
+            Ok(server) => follow.latest = Some(address(&server)),
+            // Missed announcements: the next ones are newer.
+            Err(broadcast::error::TryRecvError::Lagged(_)) => {}
+            Err(_) => break,
+        }
+    }
+    read(follow.latest.as_deref())
 }
 
 #[cfg(test)]

@@ -5,8 +5,8 @@
 //! calls, [`Reply`](fairlock_core::Reply)) so the Redis client can be
 //! swapped by rewriting this module alone. Three connections per process:
 //! two command lanes and one subscriber that carries the process's single
-//! pub/sub channel; on a single server two more, the lanes' script
-//! sockets, on which the hot path's calls (a lock's acquire and release)
+//! pub/sub channel; on a single server and behind Sentinel two more, the
+//! lanes' script sockets, on which the hot path's calls (a lock's acquire and release)
 //! are written and read by the calling tasks (`script_socket/`). On a single server, on a Sentinel-managed primary and
 //! on a cluster's nodes, over plain TCP or TLS, that subscriber is not fred's but fairlock's own
 //! grant connection (`grant_connection.rs`, one per node in
@@ -164,7 +164,7 @@ pub(crate) struct RedisConnection {
     moved_primary: Option<MovedPrimary>,
 }
 
-/// The script sockets of a client on a single server.
+/// The script sockets of a client on a single server or behind Sentinel.
 struct Sockets {
     lanes: [ScriptSocket; 2],
     /// The URL's database.
@@ -192,15 +192,19 @@ impl RedisConnection {
             PubSub::Fred => None,
         };
         let (username, password) = (fred_config.username.clone(), fred_config.password.clone());
-        // Only on a single server (see `script_socket/`), where grants
-        // come on fairlock's own connection too.
         // A single server's URL, followed where it leads after a
         // `READONLY` answer (`moved_primary.rs`).
         let moved_primary =
             matches!(grant_place, Some(GrantPlace::Fixed(_))).then(MovedPrimary::default);
+        // On a single server and behind Sentinel (see `script_socket/`),
+        // where grants come on fairlock's own connection too, and without
+        // replica acknowledgement (a `WAIT` covers fred's connections).
         let sockets = (config.direct_calls
             && config.replica_acks.is_none()
-            && matches!(grant_place, Some(GrantPlace::Fixed(_))))
+            && matches!(
+                grant_place,
+                Some(GrantPlace::Fixed(_) | GrantPlace::SentinelPrimary)
+            ))
         .then(|| Sockets {
             lanes: [ScriptSocket::new(), ScriptSocket::new()],
             database: fred_config.database,
@@ -373,6 +377,18 @@ impl RedisConnection {
             [
                 sockets.lanes[0].is_connected(),
                 sockets.lanes[1].is_connected(),
+            ]
+        })
+    }
+
+    /// Where each lane's script socket, `[waiters, holders]`, is
+    /// connected now (`None` while not connected, and without sockets).
+    #[cfg(test)]
+    pub(crate) fn sockets_at(&self) -> [Option<String>; 2] {
+        self.sockets.as_ref().map_or([None, None], |sockets| {
+            [
+                sockets.lanes[0].connected_to(),
+                sockets.lanes[1].connected_to(),
             ]
         })
     }

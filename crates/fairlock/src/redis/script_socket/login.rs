@@ -1,6 +1,8 @@
 //! Opening a script socket: the TCP (and TLS) connection, then the login
-//! the URL asks for, answered before the socket takes a call.
+//! the URL asks for, answered before the socket takes a call; behind
+//! Sentinel, a check that the server is the primary.
 
+use fairlock_core::Reply;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::pipe::BUFFER;
@@ -8,9 +10,27 @@ use super::SocketTarget;
 use crate::grant_stream::GrantStream;
 use crate::resp2;
 
+/// A connection opened and logged in: the stream, what was read past
+/// the login's answers, and the address it went to.
+pub(super) struct Opened {
+    pub(super) stream: GrantStream,
+    pub(super) buf: Vec<u8>,
+    pub(super) address: String,
+}
+
 /// Opens the connection: TCP (and TLS), then `AUTH` and `SELECT` as the
 /// URL asks (or a `PING`), in one write, and reads their answers.
-pub(super) async fn open(target: &SocketTarget<'_>) -> Result<(GrantStream, Vec<u8>), String> {
+///
+/// Behind Sentinel a `ROLE` follows, and a server that does not answer
+/// `master` is refused: the address is the one fred last reconnected to,
+/// and right after a fail-over that can be the demoted primary, now a
+/// replica, whose connections Sentinel closed a moment before fred
+/// announced the new one. On a replica a script that writes is refused,
+/// but one that only reads (a try-lock finding the lock held, a release
+/// by a caller that no longer owns it) would answer from a copy that may
+/// lag. fred checks its own connections the same way, so fairlock's user
+/// behind Sentinel has `ROLE` already.
+pub(super) async fn open(target: &SocketTarget<'_>) -> Result<Opened, String> {
     let endpoint = target.endpoint;
     let address = endpoint
         .address()
@@ -36,7 +56,11 @@ pub(super) async fn open(target: &SocketTarget<'_>) -> Result<(GrantStream, Vec<
         resp2::command(&mut out, &[b"SELECT", database.to_string().as_bytes()]);
         answers += 1;
     }
-    if answers == 0 {
+    let check_role = endpoint.follows_primary();
+    if check_role {
+        resp2::command(&mut out, &[b"ROLE"]);
+        answers += 1;
+    } else if answers == 0 {
         // Answered before the socket takes a call: a server that refuses
         // the connection (at its `maxclients`, it writes an error and
         // closes) fails the connect, not the call.
@@ -48,11 +72,15 @@ pub(super) async fn open(target: &SocketTarget<'_>) -> Result<(GrantStream, Vec<
     stream.flush().await.map_err(io)?;
     while answers > 0 {
         match resp2::reply(&buf).map_err(|m| m.0.to_owned())? {
-            Some((Ok(_), used)) => {
+            Some((Ok(answer), used)) => {
                 buf.drain(..used);
                 answers -= 1;
+                // The last answer is the ROLE's, if asked.
+                if check_role && answers == 0 {
+                    role_is_primary(&answer)?;
+                }
             }
-            Some((Err(error), _)) => return Err(format!("Redis refused the login: {error}")),
+            Some((Err(error), _)) => return Err(format!("Redis refused a login command: {error}")),
             None => {
                 if stream.read_buf(&mut buf).await.map_err(io)? == 0 {
                     return Err("Redis closed the connection".to_owned());
@@ -60,5 +88,23 @@ pub(super) async fn open(target: &SocketTarget<'_>) -> Result<(GrantStream, Vec<
             }
         }
     }
-    Ok((stream, buf))
+    Ok(Opened {
+        stream,
+        buf,
+        address,
+    })
+}
+
+/// `Ok` if `ROLE` answered that the server is a primary.
+fn role_is_primary(answer: &Reply) -> Result<(), String> {
+    match answer {
+        Reply::Array(fields) if matches!(fields.first(), Some(Reply::Str(role)) if role == "master") => {
+            Ok(())
+        }
+        Reply::Array(fields) => Err(format!(
+            "the server is not the primary (ROLE answered {:?}); fred has not yet reconnected to the new one",
+            fields.first()
+        )),
+        other => Err(format!("ROLE answered {other:?}")),
+    }
 }

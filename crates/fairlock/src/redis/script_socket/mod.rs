@@ -39,10 +39,15 @@
 //!   (Redis must have stopped reading the socket while a send buffer of a
 //!   megabyte or so filled; the README states it).
 //!
-//! Used on a single server only, plain TCP or TLS (see
-//! [`RedisConnection::connect`](super::RedisConnection::connect)); behind
-//! Sentinel, on a cluster, with replica acknowledgement (a `WAIT` covers
-//! fred's connections only) and for RedLock every call goes through fred.
+//! Used on a single server and behind Sentinel, plain TCP or TLS (see
+//! [`RedisConnection::connect`](super::RedisConnection::connect)); on a
+//! cluster, with replica acknowledgement (a `WAIT` covers fred's
+//! connections only) and for RedLock every call goes through fred. Behind
+//! Sentinel the socket goes where fred's waiters' connection last
+//! reconnected, and only to a server that answers `ROLE` as the primary
+//! (`login.rs`); a call made after fred has moved elsewhere moves the
+//! socket first ([`ScriptSocket::leave_old_primary`]), and one answered
+//! `READONLY` closes it (`redis/calls.rs`).
 
 //!
 //! The files: this one takes a call onto the socket, writes, reads and
@@ -50,11 +55,13 @@
 //! calls in flight, whose reply comes next, who holds which half);
 //! `guards.rs` puts things right when a caller's future is dropped
 //! part-way; `login.rs` opens the connection; `tests.rs` runs it all
-//! against a real redis-server.
+//! against a real redis-server, `sentinel_tests.rs` behind Sentinel.
 
 mod guards;
 mod login;
 mod pipe;
+#[cfg(test)]
+mod sentinel_tests;
 #[cfg(test)]
 mod tests;
 
@@ -72,7 +79,7 @@ use super::grant_endpoint::GrantEndpoint;
 use crate::grant_stream::GrantStream;
 use crate::resp2;
 use guards::{Reading, Taken, Writing};
-use login::open;
+use login::{open, Opened};
 use pipe::{wake, Pipe, Reader, Slot, Wakers, BUFFER, KEEP_BUFFER};
 
 /// After a connect that failed, calls go through fred for this long before
@@ -109,7 +116,8 @@ pub(crate) enum Outcome {
 
 /// Where the socket connects and how it logs in.
 pub(crate) struct SocketTarget<'a> {
-    /// The single server's address, TLS and credentials.
+    /// The server's address (a single server's, or the primary fred
+    /// follows behind Sentinel), TLS and credentials.
     pub(crate) endpoint: &'a GrantEndpoint,
     /// The URL's database, selected on connect.
     pub(crate) database: Option<u8>,
@@ -199,7 +207,13 @@ impl ScriptSocket {
         deadline: Instant,
         unanswered: Option<&AtomicBool>,
     ) -> Outcome {
-        if self.closed.load(Ordering::SeqCst) || !self.connected(target, order).await {
+        if self.closed.load(Ordering::SeqCst) {
+            return Outcome::NotSent;
+        }
+        if target.endpoint.follows_primary() {
+            self.leave_old_primary(target.endpoint);
+        }
+        if !self.connected(target, order).await {
             return Outcome::NotSent;
         }
         let mut wakers = Wakers::new();
@@ -271,16 +285,22 @@ impl ScriptSocket {
             }
         }
         let _connecting = Connecting(self);
-        let Some((stream, buf)) = self.connect(target).await else {
+        let Some(opened) = self.connect(target).await else {
             return false;
         };
         let mut pipe = self.lock();
         if self.closed.load(Ordering::SeqCst) {
             return false;
         }
+        let Opened {
+            stream,
+            buf,
+            address,
+        } = opened;
         let (read, write) = tokio::io::split(stream);
         pipe.epoch += 1;
         pipe.connected = true;
+        pipe.address = address;
         pipe.writer = Some(write);
         pipe.reader = Some(Reader { half: read, buf });
         pipe.out.reserve(BUFFER);
@@ -453,9 +473,27 @@ impl ScriptSocket {
         read.is_ok()
     }
 
+    /// Behind Sentinel: closes the connection if fred has reconnected to
+    /// another server since it was opened (a fail-over), so that the call
+    /// connects to the new primary. Calls in flight on the old one are
+    /// lost and sent again through fred, as when Sentinel closes the
+    /// demoted primary's connections.
+    fn leave_old_primary(&self, endpoint: &GrantEndpoint) {
+        let moved = {
+            let pipe = self.lock();
+            (pipe.connected && !endpoint.still_at(&pipe.address)).then_some(pipe.epoch)
+        };
+        if let Some(epoch) = moved {
+            tracing::info!(
+                "fairlock's script socket is on a server fred has left (a fail-over); connecting again"
+            );
+            self.lose(epoch);
+        }
+    }
+
     /// Connects and logs in, within the connect timeout; `None` (and no
     /// attempt for [`RECONNECT_PAUSE`]) if that fails.
-    async fn connect(&self, target: &SocketTarget<'_>) -> Option<(GrantStream, Vec<u8>)> {
+    async fn connect(&self, target: &SocketTarget<'_>) -> Option<Opened> {
         let now = Instant::now();
         {
             let mut pause = self.pause_until.lock().unwrap_or_else(|p| p.into_inner());
@@ -518,6 +556,13 @@ impl ScriptSocket {
     #[cfg(test)]
     pub(crate) fn is_connected(&self) -> bool {
         self.lock().connected
+    }
+
+    /// Where the socket is connected now, if it is (for tests).
+    #[cfg(test)]
+    pub(crate) fn connected_to(&self) -> Option<String> {
+        let pipe = self.lock();
+        pipe.connected.then(|| pipe.address.clone())
     }
 
     /// The most calls that were in flight on the socket at once (for

@@ -30,6 +30,9 @@ pub(super) struct Pipe {
     /// earlier connection was open is dropped, not put back.
     pub(super) epoch: u64,
     pub(super) connected: bool,
+    /// The address the connection went to (see
+    /// [`ScriptSocket::leave_old_primary`](super::ScriptSocket)).
+    pub(super) address: String,
     /// A caller is connecting; others go through fred meanwhile.
     pub(super) connecting: bool,
     /// The write half, unless a caller is writing.
