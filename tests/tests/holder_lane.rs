@@ -24,19 +24,20 @@ use std::time::Duration;
 use fairlock::LockClient;
 use fairlock_tests::*;
 
-/// On the script sockets (the default on a single server) each enqueue is
-/// written to the waiters' socket by its caller at once, so the burst
-/// waits in Redis's input, not in the process: Redis is kept busy by a
-/// script on another connection while the burst and then the release are
-/// written, and once it reads again the release, alone on the holders'
-/// socket, runs before the enqueues still unread on the waiters'.
+/// On the script sockets (the default on a single server and behind
+/// Sentinel) each enqueue is written to the waiters' socket by its caller
+/// at once, so the burst waits in Redis's input, not in the process: Redis
+/// is kept busy by a script on another connection while the burst and then
+/// the release are written, and once it reads again the release, alone on
+/// the holders' socket, runs before the enqueues still unread on the
+/// waiters'.
 #[test]
 fn a_release_overtakes_a_burst_of_enqueues_sent_before_it() {
     release_overtakes_a_burst(true);
 }
 
-/// The same through fred's connections (`direct_calls(false)`, as behind
-/// Sentinel and on a cluster), where the burst also waits in fred's
+/// The same through fred's connections (`direct_calls(false)`, as on a
+/// cluster and with `replica_acks`), where the burst also waits in fred's
 /// queue of the waiters' connection.
 #[test]
 fn a_release_overtakes_a_burst_of_enqueues_sent_before_it_through_fred() {
