@@ -113,12 +113,10 @@ async fn a_socket_behind_sentinel_takes_only_a_primary_and_follows_fred() {
     assert_eq!(socket.connected_to(), Some(other.addr()));
 }
 
-/// Behind Sentinel a lock's acquire and release go on the lanes' script
-/// sockets, connected to the primary; after `SENTINEL FAILOVER` the lock
-/// keeps working and the sockets move to the new primary.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn behind_sentinel_a_lock_goes_on_the_sockets_and_they_follow_a_failover() {
-    let group = SentinelGroup::start(1).expect("sentinel group");
+/// A client behind `group`'s sentinels that has locked and released
+/// `name` twice, and the primary both its sockets are connected to (the
+/// first cycle finds the scripts missing: fred's path loads them).
+async fn client_on_the_sockets(group: &SentinelGroup, name: &str) -> (crate::LockClient, String) {
     let mut config = crate::ClientConfig::new(group.url());
     config.heartbeat_interval = Duration::from_millis(100);
     config.waiter_timeout = Duration::from_secs(3);
@@ -126,12 +124,10 @@ async fn behind_sentinel_a_lock_goes_on_the_sockets_and_they_follow_a_failover()
     let client = crate::LockClient::with_config(config)
         .await
         .expect("client");
-    let state = client.state().clone();
     let primary = group.primary_addr().expect("primary");
-    // The first cycle finds the scripts missing: fred's path loads them.
     for _ in 0..2 {
         client
-            .lock("follow")
+            .lock(name)
             .await
             .expect("lock")
             .release()
@@ -139,10 +135,21 @@ async fn behind_sentinel_a_lock_goes_on_the_sockets_and_they_follow_a_failover()
             .expect("release");
     }
     assert_eq!(
-        state.redis.sockets_at(),
+        client.state().redis.sockets_at(),
         [Some(primary.clone()), Some(primary.clone())],
         "both lanes' sockets on the primary"
     );
+    (client, primary)
+}
+
+/// Behind Sentinel a lock's acquire and release go on the lanes' script
+/// sockets, connected to the primary; after `SENTINEL FAILOVER` the lock
+/// keeps working and the sockets move to the new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_sentinel_a_lock_goes_on_the_sockets_and_they_follow_a_failover() {
+    let group = SentinelGroup::start(1).expect("sentinel group");
+    let (client, primary) = client_on_the_sockets(&group, "follow").await;
+    let state = client.state().clone();
 
     let new_primary = group.failover().expect("failover");
     assert_ne!(new_primary, primary);
@@ -185,21 +192,8 @@ async fn behind_sentinel_a_lock_goes_on_the_sockets_and_they_follow_a_failover()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_sentinel_a_socket_answered_readonly_leaves_the_server() {
     let group = SentinelGroup::start(1).expect("sentinel group");
-    let client = crate::LockClient::connect(&group.url())
-        .await
-        .expect("client");
+    let (client, primary) = client_on_the_sockets(&group, "demoted").await;
     let state = client.state().clone();
-    let primary = group.primary_addr().expect("primary");
-    for _ in 0..2 {
-        client
-            .lock("demoted")
-            .await
-            .expect("lock")
-            .release()
-            .await
-            .expect("release");
-    }
-    assert_eq!(state.redis.sockets_at()[0], Some(primary.clone()));
     let replica = group.replica_addrs().expect("replicas").remove(0);
     let (host, port) = replica.rsplit_once(':').expect("host:port");
     let node = group.node(&primary).expect("primary node");
