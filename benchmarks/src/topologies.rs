@@ -1,5 +1,8 @@
 //! `fairlock-bench --topologies`: the 1,000-lock run on each topology the
-//! README's table lists, so every row has a measured figure.
+//! README's table lists, so every row has a measured figure, and one lock
+//! with one contender on each (but with `replica_acks`), in rounds, beside
+//! fairlock with every call through fred, so a topology's per-call cost
+//! and the script sockets' share of it show.
 //!
 //! Each topology is started by the test kit on 127.0.0.1: one server, a
 //! Redis Cluster of 3 primaries with a replica each, and a Sentinel group
@@ -11,7 +14,8 @@
 //! 10 ms retry) in the same harness as the main benchmark: 1,000 locks,
 //! 2,000 contenders on 4 simulated client processes, hold 1 ms, a
 //! non-atomic GET + SET under each lock (a lost update is a violation).
-//! Redis CPU is summed over the primaries. RedLock has its own example
+//! Redis CPU is summed over the primaries. The tables are written by
+//! `report/topologies.rs`. RedLock has its own example
 //! (`cargo run --release -p fairlock-examples --example redlock`): its API
 //! is not a drop-in for this harness's connection model.
 
@@ -28,14 +32,17 @@ use crate::impls::spin::SpinImpl;
 use crate::impls::{Implementation, Result};
 use crate::measure_cell;
 use crate::progress::Progress;
-use crate::report::CellRecord;
+use crate::report::topologies::{render, TopologyRow, TopologyRun};
+use crate::rounds::{order, Rounds};
+use crate::with_impl;
 
-/// One topology's measured cell for one implementation.
-struct Row {
-    topology: &'static str,
-    implementation: &'static str,
-    record: CellRecord,
-}
+/// The one-lock cell's implementations: fairlock as a user gets it, with
+/// every call through fred, and the spin lock.
+const ONE_LOCK: [Implementation; 3] = [
+    Implementation::Fairlock,
+    Implementation::FairlockFred,
+    Implementation::Spin10,
+];
 
 fn plan(quick: bool) -> CellPlan {
     let ms = Duration::from_millis;
@@ -50,14 +57,33 @@ fn plan(quick: bool) -> CellPlan {
     }
 }
 
+/// One lock, one contender, no hold: a single lock's cycle.
+fn one_lock_plan(quick: bool) -> CellPlan {
+    let ms = Duration::from_millis;
+    CellPlan {
+        contenders: 1,
+        hold: Duration::ZERO,
+        locks: 1,
+        clients: 1,
+        warmup_min: ms(300),
+        warmup_max: ms(2_000),
+        measure: ms(if quick { 1_000 } else { 3_000 }),
+    }
+}
+
 /// Runs every topology; writes `topologies.md` and `topologies.jsonl` into
 /// `out`. `Ok(false)` if any cell had violations.
 pub async fn run(out: &Path, quick: bool) -> Result<bool> {
     let plan = plan(quick);
+    let one_plan = one_lock_plan(quick);
+    let rounds = if quick { 1 } else { 3 };
     let per_cell = plan.warmup_min.as_secs_f64() + plan.measure.as_secs_f64() + 3.0;
-    let progress = Progress::new(per_cell * 14.0 + 60.0);
+    let per_one = one_plan.warmup_min.as_secs_f64() + one_plan.measure.as_secs_f64() + 1.0;
+    let progress =
+        Progress::new(per_cell * 13.0 + per_one * (6 * ONE_LOCK.len() * rounds) as f64 + 60.0);
     let spin = SpinImpl::new(Duration::from_millis(10));
     let mut rows = Vec::new();
+    let mut one_rows = Vec::new();
 
     let topologies: [&'static str; 7] = [
         "one primary",
@@ -111,11 +137,7 @@ pub async fn run(out: &Path, quick: bool) -> Result<bool> {
             .await?
         };
         progress.println(&format!("{topology}: {}", record.summary()));
-        rows.push(Row {
-            topology,
-            implementation: "fairlock",
-            record,
-        });
+        rows.push(TopologyRow { topology, record });
         if !topology.ends_with("replica_acks(1)") {
             progress.step(&format!("{topology}: spin-10ms"), per_cell);
             let record = measure_cell(
@@ -128,20 +150,44 @@ pub async fn run(out: &Path, quick: bool) -> Result<bool> {
             )
             .await?;
             progress.println(&format!("{topology}: {}", record.summary()));
-            rows.push(Row {
-                topology,
-                implementation: "spin-10ms",
-                record,
-            });
+            rows.push(TopologyRow { topology, record });
+            let mut one = Rounds::new(&ONE_LOCK);
+            for round in 0..rounds {
+                for imp in order(&ONE_LOCK, round) {
+                    progress.step(
+                        &format!(
+                            "{topology}: {} one lock (round {} of {rounds})",
+                            imp.label(),
+                            round + 1
+                        ),
+                        per_one,
+                    );
+                    let record = with_impl!(imp, lock => measure_cell(&lock, imp, "topology_one_lock", &admin, &one_plan, &progress).await)?;
+                    progress.println(&format!("{topology}: {}", record.summary()));
+                    one.add(record);
+                }
+            }
+            one_rows.extend(
+                one.medians()
+                    .into_iter()
+                    .map(|record| TopologyRow { topology, record }),
+            );
         }
     }
     progress.finish();
 
-    let markdown = render(&rows, &plan, quick);
+    let markdown = render(&TopologyRun {
+        many: &rows,
+        many_plan: &plan,
+        one: &one_rows,
+        one_plan: &one_plan,
+        rounds,
+        quick,
+    });
     std::fs::create_dir_all(out)?;
     std::fs::write(out.join("topologies.md"), &markdown)?;
     let mut jsonl = String::new();
-    for row in &rows {
+    for row in rows.iter().chain(&one_rows) {
         let mut value = serde_json::to_value(&row.record)?;
         if let Some(object) = value.as_object_mut() {
             object.insert("topology".to_owned(), row.topology.into());
@@ -162,60 +208,4 @@ fn trusted_tls_files() -> Result<TlsFiles> {
     // The benchmark runs one topology at a time and nothing else sets it.
     files.trust();
     Ok(files)
-}
-
-fn render(rows: &[Row], plan: &CellPlan, quick: bool) -> String {
-    let mut md = String::new();
-    let _ = writeln!(md, "# fairlock per topology\n");
-    let _ = writeln!(
-        md,
-        "`cargo run --release -p fairlock-bench -- --topologies{}`: {} locks, {} contenders on {} \
-         simulated client processes, hold {} ms (a GET, the hold, a SET), {:.1} s window. \
-         Every server on 127.0.0.1, started by the test kit; Redis CPU summed over the primaries.\n",
-        if quick { " --quick" } else { "" },
-        plan.locks,
-        plan.contenders,
-        plan.clients,
-        plan.hold.as_millis(),
-        plan.measure.as_secs_f64()
-    );
-    let _ = writeln!(
-        md,
-        "| topology | implementation | cycles/s | vs spin-10ms | wait p50 | wait p99 | Redis CPU per cycle | violations | errors |"
-    );
-    let _ = writeln!(md, "|---|---|--:|--:|--:|--:|--:|--:|--:|");
-    for row in rows {
-        let spin = rows
-            .iter()
-            .find(|r| r.topology == row.topology && r.implementation == "spin-10ms")
-            .or_else(|| {
-                // Sentinel with acks is compared with Sentinel's spin lock.
-                // (The TLS rows each have their own.)
-                rows.iter()
-                    .find(|r| r.topology == "Sentinel" && r.implementation == "spin-10ms")
-            });
-        let ratio = spin
-            .filter(|s| s.record.cycles_per_s > 0.0)
-            .map(|s| format!("{:.2}×", row.record.cycles_per_s / s.record.cycles_per_s))
-            .unwrap_or_else(|| "-".to_owned());
-        let c = &row.record;
-        let _ = writeln!(
-            md,
-            "| {} | {} | {:.0} | {} | {} | {} | {:.1} µs | {} | {} |",
-            row.topology,
-            row.implementation,
-            c.cycles_per_s,
-            ratio,
-            fmt_ms(c.wait_p50_ms),
-            fmt_ms(c.wait_p99_ms),
-            c.redis_cpu_us_per_cycle,
-            c.violations,
-            c.errors
-        );
-    }
-    md
-}
-
-fn fmt_ms(value: Option<f64>) -> String {
-    value.map_or_else(|| "-".to_owned(), |ms| format!("{ms:.2} ms"))
 }

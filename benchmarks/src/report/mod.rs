@@ -5,6 +5,7 @@
 //! | `records.rs` | the serialisable records, one per line of `results.jsonl` |
 //! | `markdown.rs` | `results.md`: the tables |
 //! | `targets.rs` | the targets: measured value, pass or miss, margin |
+//! | `topologies.rs` | `topologies.md`, the tables of a `--topologies` run |
 //! | `charts.rs` | which charts are drawn, from which cells |
 //! | `svg.rs` | drawing one SVG line chart (plotters) |
 //! | `format.rs` | number formatting shared by the above |
@@ -18,6 +19,7 @@ mod markdown;
 mod records;
 mod svg;
 mod targets;
+pub mod topologies;
 
 use std::path::Path;
 
