@@ -61,19 +61,8 @@ pub fn render(run: &TopologyRun<'_>) -> String {
             find(rows, "Sentinel", "spin-10ms")
         });
         let c = &row.record;
-        let _ = writeln!(
-            md,
-            "| {} | {} | {:.0} | {} | {} | {} | {:.1} µs | {} | {} |",
-            row.topology,
-            c.implementation,
-            c.cycles_per_s,
-            ratio(c, spin),
-            fmt_ms(c.wait_p50_ms),
-            fmt_ms(c.wait_p99_ms),
-            c.redis_cpu_us_per_cycle,
-            c.violations,
-            c.errors
-        );
+        let middle = [ratio(c, spin), fmt_ms(c.wait_p50_ms), fmt_ms(c.wait_p99_ms)];
+        write_row(&mut md, row, middle);
     }
     one_lock_table(&mut md, run);
     md
@@ -113,26 +102,39 @@ fn one_lock_table(md: &mut String, run: &TopologyRun<'_>) {
             .iter()
             .map(|r| format!("{r:.0}"))
             .collect();
-        let _ = writeln!(
-            md,
-            "| {} | {} | {:.0} | {} | {} | {} | {:.1} µs | {} | {} |",
-            row.topology,
-            c.implementation,
-            c.cycles_per_s,
-            if rounds.is_empty() {
-                "-".to_owned()
-            } else {
-                rounds.join(" / ")
-            },
+        let rounds = if rounds.is_empty() {
+            "-".to_owned()
+        } else {
+            rounds.join(" / ")
+        };
+        let middle = [
+            rounds,
             ratio(c, find(run.one, row.topology, "fairlock-fred")),
             ratio(c, find(run.one, row.topology, "spin-10ms")),
-            c.redis_cpu_us_per_cycle,
-            c.violations,
-            c.errors
-        );
+        ];
+        write_row(md, row, middle);
     }
 }
 
+/// One row of either table: the topology, the implementation and its
+/// cycles/s, the table's own three columns, then Redis CPU per cycle,
+/// violations and errors.
+fn write_row(md: &mut String, row: &TopologyRow, middle: [String; 3]) {
+    let c = &row.record;
+    let [a, b, d] = middle;
+    let _ = writeln!(
+        md,
+        "| {} | {} | {:.0} | {a} | {b} | {d} | {:.1} µs | {} | {} |",
+        row.topology,
+        c.implementation,
+        c.cycles_per_s,
+        c.redis_cpu_us_per_cycle,
+        c.violations,
+        c.errors
+    );
+}
+
+/// The row of `implementation` on `topology`, if measured.
 fn find<'a>(
     rows: &'a [TopologyRow],
     topology: &str,
@@ -210,6 +212,10 @@ mod tests {
             rounds: 3,
             quick: false,
         });
+        assert!(
+            md.contains("| one primary | fairlock | 1000 | - | - | - | 0.0 µs | 0 | 0 |"),
+            "{md}"
+        );
         assert!(md.contains("## One lock, 1 contender, H = 0 ms"), "{md}");
         assert!(
             md.contains("| one primary | fairlock | 350 | 300 / 400 / 350 | 1.75× | 0.70× |"),
