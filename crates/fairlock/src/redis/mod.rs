@@ -6,10 +6,12 @@
 //! swapped by rewriting this module alone. Three connections per process:
 //! two command lanes and one subscriber that carries the process's single
 //! pub/sub channel; on a single server and behind Sentinel two more, the
-//! lanes' script sockets, on which the hot path's calls (a lock's acquire and release)
-//! are written and read by the calling tasks (`script_socket/`). On a single server, on a Sentinel-managed primary and
-//! on a cluster's nodes, over plain TCP or TLS, that subscriber is not fred's but fairlock's own
-//! grant connection (`grant_connection.rs`, one per node in
+//! lanes' script sockets, on which the hot path's calls (a lock's acquire
+//! and release) are written and read by the calling tasks
+//! (`script_socket/`). On a single server, on a Sentinel-managed primary
+//! and on a cluster's nodes, over plain TCP or TLS, that subscriber is not
+//! fred's but fairlock's own grant connection (`grant_connection.rs`, one
+//! per node in
 //! `sharded_grants.rs`), read by the task that wakes the waiters; this
 //! module only says where it connects ([`RedisConnection::grant_endpoint`],
 //! which behind Sentinel follows fred's reconnects).
