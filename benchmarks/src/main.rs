@@ -33,6 +33,7 @@ use cell::{run_cell, CellPlan};
 use impls::{Implementation, LockImpl, Result};
 use progress::Progress;
 use report::{CellRecord, Results, RunInfo, UncontendedRecord, WaitersRecord};
+use rounds::in_rounds;
 
 /// Simulated client processes per cell, unless `--clients` says otherwise:
 /// 8, as issue 11's independent harness spread its contenders over 8
@@ -511,7 +512,7 @@ async fn run(options: &Options) -> Result<bool> {
     for &(contenders, hold) in &plan.cells {
         let cell = plan.cell_plan(contenders, hold);
         let what = format!("C={contenders} H={}ms", hold.as_millis());
-        let medians = in_rounds(&plan, &progress, &what, Plan::cell_seconds(&cell), async |imp| {
+        let medians = in_rounds(&plan.impls, plan.rounds, &progress, &what, Plan::cell_seconds(&cell), async |imp| {
             with_impl!(imp, lock => measure_cell(&lock, imp, "cell", &admin, &cell, &progress).await)
         })
         .await?;
@@ -527,14 +528,21 @@ async fn run(options: &Options) -> Result<bool> {
             plan.processes
         );
         let seconds = Plan::cell_seconds(&cell) + 4.0;
-        let medians = in_rounds(&plan, &progress, &what, seconds, async |imp| {
-            let run =
-                processes::run_cell_in_processes(imp, &admin, &cell, plan.processes, &progress)
-                    .await?;
-            let top_level = with_impl!(imp, lock => lock.top_level_commands());
-            let metrics = stats::summarize(&run, top_level);
-            Ok(CellRecord::new("processes", imp, &run, &metrics))
-        })
+        let medians = in_rounds(
+            &plan.impls,
+            plan.rounds,
+            &progress,
+            &what,
+            seconds,
+            async |imp| {
+                let run =
+                    processes::run_cell_in_processes(imp, &admin, &cell, plan.processes, &progress)
+                        .await?;
+                let top_level = with_impl!(imp, lock => lock.top_level_commands());
+                let metrics = stats::summarize(&run, top_level);
+                Ok(CellRecord::new("processes", imp, &run, &metrics))
+            },
+        )
         .await?;
         results.processes.extend(medians);
     }
@@ -544,7 +552,7 @@ async fn run(options: &Options) -> Result<bool> {
     if plan.many_locks_cell {
         let many = plan.many_locks_plan();
         let what = format!("{} locks", many.locks);
-        let medians = in_rounds(&plan, &progress, &what, Plan::cell_seconds(&many), async |imp| {
+        let medians = in_rounds(&plan.impls, plan.rounds, &progress, &what, Plan::cell_seconds(&many), async |imp| {
             with_impl!(imp, lock => measure_cell(&lock, imp, "many_locks", &admin, &many, &progress).await)
         })
         .await?;
@@ -563,35 +571,6 @@ async fn run(options: &Options) -> Result<bool> {
         .chain(&results.many_locks)
         .all(|c| c.violations == 0);
     Ok(clean)
-}
-
-/// Measures one cell in the plan's rounds, every implementation once per
-/// round in rotating order (`rounds.rs`), and returns each
-/// implementation's median round. `what` names the cell on the progress
-/// line, `seconds` is one measurement's estimated length, and `measure`
-/// measures one implementation once.
-async fn in_rounds(
-    plan: &Plan,
-    progress: &Progress,
-    what: &str,
-    seconds: f64,
-    mut measure: impl AsyncFnMut(Implementation) -> Result<CellRecord>,
-) -> Result<Vec<CellRecord>> {
-    let mut rounds = rounds::Rounds::new(&plan.impls);
-    for round in 0..plan.rounds {
-        for imp in rounds::order(&plan.impls, round) {
-            let of = if plan.rounds > 1 {
-                format!(" (round {} of {})", round + 1, plan.rounds)
-            } else {
-                String::new()
-            };
-            progress.step(&format!("{} {what}{of}", imp.label()), seconds);
-            let record = measure(imp).await?;
-            progress.println(&record.summary());
-            rounds.add(record);
-        }
-    }
-    Ok(rounds.medians())
 }
 
 /// Runs one cell and summarizes it as a report record of `kind`.

@@ -14,8 +14,39 @@
 //! are those of every round, and it counts as warmed up only if every
 //! round was, so a bad round is never hidden by the median.
 
-use crate::impls::Implementation;
+use crate::impls::{Implementation, Result};
+use crate::progress::Progress;
 use crate::report::CellRecord;
+
+/// Measures one cell in `rounds` rounds, every implementation of `impls`
+/// once per round in rotating order, and returns each implementation's
+/// median round ([`Rounds::medians`]). `what` names the cell on the
+/// progress line, `seconds` is one measurement's estimated length, and
+/// `measure` measures one implementation once.
+pub(crate) async fn in_rounds(
+    impls: &[Implementation],
+    rounds: usize,
+    progress: &Progress,
+    what: &str,
+    seconds: f64,
+    mut measure: impl AsyncFnMut(Implementation) -> Result<CellRecord>,
+) -> Result<Vec<CellRecord>> {
+    let mut records = Rounds::new(impls);
+    for round in 0..rounds {
+        for imp in order(impls, round) {
+            let of = if rounds > 1 {
+                format!(" (round {} of {rounds})", round + 1)
+            } else {
+                String::new()
+            };
+            progress.step(&format!("{} {what}{of}", imp.label()), seconds);
+            let record = measure(imp).await?;
+            progress.println(&record.summary());
+            records.add(record);
+        }
+    }
+    Ok(records.medians())
+}
 
 /// The implementations in the order they run in round `round`.
 pub(crate) fn order(impls: &[Implementation], round: usize) -> Vec<Implementation> {

@@ -33,7 +33,7 @@ use crate::impls::{Implementation, Result};
 use crate::measure_cell;
 use crate::progress::Progress;
 use crate::report::topologies::{render, TopologyRow, TopologyRun};
-use crate::rounds::{order, Rounds};
+use crate::rounds::in_rounds;
 use crate::with_impl;
 
 /// The one-lock cell's implementations: fairlock as a user gets it, with
@@ -151,24 +151,13 @@ pub async fn run(out: &Path, quick: bool) -> Result<bool> {
             .await?;
             progress.println(&format!("{topology}: {}", record.summary()));
             rows.push(TopologyRow { topology, record });
-            let mut one = Rounds::new(&ONE_LOCK);
-            for round in 0..rounds {
-                for imp in order(&ONE_LOCK, round) {
-                    progress.step(
-                        &format!(
-                            "{topology}: {} one lock (round {} of {rounds})",
-                            imp.label(),
-                            round + 1
-                        ),
-                        per_one,
-                    );
-                    let record = with_impl!(imp, lock => measure_cell(&lock, imp, "topology_one_lock", &admin, &one_plan, &progress).await)?;
-                    progress.println(&format!("{topology}: {}", record.summary()));
-                    one.add(record);
-                }
-            }
+            let what = format!("one lock on {topology}");
+            let medians = in_rounds(&ONE_LOCK, rounds, &progress, &what, per_one, async |imp| {
+                with_impl!(imp, lock => measure_cell(&lock, imp, "topology_one_lock", &admin, &one_plan, &progress).await)
+            })
+            .await?;
             one_rows.extend(
-                one.medians()
+                medians
                     .into_iter()
                     .map(|record| TopologyRow { topology, record }),
             );

@@ -11,3 +11,13 @@ pub fn fmt_ms(value: Option<f64>) -> String {
         Some(v) => format!("{:.0} µs", v * 1000.0),
     }
 }
+
+/// The cycles/s of a cell's rounds as the reports list them, in the order
+/// they ran: "700 / 650"; "-" if it ran once.
+pub fn fmt_rounds(rounds: &[f64]) -> String {
+    if rounds.is_empty() {
+        return "-".to_owned();
+    }
+    let rounds: Vec<String> = rounds.iter().map(|r| format!("{r:.0}")).collect();
+    rounds.join(" / ")
+}

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use super::format::fmt_ms;
+use super::format::{fmt_ms, fmt_rounds};
 use super::records::{CellRecord, Results, WaitersRecord};
 use super::targets::evaluate;
 
@@ -318,14 +318,7 @@ fn rounds_table(md: &mut String, records: &[CellRecord], rounds: usize) {
                             && c.hold_ms == hold_ms
                             && c.contenders == contenders
                     })
-                    .map_or("-".to_owned(), |c| {
-                        let rounds: Vec<String> = c
-                            .rounds_cycles_per_s
-                            .iter()
-                            .map(|r| format!("{r:.0}"))
-                            .collect();
-                        rounds.join(" / ")
-                    })
+                    .map_or("-".to_owned(), |c| fmt_rounds(&c.rounds_cycles_per_s))
             })
             .collect();
         let cell = match records

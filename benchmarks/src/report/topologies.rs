@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use super::format::fmt_ms;
+use super::format::{fmt_ms, fmt_rounds};
 use super::CellRecord;
 use crate::cell::CellPlan;
 
@@ -97,18 +97,8 @@ fn one_lock_table(md: &mut String, run: &TopologyRun<'_>) {
     let _ = writeln!(md, "|---|---|--:|--:|--:|--:|--:|--:|--:|");
     for row in run.one {
         let c = &row.record;
-        let rounds: Vec<String> = c
-            .rounds_cycles_per_s
-            .iter()
-            .map(|r| format!("{r:.0}"))
-            .collect();
-        let rounds = if rounds.is_empty() {
-            "-".to_owned()
-        } else {
-            rounds.join(" / ")
-        };
         let middle = [
-            rounds,
+            fmt_rounds(&c.rounds_cycles_per_s),
             ratio(c, find(run.one, row.topology, "fairlock-fred")),
             ratio(c, find(run.one, row.topology, "spin-10ms")),
         ];
