@@ -70,9 +70,8 @@ pub fn render(run: &TopologyRun<'_>) -> String {
 
 /// The one-lock cells: what a single lock's cycle costs on each topology,
 /// and, beside fairlock with its defaults, fairlock with every call
-/// through fred (`fairlock-fred`), so the script sockets' share shows
-/// where they are used (one primary, Sentinel) and the ratio's noise
-/// where they are not (a cluster, where both take the same path).
+/// through fred (`fairlock-fred`), so the script sockets' share shows on
+/// each topology.
 fn one_lock_table(md: &mut String, run: &TopologyRun<'_>) {
     if run.one.is_empty() {
         return;
@@ -83,8 +82,8 @@ fn one_lock_table(md: &mut String, run: &TopologyRun<'_>) {
         "\n## One lock, {} contender, H = {} ms\n\n\
          {:.1} s window, in {} round(s): every implementation once per round, their order rotating from round to round; \
          each row is its median round, every round's cycles/s listed in the order they ran. `fairlock-fred` is fairlock \
-         with `direct_calls(false)`: every call through fred, none on the script sockets (which are used on one primary \
-         and behind Sentinel; on a cluster both rows take the same path). Not measured with `replica_acks`.\n",
+         with `direct_calls(false)`: every call through fred, none on the script sockets (which are used on one primary, \
+         behind Sentinel and on a cluster). Not measured with `replica_acks`.\n",
         plan.contenders,
         plan.hold.as_millis(),
         plan.measure.as_secs_f64(),

@@ -238,16 +238,19 @@ pub struct ClientConfig {
     pub max_in_flight: Option<usize>,
     /// Whether a lock's acquire and release calls go on a socket of
     /// fairlock's own that the calling task writes and reads itself (on
-    /// by default; used on a single server and behind Sentinel, where it
-    /// connects only to a server that answers `ROLE` as the primary). A call through the
-    /// Redis client's connection crosses to its connection task and back,
-    /// which on a multi-threaded runtime wakes other worker threads: about
-    /// 15-20 µs per call on a local server. Each command lane gets one
-    /// such socket (two more connections per client); calls made at once
-    /// are pipelined on it. A call goes through the Redis client instead
-    /// while the socket is down (for a second after a failed connect) or
-    /// owes a reply to a call that stopped waiting (a timeout, a dropped
-    /// future), and on a cluster and with `replica_acks`, where the
+    /// by default; used on a single server, behind Sentinel, where it
+    /// connects only to a server that answers `ROLE` as the primary, and
+    /// on a cluster, at the node serving the call's slot). A call through
+    /// the Redis client's connection crosses to its connection task and
+    /// back, which on a multi-threaded runtime wakes other worker threads:
+    /// about 15-20 µs per call on a local server. Each command lane gets
+    /// one such socket (two more connections per client; on a cluster two
+    /// more per node called); calls made at once are pipelined on it. A
+    /// call goes through the Redis client instead while the socket is down
+    /// (for a second after a failed connect) or owes a reply to a call
+    /// that stopped waiting (a timeout, a dropped future), on a cluster
+    /// when the node redirects it (`MOVED`, `ASK`) or cannot serve it yet
+    /// (`TRYAGAIN`, `CLUSTERDOWN`), and with `replica_acks`, where the
     /// sockets are not used.
     /// Off: every call goes through the Redis client.
     pub direct_calls: bool,

@@ -20,6 +20,7 @@ use tracing::Instrument;
 use super::errors::classify;
 use super::keeper::RESTART_PAUSE;
 use super::script_socket::{EvalSha, Outcome, SocketTarget};
+use super::sockets;
 use super::{Lane, ReconnectMark, RedisConnection, Via};
 use crate::error::{Error, Result};
 use crate::telemetry;
@@ -317,8 +318,16 @@ impl RedisConnection {
         else {
             return None;
         };
+        // On a cluster, the node fred's slot map names for the call's
+        // slot (all of a call's keys share it).
+        let node = match sockets.per_node_of_slot() {
+            true => Some(self.node_of_slot(fairlock_core::key_slot(keys.first()?.as_bytes()))?),
+            false => None,
+        };
+        let pair = sockets.pair(node.as_deref())?;
         let target = SocketTarget {
             endpoint,
+            node: node.as_deref(),
             database: sockets.database,
             connect_timeout: sockets.connect_timeout.min(self.command_timeout),
         };
@@ -328,12 +337,18 @@ impl RedisConnection {
             args,
         };
         let deadline = Instant::now() + self.command_timeout;
-        let socket = &sockets.lanes[lane.index()];
+        let socket = &pair[lane.index()];
         // Boxed, as fred's calls are (see [`FredCall`]): kept out of every
         // call's future, the ones through fred included.
         match Box::pin(socket.call(&target, &call, order, deadline, unanswered)).await {
             Outcome::Answered(Ok(reply)) => Some(Ok(reply)),
             Outcome::Answered(Err(error)) if error.starts_with("NOSCRIPT") => None,
+            // A redirection, or a cluster not ready: nothing ran there.
+            Outcome::Answered(Err(error))
+                if node.is_some() && sockets::elsewhere_in_the_cluster(&error) =>
+            {
+                None
+            }
             Outcome::Answered(Err(error))
                 if error.starts_with("READONLY") && endpoint.follows_primary() =>
             {
@@ -343,7 +358,7 @@ impl RedisConnection {
                 // fred, which follows the primary the sentinels name; the
                 // sockets connect again, to a server that answers `ROLE`
                 // as the primary (`script_socket/login.rs`).
-                for socket in &sockets.lanes {
+                for socket in pair.iter() {
                     socket.disconnect();
                 }
                 None

@@ -8,7 +8,8 @@
 //! pub/sub channel; on a single server and behind Sentinel two more, the
 //! lanes' script sockets, on which the hot path's calls (a lock's acquire
 //! and release) are written and read by the calling tasks
-//! (`script_socket/`). On a single server, on a Sentinel-managed primary
+//! (`script_socket/`), and on a cluster two per node called
+//! (`sockets.rs`). On a single server, on a Sentinel-managed primary
 //! and on a cluster's nodes, over plain TCP or TLS, that subscriber is not
 //! fred's but fairlock's own grant connection (`grant_connection.rs`, one
 //! per node in
@@ -35,7 +36,8 @@
 //! `fred_pubsub.rs` is fred's subscriber where it still carries grants;
 //! `script_socket/` is the socket of fairlock's own that a calling task
 //! writes a hot-path script call to and reads its reply from (its
-//! `pipe.rs` keeps the calls in flight);
+//! `pipe.rs` keeps the calls in flight), `sockets.rs` which socket a call
+//! takes (on a cluster, by the call's slot);
 //! `keeper.rs` restarts a fred connection task that ended;
 //! `moved_primary.rs` connects again when a single server answers
 //! `READONLY` (demoted, its name moved to a new primary); `errors.rs`
@@ -51,6 +53,7 @@ mod keeper;
 mod moved_primary;
 mod reconnect_count;
 mod script_socket;
+mod sockets;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -79,7 +82,7 @@ pub(crate) use reconnect_count::ReconnectMark;
 pub(crate) use script_socket::Order;
 
 use moved_primary::MovedPrimary;
-use script_socket::ScriptSocket;
+use sockets::Sockets;
 
 /// Which command connection a call goes on (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,21 +160,14 @@ pub(crate) struct RedisConnection {
     /// (`reconnect_count.rs`).
     reconnects: Option<ReconnectCount>,
     /// fairlock's own sockets for the hot path's script calls, one per
-    /// lane, `[waiters, holders]` (`script_socket/`); `None` where every
-    /// call goes through fred.
+    /// lane, `[waiters, holders]`, and on a cluster one such pair per node
+    /// (`script_socket/`, `sockets.rs`); `None` where every call goes
+    /// through fred.
     sockets: Option<Sockets>,
     /// On a single server's URL: the connections are opened again when
     /// the server answers `READONLY` (`moved_primary.rs`); `None` where
     /// fred follows the primary itself or a client must not move.
     moved_primary: Option<MovedPrimary>,
-}
-
-/// The script sockets of a client on a single server or behind Sentinel.
-struct Sockets {
-    lanes: [ScriptSocket; 2],
-    /// The URL's database.
-    database: Option<u8>,
-    connect_timeout: Duration,
 }
 
 impl RedisConnection {
@@ -198,20 +194,17 @@ impl RedisConnection {
         // `READONLY` answer (`moved_primary.rs`).
         let moved_primary =
             matches!(grant_place, Some(GrantPlace::Fixed(_))).then(MovedPrimary::default);
-        // On a single server and behind Sentinel (see `script_socket/`),
-        // where grants come on fairlock's own connection too, and without
-        // replica acknowledgement (a `WAIT` covers fred's connections).
-        let sockets = (config.direct_calls
-            && config.replica_acks.is_none()
-            && matches!(
-                grant_place,
-                Some(GrantPlace::Fixed(_) | GrantPlace::SentinelPrimary)
-            ))
-        .then(|| Sockets {
-            lanes: [ScriptSocket::new(), ScriptSocket::new()],
-            database: fred_config.database,
-            connect_timeout: config.connect_timeout,
-        });
+        // Where grants come on fairlock's own connections too (see
+        // `script_socket/`), and without replica acknowledgement (a `WAIT`
+        // covers fred's connections).
+        let sockets = match &grant_place {
+            _ if !config.direct_calls || config.replica_acks.is_some() => None,
+            Some(GrantPlace::Fixed(_) | GrantPlace::SentinelPrimary) => {
+                Some(Sockets::one(fred_config.database, config.connect_timeout))
+            }
+            Some(GrantPlace::ClusterNodes) => Some(Sockets::per_node(config.connect_timeout)),
+            None => None,
+        };
         let mut builder = Builder::from_config(fred_config);
         builder
             .with_connection_config(|c| {
@@ -371,27 +364,40 @@ impl RedisConnection {
         }
     }
 
+    /// The first pair of script sockets (the only one off a cluster).
+    #[cfg(test)]
+    fn first_pair(&self) -> Option<std::sync::Arc<sockets::Pair>> {
+        let (_, pair) = self.sockets.as_ref()?.all().into_iter().next()?;
+        Some(pair)
+    }
+
     /// Whether each lane's script socket, `[waiters, holders]`, is
     /// connected now (both false without sockets).
     #[cfg(test)]
     pub(crate) fn sockets_connected(&self) -> [bool; 2] {
-        self.sockets.as_ref().map_or([false; 2], |sockets| {
-            [
-                sockets.lanes[0].is_connected(),
-                sockets.lanes[1].is_connected(),
-            ]
-        })
+        self.first_pair()
+            .map_or([false; 2], |pair| pair.each_ref().map(|s| s.is_connected()))
     }
 
     /// Where each lane's script socket, `[waiters, holders]`, is
     /// connected now (`None` while not connected, and without sockets).
     #[cfg(test)]
     pub(crate) fn sockets_at(&self) -> [Option<String>; 2] {
-        self.sockets.as_ref().map_or([None, None], |sockets| {
-            [
-                sockets.lanes[0].connected_to(),
-                sockets.lanes[1].connected_to(),
-            ]
+        self.first_pair().map_or([None, None], |pair| {
+            pair.each_ref().map(|s| s.connected_to())
+        })
+    }
+
+    /// On a cluster, each node's pair of script sockets and where each
+    /// is connected now, in the order the nodes were first called.
+    #[cfg(test)]
+    pub(crate) fn node_sockets_at(&self) -> Vec<(String, [Option<String>; 2])> {
+        self.sockets.as_ref().map_or_else(Vec::new, |sockets| {
+            sockets
+                .all()
+                .into_iter()
+                .filter_map(|(node, pair)| Some((node?, pair.each_ref().map(|s| s.connected_to()))))
+                .collect()
         })
     }
 
@@ -399,9 +405,7 @@ impl RedisConnection {
     /// (0 without sockets).
     #[cfg(test)]
     pub(crate) fn written_after_socket(&self) -> usize {
-        self.sockets
-            .as_ref()
-            .map_or(0, |sockets| sockets.lanes[0].written_after())
+        self.first_pair().map_or(0, |pair| pair[0].written_after())
     }
 
     /// Script calls of `lane` in flight now, with a window (0 without).
@@ -438,8 +442,10 @@ impl RedisConnection {
             keeper.shutdown().await;
         }
         if let Some(sockets) = &self.sockets {
-            for socket in &sockets.lanes {
-                socket.close(self.command_timeout).await;
+            for (_, pair) in sockets.all() {
+                for socket in pair.iter() {
+                    socket.close(self.command_timeout).await;
+                }
             }
         }
         if let Some(subscriber) = self.fred_subscriber() {

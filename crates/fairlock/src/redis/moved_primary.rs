@@ -70,8 +70,10 @@ impl RedisConnection {
              reach the primary the URL now leads to"
         );
         if let Some(sockets) = &self.sockets {
-            for socket in &sockets.lanes {
-                socket.disconnect();
+            for (_, pair) in sockets.all() {
+                for socket in pair.iter() {
+                    socket.disconnect();
+                }
             }
         }
         if let Some(endpoint) = self.grant_endpoint() {

@@ -32,9 +32,12 @@ pub(super) struct Opened {
 /// behind Sentinel has `ROLE` already.
 pub(super) async fn open(target: &SocketTarget<'_>) -> Result<Opened, String> {
     let endpoint = target.endpoint;
-    let address = endpoint
-        .address()
-        .ok_or_else(|| "no server address".to_owned())?;
+    let address = match target.node {
+        Some(node) => node.to_owned(),
+        None => endpoint
+            .address()
+            .ok_or_else(|| "no server address".to_owned())?,
+    };
     let mut stream = GrantStream::connect(&address, endpoint.tls())
         .await
         .map_err(|e| e.to_string())?;

@@ -39,10 +39,11 @@
 //!   (Redis must have stopped reading the socket while a send buffer of a
 //!   megabyte or so filled; the README states it).
 //!
-//! Used on a single server and behind Sentinel, plain TCP or TLS (see
-//! [`RedisConnection::connect`](super::RedisConnection::connect)); on a
-//! cluster, with replica acknowledgement (a `WAIT` covers fred's
-//! connections only) and for RedLock every call goes through fred. Behind
+//! Used on a single server, behind Sentinel and on a cluster (a pair of
+//! sockets per node, `redis/sockets.rs`), plain TCP or TLS (see
+//! [`RedisConnection::connect`](super::RedisConnection::connect)); with
+//! replica acknowledgement (a `WAIT` covers fred's connections only) and
+//! for RedLock every call goes through fred. Behind
 //! Sentinel the socket goes where fred's waiters' connection last
 //! reconnected, and only to a server that answers `ROLE` as the primary
 //! (`login.rs`); a call made after fred has moved elsewhere moves the
@@ -55,8 +56,12 @@
 //! calls in flight, whose reply comes next, who holds which half);
 //! `guards.rs` puts things right when a caller's future is dropped
 //! part-way; `login.rs` opens the connection; `tests.rs` runs it all
-//! against a real redis-server, `sentinel_tests.rs` behind Sentinel.
+//! against a real redis-server, `sentinel_tests.rs` behind Sentinel,
+//! `cluster_tests.rs` on a cluster. Which socket a call takes is
+//! `redis/sockets.rs`'s.
 
+#[cfg(test)]
+mod cluster_tests;
 mod guards;
 mod login;
 mod pipe;
@@ -119,6 +124,9 @@ pub(crate) struct SocketTarget<'a> {
     /// The server's address (a single server's, or the primary fred
     /// follows behind Sentinel), TLS and credentials.
     pub(crate) endpoint: &'a GrantEndpoint,
+    /// On a cluster, the node to connect to (`host:port`), in place of the
+    /// endpoint's address (which a cluster's has not).
+    pub(crate) node: Option<&'a str>,
     /// The URL's database, selected on connect.
     pub(crate) database: Option<u8>,
     /// Limit for connecting and logging in.

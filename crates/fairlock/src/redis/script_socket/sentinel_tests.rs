@@ -86,6 +86,7 @@ async fn a_socket_behind_sentinel_takes_only_a_primary_and_follows_fred() {
     );
     let target = SocketTarget {
         endpoint: &endpoint,
+        node: None,
         database: None,
         connect_timeout: Duration::from_secs(5),
     };

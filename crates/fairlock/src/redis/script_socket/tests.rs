@@ -24,6 +24,7 @@ fn endpoint(server: &RedisServer) -> GrantEndpoint {
 fn target(endpoint: &GrantEndpoint) -> SocketTarget<'_> {
     SocketTarget {
         endpoint,
+        node: None,
         database: None,
         connect_timeout: Duration::from_secs(5),
     }
