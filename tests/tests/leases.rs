@@ -615,6 +615,47 @@ async fn a_revocation_of_an_earlier_grant_does_not_mark_the_next_lost() {
     guard.release().await.expect("release");
 }
 
+/// A grant message on a process's channel that names another process's
+/// owner id (only a program publishing by hand sends one: every grant
+/// fairlock sends goes to the owner id's own process) is ignored. Before,
+/// the process found no waiter for it and handed the grant back: it ran
+/// the release for that owner id, freeing the other process's lock while
+/// its holder still held it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_message_naming_another_process_is_ignored() {
+    let server = server();
+    let bystander = client(&server).await;
+    let holder_client = client(&server).await;
+    let mine = bystander.lock("bystander-own").await.expect("lock");
+    let tag = fairlock_core::OwnerId::tag_of(mine.owner_id())
+        .expect("a tag")
+        .to_owned();
+    mine.release().await.expect("release");
+    let holder = holder_client.lock("not-yours").await.expect("holder");
+    let lock_keys = keys("not-yours");
+    let foreign = format!(
+        "{} {} {}",
+        holder.owner_id(),
+        holder.token().value(),
+        lock_keys.owner()
+    );
+    server
+        .cmd_ok(&["PUBLISH", &format!("fairlock:notify:{tag}"), &foreign])
+        .expect("PUBLISH");
+    // Read and acted on (or not) well within this.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        bystander
+            .try_lock("not-yours")
+            .await
+            .expect("try_lock")
+            .is_none(),
+        "the lock is still held by its holder (lost: {})",
+        holder.is_lost()
+    );
+    holder.release().await.expect("the holder still owns it");
+}
+
 /// A grant handed over from the queue to a process that then stalls (a
 /// blocked runtime) for longer than the fixed lease the waiter asked for:
 /// Redis ends that lease while the grant waits in the socket, unread. The

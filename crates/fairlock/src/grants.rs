@@ -109,6 +109,12 @@ pub(crate) fn route_grant(
 /// its waiter ([`route_grant`]), a forced release to its holder.
 pub(crate) fn route_notice(state: &Arc<ClientState>, payload: &str) {
     match parse(payload) {
+        // Every grant fairlock sends goes to its owner id's own process:
+        // one naming another process's owner id was published by hand, and
+        // handing it "back" would release that process's lock.
+        Some(Notice::Granted { owner_id, .. }) if !state.is_ours(owner_id) => {
+            tracing::warn!(%payload, "fairlock ignored a grant message for another process's owner id");
+        }
         Some(Notice::Granted {
             owner_id,
             token,
