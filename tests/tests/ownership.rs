@@ -463,6 +463,7 @@ async fn scripts_are_idempotent_on_retry() {
             owner_key: &owner_key,
             owner_id: AA,
             lease_ms: 40_000,
+            token: None,
         }],
     };
     let once = raw_renew(&server, &renew);

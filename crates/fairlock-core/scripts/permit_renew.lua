@@ -4,7 +4,9 @@
 --
 -- KEYS[2i-1]   the holders key of permit i's set
 -- KEYS[2i]     the grants key of that set (kept as long as the lease)
--- ARGV[i]      for permit i: "<owner id> <lease_ms>", lease 0 to only check
+-- ARGV[i]      for permit i: "<owner id> <lease_ms>", lease 0 to only check;
+--              or "<owner id> <lease_ms> <token>": held only if that grant
+--              is the one held (see renew.lua)
 --
 -- Reply: {status_1, ..., status_n}
 --   1 held (and renewed if asked), 0 lost (released, expired or removed),
@@ -30,12 +32,12 @@ local now_ms = math.floor(now_us() / 1000)
 local reply = {}
 for i = 1, #ARGV do
   local holders, grants = KEYS[2 * i - 1], KEYS[2 * i]
-  local owner_id, lease_ms = items[i][1], items[i][2]
+  local owner_id, lease_ms, want = items[i][1], items[i][2], items[i][3]
   local deadline = redis.pcall('ZSCORE', holders, owner_id)
   local token = redis.pcall('HGET', grants, owner_id)
   if (type(deadline) == 'table' and deadline.err) or (type(token) == 'table' and token.err) then
     reply[i] = -1
-  elseif deadline and token and tonumber(deadline) > now_ms then
+  elseif deadline and token and tonumber(deadline) > now_ms and (not want or token == want) then
     if lease_ms > 0 then
       redis.call('ZADD', holders, 'XX', now_ms + lease_ms, owner_id)
       keep_for(holders, lease_ms)

@@ -3,7 +3,11 @@
 -- lease is given, sets the lease to that long from now.
 --
 -- KEYS[1..n]   the owner key of each lock
--- ARGV[i]      for KEYS[i]: "<owner id> <lease_ms>", lease 0 to only check
+-- ARGV[i]      for KEYS[i]: "<owner id> <lease_ms>", lease 0 to only check;
+--              or "<owner id> <lease_ms> <token>": held only if that grant
+--              is the one held (a waiter confirming the grant it took: the
+--              owner id may hold a later grant by then, and the waiter's
+--              guard must carry the token Redis holds)
 --
 -- Reply: {status_1, ..., status_n}
 --   1 held (and renewed if asked), 0 lost (gone or owned by another),
@@ -25,11 +29,11 @@ end
 
 local reply = {}
 for i, key in ipairs(KEYS) do
-  local owner_id, lease_ms = items[i][1], items[i][2]
+  local owner_id, lease_ms, want = items[i][1], items[i][2], items[i][3]
   local held = redis.pcall('GET', key)
   if type(held) == 'table' and held.err then
     reply[i] = -1
-  elseif parse_owner(held) == owner_id then
+  elseif parse_owner(held) == owner_id and (not want or select(2, owner_fields(held)) == want) then
     if lease_ms > 0 then
       redis.call('PEXPIRE', key, lease_ms)
     end

@@ -306,6 +306,10 @@ pub struct RenewItem<'a> {
     pub owner_id: &'a str,
     /// The new lease from now in ms, or 0 to check only.
     pub lease_ms: u64,
+    /// The grant that must be the one held, by its fencing token (a
+    /// waiter confirming the grant it took: the owner id may hold a later
+    /// grant by then); `None` for any grant of the owner id.
+    pub token: Option<u64>,
 }
 
 /// `renew.lua` over several locks of one slot: one call per client per
@@ -344,6 +348,14 @@ impl RenewStatus {
     }
 }
 
+/// One item of `renew.lua`'s or `permit_renew.lua`'s ARGV.
+pub(crate) fn renewal_arg(owner_id: &str, lease_ms: u64, token: Option<u64>) -> String {
+    match token {
+        Some(token) => format!("{owner_id} {lease_ms} {token}"),
+        None => format!("{owner_id} {lease_ms}"),
+    }
+}
+
 impl RenewBatch<'_> {
     /// The script it runs.
     pub fn script() -> &'static Script {
@@ -355,11 +367,12 @@ impl RenewBatch<'_> {
         self.items.iter().map(|item| item.owner_key).collect()
     }
 
-    /// ARGV, one `"<owner id> <lease_ms>"` per key.
+    /// ARGV, one `"<owner id> <lease_ms>"` per key, or
+    /// `"<owner id> <lease_ms> <token>"` for an item with a token.
     pub fn args(&self) -> Vec<String> {
         self.items
             .iter()
-            .map(|item| format!("{} {}", item.owner_id, item.lease_ms))
+            .map(|item| renewal_arg(item.owner_id, item.lease_ms, item.token))
             .collect()
     }
 
@@ -791,6 +804,7 @@ mod tests {
                 owner_key: "k",
                 owner_id: "m.t.5",
                 lease_ms: 30,
+                token: None,
             }],
         };
         assert_eq!(batch.args(), ["m.t.5 30"]);

@@ -297,6 +297,9 @@ pub struct PermitRenewItem<'a> {
     pub owner_id: &'a str,
     /// The new lease from now in ms, or 0 to check only.
     pub lease_ms: u64,
+    /// The grant that must be the one held, by its fencing token (see
+    /// [`RenewItem::token`](crate::RenewItem::token)); `None` for any.
+    pub token: Option<u64>,
 }
 
 /// `permit_renew.lua` over permits of several sets in one slot.
@@ -320,11 +323,12 @@ impl PermitRenewBatch<'_> {
             .collect()
     }
 
-    /// ARGV, one `"<owner id> <lease_ms>"` per permit.
+    /// ARGV, one `"<owner id> <lease_ms>"` per permit, or
+    /// `"<owner id> <lease_ms> <token>"` for an item with a token.
     pub fn args(&self) -> Vec<String> {
         self.items
             .iter()
-            .map(|item| format!("{} {}", item.owner_id, item.lease_ms))
+            .map(|item| crate::calls::renewal_arg(item.owner_id, item.lease_ms, item.token))
             .collect()
     }
 

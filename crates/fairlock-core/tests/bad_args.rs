@@ -156,11 +156,13 @@ fn a_renewal_batch_is_checked_before_any_lease_is_set() {
                     owner_key: ka.owner(),
                     owner_id: a.as_str(),
                     lease_ms: 90_000,
+                    token: None,
                 },
                 RenewItem {
                     owner_key: kb.owner(),
                     owner_id: b.as_str(),
                     lease_ms: too_long,
+                    token: None,
                 },
             ],
         };
@@ -278,11 +280,13 @@ fn a_permit_renewal_batch_is_checked_before_any_lease_is_set() {
                     keys: &one,
                     owner_id: &a,
                     lease_ms: 90_000,
+                    token: None,
                 },
                 PermitRenewItem {
                     keys: &two,
                     owner_id: &c,
                     lease_ms: too_long,
+                    token: None,
                 },
             ],
         };
@@ -480,6 +484,7 @@ fn scripts_refuse_the_keys_of_the_other_family() {
                             owner_key: permit_keys.owner(),
                             owner_id,
                             lease_ms: 90_000,
+                            token: None,
                         }],
                     }
                     .args(),
@@ -552,6 +557,7 @@ fn scripts_refuse_the_keys_of_the_other_family() {
                             keys: lock_keys,
                             owner_id,
                             lease_ms: 90_000,
+                            token: None,
                         }],
                     }
                     .args(),
@@ -598,11 +604,13 @@ fn scripts_refuse_the_keys_of_the_other_family() {
                 owner_key: lock.owner(),
                 owner_id: holder.as_str(),
                 lease_ms: 90_000,
+                token: None,
             },
             RenewItem {
                 owner_key: set.owner(),
                 owner_id: a.as_str(),
                 lease_ms: 90_000,
+                token: None,
             },
         ],
     };
@@ -619,11 +627,13 @@ fn scripts_refuse_the_keys_of_the_other_family() {
                 keys: &set,
                 owner_id: &a,
                 lease_ms: 90_000,
+                token: None,
             },
             PermitRenewItem {
                 keys: &lock,
                 owner_id: holder.as_str(),
                 lease_ms: 90_000,
+                token: None,
             },
         ],
     };

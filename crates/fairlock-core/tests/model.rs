@@ -308,6 +308,7 @@ impl Call {
                             },
                             owner_id,
                             lease_ms: *lease_ms,
+                            token: None,
                         })
                         .collect(),
                 };

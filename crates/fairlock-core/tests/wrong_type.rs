@@ -248,6 +248,7 @@ fn a_foreign_owner_key_is_reported_by_renew() {
             owner_key: keys.owner(),
             owner_id: "m.t.5",
             lease_ms: 5,
+            token: None,
         }],
     };
     let reply = run_script(&server, RenewBatch::script(), &batch.keys(), &batch.args()).unwrap();

@@ -385,7 +385,7 @@ fn acquire_validated<'a>(
                 };
                 let mark = state.replication_mark();
                 let still_held = if confirm {
-                    Box::pin(confirm_lease(state, &keys, &owner_id, lease_len)).await
+                    Box::pin(confirm_lease(state, &keys, &owner_id, token, lease_len)).await
                 } else {
                     Ok(true)
                 };
@@ -677,7 +677,15 @@ async fn grant_replicated(
         since = state.replication_mark();
         let sent = Instant::now();
         let lease = held.current_lease();
-        if !Box::pin(confirm_lease(state, &held.keys, &held.owner_id, lease)).await? {
+        if !Box::pin(confirm_lease(
+            state,
+            &held.keys,
+            &held.owner_id,
+            held.token,
+            lease,
+        ))
+        .await?
+        {
             // The server written to now does not have the grant.
             break;
         }
@@ -692,11 +700,15 @@ const GRANT_REWRITES: usize = 3;
 
 /// Sets the waiter's own lease on a grant a heartbeat found or a release
 /// here saw go unheard (its message reached nobody, and the script then
-/// gave it a short lease). `false` if the grant is gone already.
+/// gave it a short lease). `false` if that grant (`token`) is gone
+/// already, also when the owner id holds a later grant by then (an older
+/// grant delivered late): the waiter then asks again, and the acquire's
+/// answer names the grant it holds.
 async fn confirm_lease(
     state: &ClientState,
     keys: &LockKeys,
     owner_id: &str,
+    token: u64,
     lease: Duration,
 ) -> Result<bool> {
     let lease_ms = millis(lease);
@@ -706,6 +718,7 @@ async fn confirm_lease(
                 owner_key: keys.owner(),
                 owner_id,
                 lease_ms,
+                token: Some(token),
             }];
             state.renew(&RenewBatch { items }).await?
         }
@@ -714,6 +727,7 @@ async fn confirm_lease(
                 keys,
                 owner_id,
                 lease_ms,
+                token: Some(token),
             }];
             state.renew_permits(&PermitRenewBatch { items }).await?
         }
@@ -928,5 +942,70 @@ mod tests {
             granted.release().await.expect("release");
             client.shutdown().await;
         }
+    }
+
+    /// A grant taken with `confirm` (found by a heartbeat) whose token is
+    /// not the grant the owner id holds by the time the confirmation runs
+    /// (an older grant of the same owner id, delivered late) must not give
+    /// the guard that older token. Here the late grant (token 1) is put
+    /// into the waiter's slot by hand while Redis is paused; the holder's
+    /// release, sent before it, hands the lock to the waiter with a new
+    /// token and runs first. Before, the confirmation only asked whether
+    /// the owner id held the lock, and the guard carried token 1.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_grant_confirmed_after_a_newer_one_gets_the_newer_token() {
+        let server = RedisServer::start().expect("redis-server");
+        let waiting = LockClient::connect(&server.url()).await.expect("client");
+        let holding = LockClient::connect(&server.url()).await.expect("client");
+        // Scripts loaded and sockets open: nothing below waits on a load.
+        for client in [&waiting, &holding] {
+            let guard = client.lock("warm").await.expect("lock");
+            guard.release().await.expect("release");
+        }
+        let holder = holding.lock("late").await.expect("holder");
+        let waiter = {
+            let client = waiting.clone();
+            tokio::spawn(async move { client.lock("late").await })
+        };
+        let state = waiting.state().clone();
+        let keys = state.keys_of(&fairlock_core::LockName::new("late").expect("name"));
+        let owner_id = loop {
+            let queue = server
+                .cmd_ok(&["ZRANGE", keys.queue(), "0", "0"])
+                .expect("ZRANGE");
+            if let Some(first) = queue.as_array().and_then(|q| q.first()) {
+                break first.as_str().expect("an owner id").to_owned();
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        server
+            .cmd_ok(&["CLIENT", "PAUSE", "1500", "WRITE"])
+            .expect("CLIENT PAUSE");
+        let release = tokio::spawn(async move { holder.release().await });
+        // The release is in Redis's paused clients before the confirmation.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            state.waiters.deliver(
+                &owner_id,
+                crate::waiters::WaiterEvent::Granted {
+                    token: 1,
+                    confirm: true,
+                },
+            ),
+            "the waiter takes the late grant"
+        );
+        let guard = tokio::time::timeout(Duration::from_secs(20), waiter)
+            .await
+            .expect("the waiter ends")
+            .expect("task")
+            .expect("granted");
+        release.await.expect("task").expect("release");
+        let held = server.cmd_ok(&["GET", keys.owner()]).expect("GET");
+        assert_eq!(
+            held.as_str(),
+            Some(format!("{} {}", guard.owner_id(), guard.token().value()).as_str()),
+            "the guard carries the token Redis holds"
+        );
+        guard.release().await.expect("release");
     }
 }

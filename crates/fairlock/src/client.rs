@@ -255,6 +255,7 @@ impl LockClient {
                 owner_key: keys.owner(),
                 owner_id,
                 lease_ms: millis(lease),
+                token: None,
             }],
         };
         let sent_at = std::time::Instant::now();

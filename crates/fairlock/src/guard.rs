@@ -205,6 +205,7 @@ impl LockGuard {
                 owner_key: self.held.keys.owner(),
                 owner_id: &self.held.owner_id,
                 lease_ms: millis(lease),
+                token: None,
             }],
         };
         match self.state.renew(&batch).await?.first() {

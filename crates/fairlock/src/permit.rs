@@ -93,6 +93,7 @@ impl Permit {
                 keys: &self.held.keys,
                 owner_id: &self.held.owner_id,
                 lease_ms: 0,
+                token: None,
             }],
         };
         match self.state.renew_permits(&batch).await?.first() {

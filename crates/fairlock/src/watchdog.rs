@@ -139,6 +139,7 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
                     keys: &lock.keys,
                     owner_id: &lock.owner_id,
                     lease_ms,
+                    token: None,
                 })
                 .collect(),
         };
@@ -152,6 +153,7 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
                     owner_key: lock.keys.owner(),
                     owner_id: &lock.owner_id,
                     lease_ms,
+                    token: None,
                 })
                 .collect(),
         };

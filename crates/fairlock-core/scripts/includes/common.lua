@@ -66,13 +66,21 @@ local MAX_LEASE_MS = 86400000
 local function renewal_items(script, args, count)
   local items = {}
   for i = 1, count do
-    local owner_id, lease_ms = string.match(args[i] or '', '^(%S+) (%d+)$')
-    if not owner_id or #lease_ms > 8 or tonumber(lease_ms) > MAX_LEASE_MS then
-      return nil, redis.error_reply('ERR fairlock ' .. script .. ': item ' .. i ..
-        ' needs "<owner id> <lease ms>" with a lease of at most a day (86400000), got ' ..
-        tostring(args[i]))
+    local arg = args[i] or ''
+    -- A token, if given, names the grant that must be the one held (a
+    -- waiter confirming a grant it took); without one, any grant of the
+    -- owner id is (the watchdog's renewals).
+    local owner_id, lease_ms, token = string.match(arg, '^(%S+) (%d+) (%d+)$')
+    if not owner_id then
+      owner_id, lease_ms = string.match(arg, '^(%S+) (%d+)$')
     end
-    items[i] = {owner_id, tonumber(lease_ms)}
+    if not owner_id or #lease_ms > 8 or tonumber(lease_ms) > MAX_LEASE_MS
+        or (token and #token > 18) then
+      return nil, redis.error_reply('ERR fairlock ' .. script .. ': item ' .. i ..
+        ' needs "<owner id> <lease ms>" or "<owner id> <lease ms> <token>" with a lease of ' ..
+        'at most a day (86400000) and a token of at most 18 digits, got ' .. tostring(args[i]))
+    end
+    items[i] = {owner_id, tonumber(lease_ms), token}
   end
   return items
 end
