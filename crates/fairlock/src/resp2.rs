@@ -12,10 +12,27 @@ use std::str;
 
 use fairlock_core::Reply;
 
-/// Refuse a frame announcing more than this (a bulk string or an array):
-/// no answer or message on a grant connection comes near it, so a larger
-/// one means the stream is not what it should be.
-const MAX_FRAME: usize = 16 * 1024 * 1024;
+/// Refuse a frame announcing more than this (a bulk string or an array),
+/// and one still incomplete after this many bytes: no answer or message
+/// on fairlock's own connections comes near it (a grant message is a few
+/// hundred bytes), so a larger one means the stream is not what it should
+/// be. Without the second bound, a line that never ends, or an array of
+/// millions of items, made the reader buffer without limit and parse the
+/// frame again from its start after every read.
+const MAX_FRAME: usize = 1024 * 1024;
+
+/// What [`reply`] read: a script's reply (or its error's text) and how
+/// many bytes it took; `Ok(None)` while incomplete.
+type ReplyRead = Result<Option<(Result<Reply, String>, usize)>, Malformed>;
+
+/// `Ok(None)` (incomplete) for a frame starting at the head of `buf`,
+/// unless more than [`MAX_FRAME`] bytes of it are there already.
+fn incomplete<T>(buf: &[u8]) -> Result<Option<T>, Malformed> {
+    if buf.len() > MAX_FRAME {
+        return Err(Malformed("a frame still incomplete after a mebibyte"));
+    }
+    Ok(None)
+}
 
 /// How deep arrays may nest (none of ours do).
 const MAX_DEPTH: usize = 4;
@@ -64,6 +81,14 @@ pub(crate) struct Malformed(pub(crate) &'static str);
 /// Reads the frame at the start of `buf`: `Ok(None)` if it is not complete
 /// yet, or the frame and how many bytes it took.
 pub(crate) fn parse(buf: &[u8]) -> Result<Option<(Frame<'_>, usize)>, Malformed> {
+    match parse_started(buf)? {
+        Some(frame) => Ok(Some(frame)),
+        None => incomplete(buf),
+    }
+}
+
+/// [`parse`] without the bound on an incomplete frame.
+fn parse_started(buf: &[u8]) -> Result<Option<(Frame<'_>, usize)>, Malformed> {
     let Some((head, mut at)) = line(buf, 0) else {
         return Ok(None);
     };
@@ -209,7 +234,15 @@ pub(crate) fn command_of<'a>(
 /// is incomplete. Bulk strings that are UTF-8 become [`Reply::Str`], as
 /// fred's do for `calls.rs`; others [`Reply::Bytes`].
 #[allow(clippy::type_complexity)]
-pub(crate) fn reply(buf: &[u8]) -> Result<Option<(Result<Reply, String>, usize)>, Malformed> {
+pub(crate) fn reply(buf: &[u8]) -> ReplyRead {
+    match reply_started(buf)? {
+        Some(reply) => Ok(Some(reply)),
+        None => incomplete(buf),
+    }
+}
+
+/// [`reply`] without the bound on an incomplete frame.
+fn reply_started(buf: &[u8]) -> ReplyRead {
     let Some((head, next)) = line(buf, 0) else {
         return Ok(None);
     };
@@ -406,6 +439,33 @@ mod tests {
             reply(b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n"),
             Err(Malformed("arrays nested too deep"))
         );
+    }
+
+    /// A frame that never ends within a mebibyte (a line without its
+    /// CRLF, an array announcing millions of items) is malformed, for
+    /// both readers: before, each answered "incomplete" for ever, and the
+    /// connection buffered without limit.
+    #[test]
+    fn a_frame_still_incomplete_after_a_mebibyte_is_malformed() {
+        let mut endless_line = b"+".to_vec();
+        endless_line.resize(MAX_FRAME + 1, b'A');
+        let mut endless_array = b"*1000000\r\n".to_vec();
+        while endless_array.len() <= MAX_FRAME {
+            endless_array.extend_from_slice(b":1\r\n");
+        }
+        for buf in [&endless_line, &endless_array] {
+            assert_eq!(
+                parse(buf),
+                Err(Malformed("a frame still incomplete after a mebibyte"))
+            );
+            assert_eq!(
+                reply(buf),
+                Err(Malformed("a frame still incomplete after a mebibyte"))
+            );
+            // Just under the bound, still only incomplete.
+            assert_eq!(parse(&buf[..MAX_FRAME]), Ok(None));
+            assert_eq!(reply(&buf[..MAX_FRAME]), Ok(None));
+        }
     }
 
     #[test]
