@@ -57,14 +57,22 @@ fn renew_lock(
     RenewBatch::decode(reply).expect("statuses")[0]
 }
 
-#[test]
-fn a_lock_renewal_with_a_token_holds_only_that_grant() {
+/// A server with the scripts loaded and lock `name` granted to an owner
+/// id of process `tag` (16 hex digits): its keys, the owner id and the
+/// grant's token.
+fn a_held_lock(name: &str, tag: &str) -> (RedisServer, LockKeys, OwnerId, u64) {
     let server = RedisServer::start().expect("redis-server");
     load_scripts(&server);
-    let keys = LockKeys::new(&prefix(), &LockName::new("tokened").expect("name"));
-    let owner = OwnerId::new(&"ab".repeat(16), "00000000000000ab", 30_000);
+    let keys = LockKeys::new(&prefix(), &LockName::new(name).expect("name"));
+    let owner = OwnerId::new(&tag.repeat(2), tag, 30_000);
     let token =
         granted(acquire_wait(&server, &keys, owner.as_str(), "renew:notify:").expect("acquire"));
+    (server, keys, owner, token)
+}
+
+#[test]
+fn a_lock_renewal_with_a_token_holds_only_that_grant() {
+    let (server, keys, owner, token) = a_held_lock("tokened", "00000000000000ab");
 
     assert_eq!(
         renew_lock(&server, &keys, owner.as_str(), Some(token - 1)),
@@ -142,11 +150,7 @@ fn a_permit_renewal_with_a_token_holds_only_that_grant() {
 /// before any lease is set.
 #[test]
 fn a_renewal_token_past_18_digits_is_refused() {
-    let server = RedisServer::start().expect("redis-server");
-    load_scripts(&server);
-    let keys = LockKeys::new(&prefix(), &LockName::new("long-token").expect("name"));
-    let owner = OwnerId::new(&"ef".repeat(16), "00000000000000ef", 30_000);
-    granted(acquire_wait(&server, &keys, owner.as_str(), "renew:notify:").expect("acquire"));
+    let (server, keys, owner, _) = a_held_lock("long-token", "00000000000000ef");
     let batch = RenewBatch {
         items: vec![RenewItem {
             owner_key: keys.owner(),
