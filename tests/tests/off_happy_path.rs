@@ -168,6 +168,46 @@ async fn a_grant_whose_release_reply_is_lost_is_found_by_the_heartbeat() {
     guard.release().await.expect("release");
 }
 
+/// The same lost reply, but the client's own: the release ran, handing
+/// the lock to a waiter of its process, and the connection dropped before
+/// the reply came. The client sends the release again, which answers as a
+/// resend does (released, nobody handed to), so the waiter must be found
+/// at once, not at the next heartbeat interval, 30 s here: the lock would
+/// sit idle that long. Before, nothing asked for a heartbeat round, and
+/// the waiter was still waiting 10 s later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_reply_was_lost_with_its_connection_wakes_the_next_holder_here() {
+    let server = server();
+    let proxy = switch_proxy::SwitchProxy::start(server.port()).await;
+    let config = ClientConfig::builder(proxy.url())
+        .heartbeat_interval(Duration::from_secs(30))
+        .waiter_timeout(Duration::from_secs(90))
+        .build()
+        .expect("config");
+    let client = LockClient::with_config(config).await.expect("client");
+    // The scripts loaded first: a release answered NOSCRIPT never ran.
+    let warm = client.lock("lost-own-reply-warm").await.expect("lock");
+    warm.release().await.expect("release");
+    let name = "lost-own-reply";
+    let holder = client.lock(name).await.expect("holder");
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move { client.lock(name).await })
+    };
+    wait_for_queue_len(&client, name, 1).await;
+    proxy.drop_reply_to(<Release as fairlock_core::ScriptCall>::SCRIPT.sha1());
+    let holder_token = holder.token();
+    holder.release().await.expect("the release ran");
+    assert!(proxy.reply_dropped(), "the release's reply was dropped");
+    let guard = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter is woken well before the next heartbeat interval")
+        .expect("task")
+        .expect("granted");
+    assert!(guard.token() > holder_token, "a newer token");
+    guard.release().await.expect("release");
+}
+
 /// A handoff to another process whose grant message reaches nobody (its
 /// subscriber is cut off): the script cuts the lease to the waiter TTL,
 /// the process's heartbeat finds the grant, and the waiter sets its own

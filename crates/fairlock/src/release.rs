@@ -142,15 +142,34 @@ impl ClientState {
         };
         let reply = if again {
             self.run_while_closing(Lane::Holders, keys, &ReleaseAgain(release))
-                .await?
+                .await
         } else {
             // On the holders' script socket if it owes no reply: a release
             // is half of every uncontended cycle.
             let via = Via::Socket(Order::IfClear, None);
             self.run_while_closing_via(Lane::Holders, via, keys, &release)
-                .await?
+                .await
         };
+        let reply = reply.inspect_err(|_| {
+            // The release may have run and handed the lock to a waiter
+            // here, whose wake-up was its reply.
+            self.waiters.recheck_lock(keys.owner());
+        })?;
         match reply {
+            ReleaseReply::Released {
+                handed_to: None,
+                purged,
+            } => {
+                self.after_purge(keys, purged);
+                // Nobody queued, as Redis saw it; a waiter here on this lock
+                // (none, but in a race with its own enqueue) checks its
+                // place: this may be the answer to a resend, whose first
+                // run, its reply lost with its connection, handed the lock
+                // to that waiter without a message (a resend is answered
+                // released, handed to nobody).
+                self.waiters.recheck_lock(keys.owner());
+                Ok(Woke::NobodyHere)
+            }
             ReleaseReply::Released { handed_to, purged } => {
                 self.after_purge(keys, purged);
                 if let Some(next) = handed_to.filter(|next| self.is_ours(&next.owner_id)) {
