@@ -347,6 +347,14 @@ impl WaiterRegistry {
             .is_some_and(|waiter| !waiter.slot.has_grant())
     }
 
+    /// Whether a waiter here waits on lock `owner_key`.
+    pub(crate) fn waits_on(&self, owner_key: &str) -> bool {
+        self.state()
+            .by_lock
+            .get(owner_key)
+            .is_some_and(|lock| !lock.owner_ids.is_empty())
+    }
+
     /// Tells every waiter of lock `owner_key` to check its place.
     pub(crate) fn recheck_lock(&self, owner_key: &str) {
         let slots: Vec<Arc<WaiterSlot>> = {
