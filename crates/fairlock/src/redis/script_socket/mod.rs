@@ -443,8 +443,9 @@ impl ScriptSocket {
                             reading.reader = None;
                             return Poll::Ready(());
                         }
-                        match pipe.dispatch(&mut reader.buf, own) {
-                            Ok(wakers) => {
+                        let mut wakers = Wakers::new();
+                        match pipe.dispatch(&mut reader.buf, own, &mut wakers) {
+                            Ok(()) => {
                                 let answered = !matches!(pipe.slot(own), Some(Slot::Waiting(_)));
                                 (wakers, answered)
                             }
@@ -453,7 +454,8 @@ impl ScriptSocket {
                                     error = malformed.0,
                                     "fairlock's script socket read a malformed reply; closing it"
                                 );
-                                let wakers = pipe.lose();
+                                // The callers answered before it are woken too.
+                                wakers.extend(pipe.lose());
                                 drop(pipe);
                                 reading.reader = None;
                                 wake(wakers);

@@ -128,9 +128,15 @@ impl Pipe {
     }
 
     /// Hands out the complete replies in the reader's buffer, in call
-    /// order; the callers to wake (not `own`, which is reading).
-    pub(super) fn dispatch(&mut self, buf: &mut Vec<u8>, own: u64) -> Result<Wakers, Malformed> {
-        let mut wakers = Wakers::new();
+    /// order, adding the callers to wake to `wakers` (not `own`, which is
+    /// reading). On a malformed reply the callers answered before it are
+    /// in `wakers` too: the caller wakes them as it loses the socket.
+    pub(super) fn dispatch(
+        &mut self,
+        buf: &mut Vec<u8>,
+        own: u64,
+        wakers: &mut Wakers,
+    ) -> Result<(), Malformed> {
         let mut used = 0;
         while let Some((reply, len)) = resp2::reply(&buf[used..])? {
             used += len;
@@ -163,7 +169,7 @@ impl Pipe {
             buf.shrink_to(BUFFER);
         }
         self.pop_done();
-        Ok(wakers)
+        Ok(())
     }
 
     /// The waker of the oldest caller still waiting, which is to read next
@@ -213,8 +219,8 @@ impl Pipe {
         };
         let mut context = Context::from_waker(Waker::noop());
         loop {
-            match self.dispatch(&mut reader.buf, u64::MAX) {
-                Ok(answered) => wakers.extend(answered),
+            match self.dispatch(&mut reader.buf, u64::MAX, wakers) {
+                Ok(()) => {}
                 Err(_) => {
                     wakers.extend(self.lose());
                     return;
@@ -234,6 +240,10 @@ impl Pipe {
             }
         }
         self.reader = Some(reader);
+        // A caller woken to read next may have had its reply read here and
+        // will leave without reading: the oldest caller still waiting
+        // reads instead.
+        wakers.extend(self.next_reader());
     }
 }
 

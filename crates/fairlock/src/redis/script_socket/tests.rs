@@ -544,3 +544,131 @@ async fn a_dropped_permit_acquires_cancel_goes_behind_it_on_the_socket() {
     next.expect("permit").release().await.expect("release");
     client.shutdown().await;
 }
+
+/// One read that holds valid replies and then a malformed one (here an
+/// array nested deeper than the reader takes): the callers answered by
+/// that read are woken, not left to their deadline (10 s here). Before,
+/// the malformed reply's error discarded the wake-ups collected for the
+/// replies before it, and the second caller returned at its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_reply_still_wakes_the_callers_answered_before_it() {
+    let server = RedisServer::start().expect("redis-server");
+    let (sha, endpoint, socket) = connected(&server).await;
+    let deep: &'static str = Box::leak(load(&server, "return {{{{{1}}}}}").into_boxed_str());
+    // Held by Redis until the three are written, then answered in one go.
+    server
+        .cmd_ok(&["CLIENT", "PAUSE", "400", "ALL"])
+        .expect("CLIENT PAUSE");
+    let first = tokio::spawn(async move { ask(socket, endpoint, sha, &[b"1".to_vec()]).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = tokio::spawn(async move { ask(socket, endpoint, sha, &[b"2".to_vec()]).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let malformed = tokio::spawn(async move { ask(socket, endpoint, deep, &[]).await });
+    for call in [first, malformed] {
+        let _ = tokio::time::timeout(Duration::from_secs(20), call)
+            .await
+            .expect("ends");
+    }
+    let second = tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .expect("the second caller is woken well before its 10 s deadline")
+        .expect("task");
+    assert!(
+        matches!(second, Outcome::Answered(Ok(_)) | Outcome::Lost),
+        "{second:?}"
+    );
+}
+
+/// Sets a flag when woken: a hand-polled future's waker.
+struct WokenFlag(AtomicBool);
+
+impl std::task::Wake for WokenFlag {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The caller woken to read next (y) has its reply read for it by a
+/// call that first reads the replies owed (w, `Order::IfClear`): the
+/// reading must still pass on to the caller waiting behind (z), not sit
+/// in the socket with nobody woken to take it. Before, z slept until its
+/// deadline, though its reply had come.
+#[tokio::test(flavor = "current_thread")]
+async fn reading_owed_replies_passes_the_reading_on() {
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Waker};
+    let server = RedisServer::start().expect("redis-server");
+    let (sha, endpoint, socket) = connected(&server).await;
+    // Runs while writes are paused; `sha`'s script does not.
+    let read_only: &'static str =
+        Box::leak(load(&server, "#!lua flags=no-writes\nreturn ARGV[1]").into_boxed_str());
+    let target: &'static SocketTarget<'static> = Box::leak(Box::new(target(endpoint)));
+    let call = |sha: &'static str, arg: &str| -> &'static EvalSha<'static> {
+        let args: &'static [Vec<u8>] = Box::leak(vec![arg.as_bytes().to_vec()].into_boxed_slice());
+        Box::leak(Box::new(EvalSha {
+            sha,
+            keys: &[],
+            args,
+        }))
+    };
+    let (x_woken, y_woken) = (
+        Arc::new(WokenFlag(AtomicBool::new(false))),
+        Arc::new(WokenFlag(AtomicBool::new(false))),
+    );
+    let (x_waker, y_waker) = (Waker::from(x_woken.clone()), Waker::from(y_woken.clone()));
+    server
+        .cmd_ok(&["CLIENT", "PAUSE", "1500", "WRITE"])
+        .expect("CLIENT PAUSE");
+    let mut x = Box::pin(socket.call(target, call(read_only, "x"), Order::IfClear, soon(), None));
+    assert!(
+        x.as_mut()
+            .poll(&mut Context::from_waker(&x_waker))
+            .is_pending(),
+        "x reads"
+    );
+    let mut y = Box::pin(socket.call(target, call(read_only, "y"), Order::IfClear, soon(), None));
+    assert!(y
+        .as_mut()
+        .poll(&mut Context::from_waker(&y_waker))
+        .is_pending());
+    // a: held by the pause, its caller gone: its reply is owed.
+    let mut a = Box::pin(socket.call(target, call(sha, "a"), Order::IfClear, soon(), None));
+    assert!(a
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+        .is_pending());
+    drop(a);
+    let z = tokio::spawn(async move {
+        socket
+            .call(
+                target,
+                call(read_only, "z"),
+                Order::AfterSocket,
+                soon(),
+                None,
+            )
+            .await
+    });
+    // z written; x's and y's replies in.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(x);
+    assert!(y_woken.0.load(Ordering::SeqCst), "y woken to read");
+    let mut w = Box::pin(socket.call(target, call(read_only, "w"), Order::IfClear, soon(), None));
+    match w.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(Outcome::NotSent) => {}
+        other => panic!("w, with a reply owed, goes through fred: {other:?}"),
+    }
+    assert!(
+        matches!(
+            y.as_mut().poll(&mut Context::from_waker(&y_waker)),
+            Poll::Ready(Outcome::Answered(_))
+        ),
+        "y's reply was read for it"
+    );
+    let z = tokio::time::timeout(Duration::from_secs(5), z)
+        .await
+        .expect("z is woken once the pause ends, well before its 10 s deadline")
+        .expect("task");
+    assert!(matches!(z, Outcome::Answered(Ok(_))), "{z:?}");
+}
