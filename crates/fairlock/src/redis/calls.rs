@@ -349,18 +349,11 @@ impl RedisConnection {
             {
                 None
             }
+            // Behind Sentinel, a demoted primary: the socket has closed
+            // that connection, and fred follows the sentinels.
             Outcome::Answered(Err(error))
                 if error.starts_with("READONLY") && endpoint.follows_primary() =>
             {
-                // Behind Sentinel, a socket left on a demoted primary whose
-                // connections stayed open: the call wrote nothing there (a
-                // replica refuses a script's first write) and goes through
-                // fred, which follows the primary the sentinels name; the
-                // sockets connect again, to a server that answers `ROLE`
-                // as the primary (`script_socket/login.rs`).
-                for socket in pair.iter() {
-                    socket.disconnect();
-                }
                 None
             }
             Outcome::Answered(Err(error)) => Some(Err(classify(

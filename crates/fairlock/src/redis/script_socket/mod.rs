@@ -48,7 +48,7 @@
 //! reconnected, and only to a server that answers `ROLE` as the primary
 //! (`login.rs`); a call made after fred has moved elsewhere moves the
 //! socket first ([`ScriptSocket::leave_old_primary`]), and one answered
-//! `READONLY` closes it (`redis/calls.rs`).
+//! `READONLY` closes the connection it was written on.
 
 //!
 //! The files: this one takes a call onto the socket, writes, reads and
@@ -175,6 +175,11 @@ impl EvalSha<'_> {
     }
 }
 
+/// Whether the server refused the call as a replica.
+fn answered_read_only(outcome: &Outcome) -> bool {
+    matches!(outcome, Outcome::Answered(Err(error)) if error.starts_with("READONLY"))
+}
+
 impl ScriptSocket {
     pub(crate) fn new() -> Self {
         Self {
@@ -240,13 +245,13 @@ impl ScriptSocket {
                 let number = pipe.take_call();
                 let write = pipe.writer.take().map(|half| {
                     let spare = std::mem::take(&mut pipe.spare);
-                    (half, std::mem::replace(&mut pipe.out, spare), pipe.epoch)
+                    (half, std::mem::replace(&mut pipe.out, spare))
                 });
-                Some((number, write))
+                Some((number, write, pipe.epoch))
             }
         };
         wake(wakers);
-        let Some((number, write)) = taken else {
+        let Some((number, write, epoch)) = taken else {
             return Outcome::NotSent;
         };
         let mut taken = Taken {
@@ -261,10 +266,20 @@ impl ScriptSocket {
         if order == Order::AfterSocket {
             self.written_after.fetch_add(1, Ordering::SeqCst);
         }
-        if let Some((half, bytes, epoch)) = write {
+        if let Some((half, bytes)) = write {
             self.write(half, bytes, epoch, deadline).await;
         }
         let outcome = self.outcome(&mut taken, deadline).await;
+        if target.endpoint.follows_primary() && answered_read_only(&outcome) {
+            // Behind Sentinel, a primary demoted with its connections left
+            // open: the call wrote nothing there (a replica refuses a
+            // script's first write) and goes through fred, which follows
+            // the primary the sentinels name. The connection it was
+            // written on is closed, not one opened since (answers of one
+            // burst each come here), and the next call connects to a
+            // server that answers `ROLE` as the primary (`login.rs`).
+            self.lose(epoch);
+        }
         if let (Some(flag), Outcome::Answered(_) | Outcome::Lost) = (unanswered, &outcome) {
             flag.store(false, Ordering::SeqCst);
         }

@@ -212,3 +212,99 @@ async fn behind_sentinel_a_socket_answered_readonly_leaves_the_server() {
     let _ = node.cmd_ok(&["REPLICAOF", "NO", "ONE"]);
     client.shutdown().await;
 }
+
+/// Sets a flag when woken: a hand-polled future's waker.
+struct Woken(std::sync::atomic::AtomicBool);
+
+impl std::task::Wake for Woken {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Behind Sentinel, `READONLY` answers read together (a burst on a
+/// primary demoted with its connections left open) each close the
+/// connection they came on, and only that one: the second caller, seen to
+/// after a call has connected again, leaves the new connection open.
+/// Before, each such answer closed the lane's socket whatever it was
+/// connected to, and the calls on the new connection were lost and sent
+/// again through fred.
+#[tokio::test(flavor = "current_thread")]
+async fn read_only_answers_close_only_the_connection_they_came_on() {
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Waker};
+    let server = RedisServer::start().expect("redis-server");
+    let sha = prepare(&server, "server");
+    let refused = {
+        let script = "#!lua flags=no-writes\n\
+                      return redis.error_reply(\"READONLY You can't write against a read only replica.\")";
+        match server.cmd_ok(&["SCRIPT", "LOAD", script]).expect("load") {
+            fairlock_testkit::Resp::Bulk(Some(sha)) => String::from_utf8(sha).expect("sha"),
+            other => panic!("SCRIPT LOAD answered {other:?}"),
+        }
+    };
+    let (announce, _) = broadcast::channel(8);
+    let endpoint = GrantEndpoint::new(
+        GrantPlace::SentinelPrimary,
+        || announce.subscribe(),
+        None,
+        None,
+        None,
+    );
+    announce.send(announced(&server)).expect("announce");
+    let target = SocketTarget {
+        endpoint: &endpoint,
+        node: None,
+        database: None,
+        connect_timeout: Duration::from_secs(5),
+    };
+    let socket = ScriptSocket::new();
+    assert_eq!(answered(where_runs(&socket, &target, &sha).await), "server");
+
+    let call = EvalSha {
+        sha: &refused,
+        keys: &[],
+        args: &[],
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let x_woken = Arc::new(Woken(std::sync::atomic::AtomicBool::new(false)));
+    let x_waker = Waker::from(x_woken.clone());
+    // Both commands wait out the pause and are answered in one write.
+    server
+        .cmd_ok(&["CLIENT", "PAUSE", "300", "ALL"])
+        .expect("CLIENT PAUSE");
+    let mut x = Box::pin(socket.call(&target, &call, Order::IfClear, deadline, None));
+    assert!(x
+        .as_mut()
+        .poll(&mut Context::from_waker(&x_waker))
+        .is_pending());
+    let mut y = Box::pin(socket.call(&target, &call, Order::IfClear, deadline, None));
+    assert!(y
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+        .is_pending());
+    while !x_woken.0.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "x's reply never came");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    match x.as_mut().poll(&mut Context::from_waker(&x_waker)) {
+        Poll::Ready(Outcome::Answered(Err(error))) if error.starts_with("READONLY") => {}
+        other => panic!("x is refused: {other:?}"),
+    }
+    assert_eq!(
+        socket.connected_to(),
+        None,
+        "x's answer closed the connection it came on"
+    );
+    assert_eq!(answered(where_runs(&socket, &target, &sha).await), "server");
+    match y.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(Outcome::Answered(Err(error))) if error.starts_with("READONLY") => {}
+        other => panic!("y's answer was read with x's: {other:?}"),
+    }
+    assert_eq!(
+        socket.connected_to(),
+        Some(server.addr()),
+        "y's answer came on the closed connection: the one opened since stays open"
+    );
+}
