@@ -565,3 +565,56 @@ async fn a_call_that_must_load_its_script_stays_within_the_command_timeout() {
     proxy.delay_replies(Duration::ZERO);
     client.shutdown().await;
 }
+
+/// A call answered `READONLY` by a demoted server opens the connections
+/// again, or waits for another call doing it, only until its own deadline
+/// (the command timeout and its slack): a new server that accepts
+/// connections and never answers must not hold the call longer. Before,
+/// the call that reconnected waited up to a command timeout for each of
+/// the two command connections, and the calls answered `READONLY` beside
+/// it waited for that: about two command timeouts where one was due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_answered_readonly_ends_by_its_deadline_while_the_connections_reopen() {
+    const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+    let old = server();
+    let new = server();
+    let proxy = switch_proxy::SwitchProxy::start(old.port()).await;
+    let mut config = fast_config(&old);
+    config.url = proxy.url();
+    config.command_timeout = COMMAND_TIMEOUT;
+    let client = LockClient::with_config(config).await.expect("connect");
+    let names = ["a", "b", "c"];
+    for name in names {
+        let guard = client.lock(name).await.expect("lock");
+        guard.release().await.expect("release");
+    }
+    // Where the URL now leads: a server that accepts and never answers.
+    let hole = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    proxy.switch_to(hole.local_addr().expect("addr").port());
+    old.cmd(&["REPLICAOF", "127.0.0.1", &new.port().to_string()])
+        .expect("REPLICAOF");
+    // One burst: one call reconnects, the others wait for it.
+    let calls: Vec<_> = names
+        .into_iter()
+        .map(|name| {
+            let client = client.clone();
+            tokio::spawn(async move { client.lock(name).await.map(|_| ()) })
+        })
+        .collect();
+    // The deadline is 2.25 s; each extra command timeout is 2 s.
+    let bound = COMMAND_TIMEOUT + COMMAND_TIMEOUT * 3 / 4;
+    for call in calls {
+        let ended = tokio::time::timeout(bound, call)
+            .await
+            .expect("the call ends by its deadline, not a command timeout per connection later")
+            .expect("task");
+        assert!(
+            matches!(
+                ended,
+                Err(fairlock::Error::Timeout { .. } | fairlock::Error::ReadOnly(_))
+            ),
+            "{ended:?}"
+        );
+    }
+    drop(hole);
+}

@@ -255,7 +255,7 @@ impl RedisConnection {
             .await
         {
             followed = matches!(answer, Err(Error::ReadOnly(_)))
-                && self.follow_moved_primary(Instant::now()).await;
+                && self.follow_moved_primary(in_redis, deadline).await;
             if !followed {
                 if let Err(error) = &answer {
                     span.in_scope(|| telemetry::span_failed(error));
@@ -278,7 +278,7 @@ impl RedisConnection {
                     // Moved where the URL leads now, and sent again there
                     // if it is fairlock's own script; a user's script
                     // fails, the connections moved for the next call.
-                    followed = self.follow_moved_primary(Instant::now()).await;
+                    followed = self.follow_moved_primary(in_redis, deadline).await;
                     if !(followed && resend) {
                         break result;
                     }

@@ -11,8 +11,9 @@
 //! so this is for a single server's URL only.
 //!
 //! The call that sees `READONLY` first opens the command connections again
-//! (fred's, and the script sockets) and is sent again once; calls that saw
-//! it meanwhile wait for that and are sent again too. A URL that names a
+//! (fred's, and the script sockets) and is sent again once; calls sent
+//! before that was done wait for it and are sent again too. Each waits
+//! only until its own deadline, the reconnect included. A URL that names a
 //! replica for good is answered `READONLY` again right after: the call then
 //! fails with [`Error::ReadOnly`](crate::Error::ReadOnly), and so does
 //! every call for [`AGAIN_AFTER`] before the next attempt, so that a
@@ -47,21 +48,29 @@ pub(super) struct MovedPrimary {
 }
 
 impl RedisConnection {
-    /// A call was answered `READONLY` at `seen`. Opens the command
-    /// connections again unless that was done since `seen` (then waits
+    /// A call sent at `sent` was answered `READONLY`. Opens the command
+    /// connections again unless that was done since `sent` (then waits
     /// for it if it is under way). `true` if the call is to be sent again:
-    /// the connections were opened again after it saw `READONLY`, so it
-    /// may now reach a primary. `false` where this client does not follow
-    /// its URL (Sentinel, a cluster, RedLock), or if they were opened again
-    /// less than [`AGAIN_AFTER`] before and the server still answers
-    /// `READONLY` (a replica for good).
-    pub(super) async fn follow_moved_primary(&self, seen: Instant) -> bool {
+    /// the connections were opened again after it was sent, so it may now
+    /// reach a primary. `false` where this client does not follow its URL
+    /// (Sentinel, a cluster, RedLock), or if they were opened again less
+    /// than [`AGAIN_AFTER`] before and the server still answers `READONLY`
+    /// (a replica for good), or if `deadline` (the call's) passes while
+    /// another call opens them.
+    ///
+    /// The wait for the reconnect ends at `deadline` too: fred goes on
+    /// connecting, and the call, sent again past its deadline, ends with
+    /// a timeout. Before, a call could wait two command timeouts past its
+    /// own, one per connection opened again.
+    pub(super) async fn follow_moved_primary(&self, sent: Instant, deadline: Instant) -> bool {
         let Some(moved) = &self.moved_primary else {
             return false;
         };
-        let mut last = moved.last.lock().await;
+        let Ok(mut last) = tokio::time::timeout_at(deadline.into(), moved.last.lock()).await else {
+            return false;
+        };
         match *last {
-            Some(at) if at >= seen => return true,
+            Some(at) if at >= sent => return true,
             Some(at) if at.elapsed() < AGAIN_AFTER => return false,
             _ => {}
         }
@@ -80,8 +89,9 @@ impl RedisConnection {
             endpoint.moved();
         }
         for connection in [&self.commands, &self.holders] {
+            let until = deadline.min(Instant::now() + self.command_timeout);
             let reconnected =
-                tokio::time::timeout(self.command_timeout, connection.force_reconnection()).await;
+                tokio::time::timeout_at(until.into(), connection.force_reconnection()).await;
             if !matches!(reconnected, Ok(Ok(()))) {
                 tracing::warn!("fairlock could not connect again after READONLY: {reconnected:?}");
             }
