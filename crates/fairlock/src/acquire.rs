@@ -1008,4 +1008,92 @@ mod tests {
         );
         guard.release().await.expect("release");
     }
+
+    /// An acquire whose call on the script socket was left owed (Redis
+    /// held by a pause past the command timeout) and whose next call went
+    /// through fred (the socket owing a reply) and is still in flight when
+    /// the acquire is dropped: its cancel must run after both. Written
+    /// only behind the socket's owed call, it ran before the call through
+    /// fred, which queued the waiter again: an entry nobody would take,
+    /// found only when the queue reaches it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cancel_follows_both_an_owed_socket_call_and_one_through_fred() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let server = RedisServer::start().expect("redis-server");
+        let config = ClientConfig::builder(server.url())
+            .command_timeout(Duration::from_secs(1))
+            .build()
+            .expect("config");
+        let client = LockClient::with_config(config).await.expect("client");
+        for _ in 0..2 {
+            let guard = client.lock("warm").await.expect("lock");
+            guard.release().await.expect("release");
+        }
+        // Held, so that each acquire below queues its owner id.
+        let holder = client.lock("owed").await.expect("holder");
+        let state = client.state().clone();
+        let keys = state.keys_of(&fairlock_core::LockName::new("owed").expect("name"));
+        let owner_id = state.new_owner_id(30_000);
+        let unanswered = Arc::new(AtomicBool::new(false));
+        let acquire = {
+            let (state, keys, owner_id, unanswered) = (
+                state.clone(),
+                keys.clone(),
+                owner_id.clone(),
+                unanswered.clone(),
+            );
+            move || {
+                let (state, keys, owner_id, unanswered) = (
+                    state.clone(),
+                    keys.clone(),
+                    owner_id.clone(),
+                    unanswered.clone(),
+                );
+                async move {
+                    let call = fairlock_core::Acquire {
+                        owner_id: &owner_id,
+                        mode: fairlock_core::AcquireMode::Wait,
+                        timings: &state.timings,
+                        channel_prefix: &state.channel_prefix(&keys),
+                        rejoin: None,
+                    };
+                    state
+                        .run_direct(&keys, &call, &unanswered)
+                        .await
+                        .map(|_| ())
+                }
+            }
+        };
+        // The cancel script loaded: a socket call that finds it missing
+        // goes through fred.
+        state
+            .cancel(&keys, &state.new_owner_id(30_000), false)
+            .await;
+        server
+            .cmd_ok(&["CLIENT", "PAUSE", "1500", "WRITE"])
+            .expect("CLIENT PAUSE");
+        let first = acquire().await;
+        assert!(matches!(first, Err(Error::Timeout { .. })), "{first:?}");
+        assert!(
+            unanswered.load(Ordering::SeqCst),
+            "its reply is owed on the socket"
+        );
+        // The socket owes a reply: this one goes through fred.
+        let second = tokio::spawn(acquire());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        state
+            .cancel(&keys, &owner_id, unanswered.load(Ordering::SeqCst))
+            .await;
+        let _ = second.await.expect("task");
+        let queued = server
+            .cmd_ok(&["ZSCORE", keys.queue(), &owner_id])
+            .expect("ZSCORE");
+        assert_eq!(
+            queued.as_str(),
+            None,
+            "the cancel ran after the call through fred too: nothing left queued"
+        );
+        holder.release().await.expect("release");
+    }
 }

@@ -581,20 +581,36 @@ impl ClientState {
 
     /// Leaves the queue for `owner_id`, passing on a grant that raced the
     /// cancellation. A failure is retried by the heartbeat. `after_socket`:
-    /// the waiter's acquire went on the script socket and its reply was
-    /// never read, so the cancel is written behind it there (Redis may
-    /// not have run it yet; through fred the cancel could overtake it).
+    /// an acquire call of the waiter went on the script socket and its
+    /// reply was never read, so the cancel is written behind it there
+    /// (Redis may not have run it yet; through fred the cancel could
+    /// overtake it), and then sent through fred too, behind a later
+    /// acquire call that went there while the socket owed that reply and
+    /// may still be in flight. A cancel runs twice safely: the second
+    /// finds nothing, or an entry such a later call made.
     pub(crate) async fn cancel(
         self: &Arc<Self>,
         keys: &Arc<LockKeys>,
         owner_id: &str,
         after_socket: bool,
     ) {
-        let via = if after_socket {
-            Via::Socket(Order::AfterSocket, None)
-        } else {
-            Via::Fred
-        };
+        if after_socket {
+            let behind_socket = Via::Socket(Order::AfterSocket, None);
+            if !self.cancel_via(keys, owner_id, behind_socket).await {
+                return;
+            }
+        }
+        self.cancel_via(keys, owner_id, Via::Fred).await;
+    }
+
+    /// One cancel call for [`Self::cancel`] sent `via`; `false` if it
+    /// failed (a retry is then left to the heartbeat, or none is worth it).
+    async fn cancel_via(
+        self: &Arc<Self>,
+        keys: &Arc<LockKeys>,
+        owner_id: &str,
+        via: Via<'_>,
+    ) -> bool {
         let result = if keys.permit_family().is_some() {
             self.cancel_permit_call(keys, owner_id, via).await
         } else {
@@ -610,7 +626,10 @@ impl ClientState {
                 .map(|reply| reply.purged)
         };
         match result {
-            Ok(purged) => self.after_purge(keys, purged),
+            Ok(purged) => {
+                self.after_purge(keys, purged);
+                return true;
+            }
             Err(Error::Closed) => {}
             Err(error) if !retry_may_cure(&error) => {
                 tracing::warn!(%error, "fairlock could not leave the queue; the entry, if any, is dropped as dead once this process stops refreshing it");
@@ -620,6 +639,7 @@ impl ClientState {
                 self.waiters.cancel_later(keys, owner_id);
             }
         }
+        false
     }
 
     /// Counts purged dead waiters and, if dead waiters are left at the head

@@ -30,7 +30,8 @@
 //!   socket Redis stopped answering does not hold up more calls; one that
 //!   must run after a call that left its reply owed ([`Order::AfterSocket`])
 //!   is written behind it on this socket, which Redis reads in order (an
-//!   acquire's cancel, see `acquire.rs`).
+//!   acquire's cancel, sent through fred as well, behind the acquire's
+//!   calls that went there meanwhile: `ClientState::cancel`).
 //! - a socket that Redis closed, or that failed, runs nothing more, so
 //!   nothing written to it can overtake what comes after. The exception:
 //!   a write that cannot finish by its writer's deadline (or whose writer
