@@ -324,7 +324,7 @@ impl RedisConnection {
             true => Some(self.node_of_slot(fairlock_core::key_slot(keys.first()?.as_bytes()))?),
             false => None,
         };
-        let pair = sockets.pair(node.as_deref())?;
+        let pair = sockets.pair(node.as_deref(), || self.cluster_primaries())?;
         let target = SocketTarget {
             endpoint,
             node: node.as_deref(),

@@ -348,6 +348,15 @@ impl RedisConnection {
         routing.get_server(slot).map(address)
     }
 
+    /// The primaries fred's slot map names, `host:port` (none off a
+    /// cluster).
+    pub(crate) fn cluster_primaries(&self) -> Vec<String> {
+        self.commands
+            .cached_cluster_state()
+            .map(|routing| routing.unique_primary_nodes().iter().map(address).collect())
+            .unwrap_or_default()
+    }
+
     /// Reads the cluster's slot map again (`CLUSTER SLOTS`), within the
     /// command timeout: fred refreshes it only on a `MOVED` or a reconnect.
     pub(crate) async fn refresh_slot_map(&self) -> Result<()> {

@@ -8,9 +8,11 @@
 //! migration, a fail-over fred's map has not caught up with) or a cluster
 //! that cannot serve it yet (`TRYAGAIN`, `CLUSTERDOWN`) ran nothing there,
 //! and goes through fred, which follows the redirection, reads its map
-//! again and resends (`calls.rs`). A pair is kept for every node a call
-//! went to; a node that left the cluster closes its sockets, and calls no
-//! longer go there once fred's map is read again.
+//! again and resends (`calls.rs`). A pair is kept for each node a call
+//! went to while fred's map names that node as a primary: when a call
+//! first goes to a node, the pairs of nodes the map no longer names (a
+//! node removed, or one that became a replica) are dropped, their
+//! connections closed once the calls on them end.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -68,7 +70,13 @@ impl Sockets {
     /// The pair for a call: the one pair, or on a cluster the pair of
     /// `node` (the node serving the call's slot), made on first use.
     /// `None` on a cluster without a node (fred's map names none yet).
-    pub(super) fn pair(&self, node: Option<&str>) -> Option<Arc<Pair>> {
+    /// When a pair is made, the pairs of nodes not among `primaries` (the
+    /// primaries fred's map names now, asked for only then) are dropped.
+    pub(super) fn pair(
+        &self,
+        node: Option<&str>,
+        primaries: impl FnOnce() -> Vec<String>,
+    ) -> Option<Arc<Pair>> {
         match &self.place {
             Place::One(pair) => Some(pair.clone()),
             Place::PerNode(nodes) => {
@@ -77,6 +85,8 @@ impl Sockets {
                 if let Some((_, pair)) = nodes.iter().find(|(at, _)| at == node) {
                     return Some(pair.clone());
                 }
+                let primaries = primaries();
+                nodes.retain(|(at, _)| primaries.contains(at));
                 let pair = new_pair();
                 nodes.push((node.to_owned(), pair.clone()));
                 Some(pair)
@@ -116,19 +126,60 @@ mod tests {
     /// call; elsewhere there is one pair whatever the node.
     #[test]
     fn a_pair_per_node_on_a_cluster_and_one_elsewhere() {
+        let both = || vec!["127.0.0.1:7000".to_owned(), "127.0.0.1:7001".to_owned()];
         let cluster = Sockets::per_node(Duration::from_secs(1));
-        let a = cluster.pair(Some("127.0.0.1:7000")).expect("a");
-        let b = cluster.pair(Some("127.0.0.1:7001")).expect("b");
+        let a = cluster.pair(Some("127.0.0.1:7000"), both).expect("a");
+        let b = cluster.pair(Some("127.0.0.1:7001"), both).expect("b");
         assert!(!Arc::ptr_eq(&a, &b));
-        let again = cluster.pair(Some("127.0.0.1:7000")).expect("a again");
+        let again = cluster.pair(Some("127.0.0.1:7000"), both).expect("a again");
         assert!(Arc::ptr_eq(&a, &again));
-        assert!(cluster.pair(None).is_none(), "no node known: fred");
+        assert!(cluster.pair(None, both).is_none(), "no node known: fred");
         assert_eq!(cluster.all().len(), 2);
 
         let one = Sockets::one(None, Duration::from_secs(1));
-        let x = one.pair(Some("127.0.0.1:7000")).expect("x");
-        let y = one.pair(None).expect("y");
+        let x = one.pair(Some("127.0.0.1:7000"), both).expect("x");
+        let y = one.pair(None, both).expect("y");
         assert!(Arc::ptr_eq(&x, &y));
+    }
+
+    /// A node fred's map no longer names as a primary loses its pair when
+    /// a call first goes to another node; a pair in use is not asked to
+    /// check, and the map is read only when a pair is made.
+    #[test]
+    fn a_pair_goes_when_its_node_leaves_the_map() {
+        let cluster = Sockets::per_node(Duration::from_secs(1));
+        let named = |nodes: &[&str]| nodes.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        let a = cluster
+            .pair(Some("127.0.0.1:7000"), || named(&["127.0.0.1:7000"]))
+            .expect("a");
+        cluster
+            .pair(Some("127.0.0.1:7001"), || {
+                named(&["127.0.0.1:7000", "127.0.0.1:7001"])
+            })
+            .expect("b");
+        let again = cluster
+            .pair(Some("127.0.0.1:7000"), || {
+                panic!("not read for a pair that exists")
+            })
+            .expect("a again");
+        assert!(Arc::ptr_eq(&a, &again));
+        // 7000 left the map: its slots moved to 7001 and the new 7002.
+        cluster
+            .pair(Some("127.0.0.1:7002"), || {
+                named(&["127.0.0.1:7001", "127.0.0.1:7002"])
+            })
+            .expect("c");
+        let nodes: Vec<_> = cluster
+            .all()
+            .into_iter()
+            .filter_map(|(node, _)| node)
+            .collect();
+        assert_eq!(nodes, named(&["127.0.0.1:7001", "127.0.0.1:7002"]));
+        assert_eq!(
+            Arc::strong_count(&a),
+            2,
+            "dropped by the sockets: held here only"
+        );
     }
 
     /// Redirections and a cluster not ready send the call to fred; a
