@@ -86,7 +86,10 @@ impl Sockets {
                     return Some(pair.clone());
                 }
                 let primaries = primaries();
-                nodes.retain(|(at, _)| primaries.contains(at));
+                // A map not read yet (or being read again) names none.
+                if !primaries.is_empty() {
+                    nodes.retain(|(at, _)| primaries.contains(at));
+                }
                 let pair = new_pair();
                 nodes.push((node.to_owned(), pair.clone()));
                 Some(pair)
@@ -180,6 +183,9 @@ mod tests {
             2,
             "dropped by the sockets: held here only"
         );
+        // A map that names no primary (not read yet) drops nothing.
+        cluster.pair(Some("127.0.0.1:7003"), Vec::new).expect("d");
+        assert_eq!(cluster.all().len(), 3);
     }
 
     /// Redirections and a cluster not ready send the call to fred; a
