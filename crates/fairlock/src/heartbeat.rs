@@ -133,6 +133,13 @@ async fn beat_lane(state: &Arc<ClientState>, locks: Vec<LockWaiters>, clustered:
     while calls.join_next().await.is_some() {}
 }
 
+/// One heartbeat call for one lock's waiters here, outside the rounds:
+/// after a release that may have handed the lock to one of them without
+/// telling it (`release.rs`).
+pub(crate) async fn beat_lock(state: &Arc<ClientState>, lock: LockWaiters) {
+    beat_locks(state, vec![lock]).await;
+}
+
 /// One heartbeat call for `locks` (all in one slot). If the call fails
 /// because of one lock's keys (a key of a foreign type), each lock is
 /// tried on its own, so one broken lock cannot stop the others' waiters

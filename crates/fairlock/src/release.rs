@@ -15,6 +15,7 @@ use std::sync::Arc;
 use fairlock_core::{LockKeys, Release, ReleaseAgain, ReleaseReply};
 
 use crate::error::{Error, Result};
+use crate::heartbeat::beat_lock;
 use crate::held::HeldLock;
 use crate::redis::{Lane, Order, Via};
 use crate::state::{retry_may_cure, ClientState, Replication};
@@ -191,14 +192,17 @@ impl ClientState {
     }
 
     /// After a release that may have handed the lock to a waiter here
-    /// without telling it (its reply lost, or failed): if this process
-    /// waits on the lock, a heartbeat round at once, whose reply names the
-    /// holder (one call per 32 locks, whatever the number of waiters; not
-    /// a re-check of every waiter, which a long queue pays once per
-    /// waiter). Nothing on the uncontended path: one registry lookup.
-    fn look_for_unheard_grant(&self, keys: &LockKeys) {
-        if self.waiters.waits_on(keys.owner()) {
-            self.heartbeat_now.notify_one();
+    /// without telling it (its reply lost, or failed): if a waiter of this
+    /// process is queued on the lock, a heartbeat call for that lock alone
+    /// at once, whose reply names the holder (one call whatever the number
+    /// of waiters; not a re-check of every waiter, which a long queue pays
+    /// once per waiter, nor a whole round, which on a cluster is a call per
+    /// slot waited in). Nothing on the uncontended path: one registry
+    /// lookup.
+    fn look_for_unheard_grant(self: &Arc<Self>, keys: &LockKeys) {
+        if let Some(lock) = self.waiters.waiting_lock(keys.owner()) {
+            let state = Arc::clone(self);
+            drop(self.spawn_cleanup(async move { beat_lock(&state, lock).await }));
         }
     }
 
@@ -253,8 +257,8 @@ impl Drop for UnfinishedRelease<'_> {
             }
             // If the first release ran and handed the lock to a waiter of
             // this process, its reply (that waiter's wake-up) was dropped:
-            // a heartbeat round finds the grant now.
-            state.heartbeat_now.notify_one();
+            // a heartbeat call for the lock finds the grant now.
+            state.look_for_unheard_grant(&held.keys);
         }));
     }
 }

@@ -210,6 +210,59 @@ struct ByLock {
     turn: u64,
 }
 
+impl ByLock {
+    /// The lock's waiters a heartbeat call checks (see
+    /// [`LockWaiters::probes`]); `None` if none is queued. One pass over
+    /// the lock's waiters, as finding the oldest takes anyway.
+    fn probes(&self, waiters: &HashMap<Arc<str>, Waiter>) -> Option<LockWaiters> {
+        let mut oldest: Option<(u64, &Arc<str>)> = None;
+        let mut newest = oldest;
+        // The lowest tickets above the turn, sorted: the oldest and
+        // the newest may be among them, so two more are kept.
+        let mut turn: Vec<(u64, &Arc<str>)> = Vec::with_capacity(ROTATING_PROBES + 3);
+        for owner_id in &self.owner_ids {
+            let Some(ticket) = waiters.get(owner_id).and_then(|w| w.ticket) else {
+                continue;
+            };
+            if oldest.is_none_or(|(t, _)| ticket < t) {
+                oldest = Some((ticket, owner_id));
+            }
+            if newest.is_none_or(|(t, _)| ticket > t) {
+                newest = Some((ticket, owner_id));
+            }
+            if ticket > self.turn
+                && (turn.len() < ROTATING_PROBES + 2
+                    || turn.last().is_some_and(|&(t, _)| ticket < t))
+            {
+                let at = turn.partition_point(|&(t, _)| t < ticket);
+                turn.insert(at, (ticket, owner_id));
+                turn.truncate(ROTATING_PROBES + 2);
+            }
+        }
+        let (oldest, newest) = (oldest?, newest?);
+        let mut probes = vec![oldest.1.to_string()];
+        if newest.0 != oldest.0 {
+            probes.push(newest.1.to_string());
+        }
+        let edges = probes.len();
+        turn.retain(|&(t, _)| t != oldest.0 && t != newest.0);
+        turn.truncate(ROTATING_PROBES);
+        // A full turn may have more after it; a short one reached
+        // the newest, and the next call starts over.
+        let next_turn = match turn.last() {
+            Some(&(t, _)) if turn.len() == ROTATING_PROBES => t,
+            _ => 0,
+        };
+        probes.extend(turn.iter().map(|(_, owner_id)| owner_id.to_string()));
+        Some(LockWaiters {
+            keys: Arc::clone(&self.keys),
+            probes,
+            edges,
+            next_turn,
+        })
+    }
+}
+
 #[derive(Default)]
 struct State {
     /// Owner id → its waiter. The owner id string is shared with `by_lock`
@@ -347,14 +400,6 @@ impl WaiterRegistry {
             .is_some_and(|waiter| !waiter.slot.has_grant())
     }
 
-    /// Whether a waiter here waits on lock `owner_key`.
-    pub(crate) fn waits_on(&self, owner_key: &str) -> bool {
-        self.state()
-            .by_lock
-            .get(owner_key)
-            .is_some_and(|lock| !lock.owner_ids.is_empty())
-    }
-
     /// Tells every waiter of lock `owner_key` to check its place.
     pub(crate) fn recheck_lock(&self, owner_key: &str) {
         let slots: Vec<Arc<WaiterSlot>> = {
@@ -399,54 +444,15 @@ impl WaiterRegistry {
         state
             .by_lock
             .values()
-            .filter_map(|lock| {
-                let mut oldest: Option<(u64, &Arc<str>)> = None;
-                let mut newest = oldest;
-                // The lowest tickets above the turn, sorted: the oldest and
-                // the newest may be among them, so two more are kept.
-                let mut turn: Vec<(u64, &Arc<str>)> = Vec::with_capacity(ROTATING_PROBES + 3);
-                for owner_id in &lock.owner_ids {
-                    let Some(ticket) = state.waiters.get(owner_id).and_then(|w| w.ticket) else {
-                        continue;
-                    };
-                    if oldest.is_none_or(|(t, _)| ticket < t) {
-                        oldest = Some((ticket, owner_id));
-                    }
-                    if newest.is_none_or(|(t, _)| ticket > t) {
-                        newest = Some((ticket, owner_id));
-                    }
-                    if ticket > lock.turn
-                        && (turn.len() < ROTATING_PROBES + 2
-                            || turn.last().is_some_and(|&(t, _)| ticket < t))
-                    {
-                        let at = turn.partition_point(|&(t, _)| t < ticket);
-                        turn.insert(at, (ticket, owner_id));
-                        turn.truncate(ROTATING_PROBES + 2);
-                    }
-                }
-                let (oldest, newest) = (oldest?, newest?);
-                let mut probes = vec![oldest.1.to_string()];
-                if newest.0 != oldest.0 {
-                    probes.push(newest.1.to_string());
-                }
-                let edges = probes.len();
-                turn.retain(|&(t, _)| t != oldest.0 && t != newest.0);
-                turn.truncate(ROTATING_PROBES);
-                // A full turn may have more after it; a short one reached
-                // the newest, and the next call starts over.
-                let next_turn = match turn.last() {
-                    Some(&(t, _)) if turn.len() == ROTATING_PROBES => t,
-                    _ => 0,
-                };
-                probes.extend(turn.iter().map(|(_, owner_id)| owner_id.to_string()));
-                Some(LockWaiters {
-                    keys: Arc::clone(&lock.keys),
-                    probes,
-                    edges,
-                    next_turn,
-                })
-            })
+            .filter_map(|lock| lock.probes(&state.waiters))
             .collect()
+    }
+
+    /// [`Self::waiting_locks`] for lock `owner_key` alone: `None` if no
+    /// waiter here is queued on it.
+    pub(crate) fn waiting_lock(&self, owner_key: &str) -> Option<LockWaiters> {
+        let state = self.state();
+        state.by_lock.get(owner_key)?.probes(&state.waiters)
     }
 
     /// A heartbeat call checked `lock`'s probes: the next call checks the
