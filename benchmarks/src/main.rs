@@ -47,10 +47,11 @@ usage: fairlock-bench [--quick] [--out DIR] [--impl NAME]... [--cell C:H]... [--
   --quick      fewer cells and shorter windows (2-3 minutes)
   --topologies only the 1,000-lock run, on one server, a 3+3 Redis Cluster,
                Sentinel (1 replica) and Sentinel with replica_acks(1), and
-               the first three again over TLS: fairlock beside spin-10ms;
+               the first three again over TLS: fairlock beside
+               fairlock-fred (not with replica_acks) and spin-10ms;
                then one lock with one contender on each (but with
                replica_acks), 3 rounds of fairlock, fairlock-fred and
-               spin-10ms; written to topologies.md (about 6 minutes)
+               spin-10ms; written to topologies.md (about 8 minutes)
   --out DIR    where to write results (default: benchmarks/results)
   --impl NAME  only this implementation (repeatable): fairlock, spin-10ms,
                spin-100ms, rslock, rslock-10ms; or fairlock-fred (fairlock

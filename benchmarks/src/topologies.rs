@@ -80,7 +80,7 @@ pub async fn run(out: &Path, quick: bool) -> Result<bool> {
     let per_cell = plan.warmup_min.as_secs_f64() + plan.measure.as_secs_f64() + 3.0;
     let per_one = one_plan.warmup_min.as_secs_f64() + one_plan.measure.as_secs_f64() + 1.0;
     let progress =
-        Progress::new(per_cell * 13.0 + per_one * (6 * ONE_LOCK.len() * rounds) as f64 + 60.0);
+        Progress::new(per_cell * 19.0 + per_one * (6 * ONE_LOCK.len() * rounds) as f64 + 60.0);
     let spin = SpinImpl::new(Duration::from_millis(10));
     let mut rows = Vec::new();
     let mut one_rows = Vec::new();
@@ -139,6 +139,13 @@ pub async fn run(out: &Path, quick: bool) -> Result<bool> {
         progress.println(&format!("{topology}: {}", record.summary()));
         rows.push(TopologyRow { topology, record });
         if !topology.ends_with("replica_acks(1)") {
+            // Every call through fred: the script sockets' share of a
+            // burst on this topology.
+            progress.step(&format!("{topology}: fairlock-fred"), per_cell);
+            let fred = Implementation::FairlockFred;
+            let record = with_impl!(fred, lock => measure_cell(&lock, fred, "topology", &admin, &plan, &progress).await)?;
+            progress.println(&format!("{topology}: {}", record.summary()));
+            rows.push(TopologyRow { topology, record });
             progress.step(&format!("{topology}: spin-10ms"), per_cell);
             let record = measure_cell(
                 &spin,
