@@ -566,8 +566,9 @@ async fn a_forced_release_before_the_grant_is_taken_marks_the_guard_lost() {
     // the grant, where the held lock's own check handles it).
     server.cmd_ok(&["PING"]).expect("PING");
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let (lost, _) = waiter.take_grant().await;
     assert!(
-        waiter.take_grant_and_ask_if_lost().await,
+        lost,
         "the guard of a force-released grant is not marked lost"
     );
 }
@@ -659,12 +660,15 @@ async fn a_grant_message_naming_another_process_is_ignored() {
 /// A grant handed over from the queue to a process that then stalls (a
 /// blocked runtime) for longer than the fixed lease the waiter asked for:
 /// Redis ends that lease while the grant waits in the socket, unread. The
-/// guard the process finally gets must know its lease is over, from the
-/// moment Redis drew the grant's token, not count a whole lease from when
-/// the stalled task took it. Before the fix `is_lost()` answered false,
-/// with the key long gone from Redis, until the watchdog's next check.
+/// process must not take it for a whole lease from when the stalled task
+/// took it: the server times in its ticket and token put the grant's
+/// start long before, so it asks Redis, finds the grant gone and queues
+/// again, and the guard it returns is a newer grant, not lost. Before a
+/// fix of 2026-11-26 `is_lost()` answered false, with the key long gone
+/// from Redis, until the watchdog's next check; from then until
+/// 2026-11-28 the guard came back lost at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_grant_taken_after_its_lease_ran_out_in_redis_is_lost_at_once() {
+async fn a_grant_taken_after_its_lease_ran_out_in_redis_is_asked_for_again() {
     const LEASE: Duration = Duration::from_millis(300);
     let server = server();
     let owner_key = keys("stalled-taker").owner().to_owned();
@@ -692,10 +696,69 @@ async fn a_grant_taken_after_its_lease_ran_out_in_redis_is_lost_at_once() {
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let handed_on_token: u64 = handed_on
+        .as_str()
+        .and_then(|value| value.rsplit(' ').next())
+        .and_then(|token| token.parse().ok())
+        .expect("the owner value ends with the token");
+    let (lost, token) = waiter.take_grant().await;
     assert!(
-        waiter.take_grant_and_ask_if_lost().await,
-        "a guard whose lease Redis ended before the process took it is not marked lost"
+        !lost && token > handed_on_token,
+        "a guard whose grant Redis ended before the process took it: lost {lost}, \
+         token {token} (the ended grant's {handed_on_token})"
     );
+}
+
+/// While a lock's counter runs ahead of the server clock (after a
+/// fail-over to a server whose clock is behind, or a clock stepped back),
+/// the scripts draw each ticket and token as the last one plus one, so
+/// `token - ticket` no longer measures the time from the enqueue to the
+/// handoff. A waiter that waited longer than its lease then took its
+/// fresh grant for one long over: `is_lost()` at once, though Redis had
+/// given it a whole lease. Now such an estimate is checked in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_while_the_counter_runs_ahead_of_the_clock_is_not_lost() {
+    let server = server();
+    let client = client(&server).await;
+    let lock_keys = keys("ahead");
+    let holder = client.lock("ahead").await.expect("holder");
+    let time = server.cmd_ok(&["TIME"]).expect("TIME");
+    let parts: Vec<u64> = time
+        .as_array()
+        .expect("TIME answers two numbers")
+        .iter()
+        .map(|part| {
+            part.as_str()
+                .and_then(|p| p.parse().ok())
+                .expect("a number")
+        })
+        .collect();
+    let ahead = parts[0] * 1_000_000 + parts[1] + 600_000_000;
+    server
+        .cmd_ok(&["SET", lock_keys.seq(), &ahead.to_string(), "PX", "600000"])
+        .expect("SET");
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .lock_with("ahead", LockOptions::new().lease(Duration::from_secs(1)))
+                .await
+        })
+    };
+    wait_for_queue_len(&client, "ahead", 1).await;
+    // Longer than the waiter's lease.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    holder.release().await.expect("release");
+    let guard = within("the handoff", waiter)
+        .await
+        .expect("task")
+        .expect("granted");
+    assert!(
+        guard.token().value() > ahead,
+        "the token was drawn from the counter"
+    );
+    assert!(!guard.is_lost(), "a fresh grant is not lost");
+    guard.release().await.expect("the waiter still owns it");
 }
 
 /// A waiter in a process of its own (a current-thread runtime on a plain
@@ -704,7 +767,7 @@ async fn a_grant_taken_after_its_lease_ran_out_in_redis_is_lost_at_once() {
 /// unread, and no heartbeat or watchdog check runs.
 struct StalledWaiter {
     unblock: std::sync::mpsc::Sender<()>,
-    thread: std::thread::JoinHandle<bool>,
+    thread: std::thread::JoinHandle<(bool, u64)>,
 }
 
 impl StalledWaiter {
@@ -730,10 +793,10 @@ impl StalledWaiter {
                 // Blocks the runtime's only thread.
                 let _ = unblock_rx.recv();
                 let guard = task.await.expect("task").expect("granted");
-                let lost = guard.is_lost();
+                let taken = (guard.is_lost(), guard.token().value());
                 drop(guard);
                 client.shutdown().await;
-                lost
+                taken
             })
         });
         queued_rx
@@ -743,8 +806,8 @@ impl StalledWaiter {
     }
 
     /// Unblocks the waiter: its task takes the grant, and the answer is
-    /// whether that guard is lost the moment it is taken.
-    async fn take_grant_and_ask_if_lost(self) -> bool {
+    /// whether that guard is lost the moment it is taken, and its token.
+    async fn take_grant(self) -> (bool, u64) {
         self.unblock.send(()).expect("unblock");
         let thread = self.thread;
         tokio::task::spawn_blocking(move || thread.join().expect("waiter thread"))

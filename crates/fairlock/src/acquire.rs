@@ -372,17 +372,22 @@ fn acquire_validated<'a>(
                     .check_open()
                     .map_err(|closed| pending.failed(closed))?;
                 let taken_at = Instant::now();
+                let handed_on = handed_on_at(ticket, ticket_sent_at, token, taken_at);
                 // With replica acknowledgement on, the waiter writes once (its
                 // own lease) so that WAIT on its connection covers the handoff
-                // that came before it in the replication stream.
-                let confirm = confirm || heard_elsewhere || state.config.replica_acks.is_some();
+                // that came before it in the replication stream. A grant the
+                // estimate puts more than half its lease in the past is asked
+                // about too: the process may have taken it late (a stalled
+                // runtime), or the counter may run ahead of the server clock
+                // (tokens then step by one, and their difference says
+                // nothing of the time between), and Redis knows which.
+                let confirm = confirm
+                    || heard_elsewhere
+                    || state.config.replica_acks.is_some()
+                    || taken_at.saturating_duration_since(handed_on) * 2 > lease_len;
                 // A confirmed grant's lease is set again from now; otherwise
                 // it runs from when the releasing script drew the token.
-                let lease_from = if confirm {
-                    taken_at
-                } else {
-                    handed_on_at(ticket, ticket_sent_at, token, taken_at)
-                };
+                let lease_from = if confirm { taken_at } else { handed_on };
                 let mark = state.replication_mark();
                 let still_held = if confirm {
                     Box::pin(confirm_lease(state, &keys, &owner_id, token, lease_len)).await
@@ -428,10 +433,11 @@ fn acquire_validated<'a>(
 /// `token - ticket` is the server time from the enqueue to the handoff,
 /// and the enqueue ran after the call that drew the ticket was sent. So a
 /// process that took the grant late (a stalled runtime, a starved CPU)
-/// does not count a whole lease from then: its guard knows at once how
-/// much of the lease Redis has left, or that it is over. Never later than
-/// `taken_at`; `taken_at` if the numbers do not fit (a token below the
-/// ticket, after a fail-over to a server whose clock is behind).
+/// does not count a whole lease from then. Never later than `taken_at`;
+/// `taken_at` if the numbers do not fit (a token below the ticket, after
+/// a fail-over to a server whose clock is behind). Too early while the
+/// counter runs ahead of the server clock (each draw then adds one), so
+/// an estimate past half the lease is confirmed in Redis instead.
 fn handed_on_at(
     ticket: Option<u64>,
     ticket_sent_at: Instant,
