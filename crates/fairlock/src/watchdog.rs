@@ -42,11 +42,7 @@ pub(crate) fn spawn_watchdog(state: Arc<ClientState>) -> BackgroundTask {
     BackgroundTask::spawn(
         "lease watchdog",
         move |mut shutdown: ShutdownSignal| async move {
-            let interval = state
-                .config
-                .heartbeat_interval
-                .min(state.config.watchdog_lease / 3);
-            let mut ticker = tokio::time::interval(interval);
+            let mut ticker = tokio::time::interval(watch_interval(&state));
             ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
             ticker.tick().await;
             let mut lanes = Lanes::new();
@@ -105,26 +101,51 @@ fn watch_round(state: &Arc<ClientState>, lanes: &mut Lanes<Lane>, only: Option<L
     }
 }
 
+/// How often the watchdog looks at the held locks: every heartbeat
+/// interval, and at least three times per watchdog lease.
+fn watch_interval(state: &ClientState) -> Duration {
+    state
+        .config
+        .heartbeat_interval
+        .min(state.config.watchdog_lease / 3)
+}
+
 /// The lease to set now for `lock`, or 0 to only check it. A watchdog
-/// lease is renewed once a third of it has passed; one that `extend` set
-/// counts too: a shorter one is renewed before it runs out (and then
+/// lease is renewed once about a third of it has passed; one that `extend`
+/// set counts too: a shorter one is renewed before it runs out (and then
 /// gets the watchdog lease back), a longer one keeps its length.
-fn renewal_due(lock: &HeldLock, watchdog_lease: Duration) -> u64 {
+fn renewal_due(lock: &HeldLock, watchdog_lease: Duration, interval: Duration) -> u64 {
     let current = lock.current_lease();
     match lock.lease {
-        Lease::Watchdog if lock.since_lease_set() >= current.min(watchdog_lease) / 3 => {
+        Lease::Watchdog
+            if third_passed(
+                lock.since_lease_set(),
+                current.min(watchdog_lease),
+                interval,
+            ) =>
+        {
             millis(current.max(watchdog_lease))
         }
         _ => 0,
     }
 }
 
+/// Whether the watchdog round now, `since` after a lease of `lease` was
+/// set, is the one nearest to a third of it, rounds `interval` apart: a
+/// round less than half an interval before the third renews. With the
+/// third itself as the bound, a round falling just before it (as they do
+/// when the interval is the third of the lease) left the renewal to the
+/// next, at two thirds of the lease.
+fn third_passed(since: Duration, lease: Duration, interval: Duration) -> bool {
+    since + interval / 2 >= lease / 3
+}
+
 async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
     let started = Instant::now();
-    let watchdog_lease = state.config.watchdog_lease;
+    let (watchdog_lease, interval) = (state.config.watchdog_lease, watch_interval(state));
     let leases: Vec<u64> = locks
         .iter()
-        .map(|lock| renewal_due(lock, watchdog_lease))
+        .map(|lock| renewal_due(lock, watchdog_lease, interval))
         .collect();
     let mark = state.replication_mark();
     let renewed = if locks
@@ -217,5 +238,27 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::third_passed;
+
+    /// A lease renewed every third: with rounds a third of the lease
+    /// apart (a 3 s lease, 1 s rounds), the round that falls just before
+    /// the third renews, not the one after it at two thirds; with rounds
+    /// far apart from the third (a 30 s lease, 1 s rounds) the renewal
+    /// comes within half a round of it.
+    #[test]
+    fn the_round_nearest_a_third_of_the_lease_renews() {
+        let ms = Duration::from_millis;
+        let second = Duration::from_secs(1);
+        assert!(third_passed(ms(990), ms(3_000), second));
+        assert!(!third_passed(ms(400), ms(3_000), second));
+        assert!(!third_passed(ms(9_400), ms(30_000), second));
+        assert!(third_passed(ms(9_600), ms(30_000), second));
     }
 }
