@@ -216,15 +216,7 @@ async fn a_release_whose_reply_was_lost_with_its_connection_wakes_the_next_holde
     server
         .cmd_ok(&["SCRIPT", "LOAD", heartbeat.source()])
         .expect("SCRIPT LOAD");
-    for setting in [
-        ["slowlog-log-slower-than", "0"],
-        ["slowlog-max-len", "100000"],
-    ] {
-        server
-            .cmd_ok(&["CONFIG", "SET", setting[0], setting[1]])
-            .expect("CONFIG SET");
-    }
-    server.cmd_ok(&["SLOWLOG", "RESET"]).expect("SLOWLOG RESET");
+    log_every_command(&server);
     proxy.drop_reply_to(<Release as fairlock_core::ScriptCall>::SCRIPT.sha1());
     let holder_token = holder.token();
     holder.release().await.expect("the release ran");
@@ -1242,15 +1234,7 @@ async fn lost_run_queues_the_whole_process_again(end: LostEnd) {
     })
     .await;
 
-    for setting in [
-        ["slowlog-log-slower-than", "0"],
-        ["slowlog-max-len", "100000"],
-    ] {
-        server
-            .cmd_ok(&["CONFIG", "SET", setting[0], setting[1]])
-            .expect("CONFIG SET");
-    }
-    server.cmd_ok(&["SLOWLOG", "RESET"]).expect("SLOWLOG RESET");
+    log_every_command(&server);
     let mut zrem = vec!["ZREM", lock_keys.queue()];
     zrem.extend(lost.iter().map(String::as_str));
     server.cmd_ok(&zrem).expect("ZREM");
@@ -1316,6 +1300,21 @@ async fn lost_run_queues_the_whole_process_again(end: LostEnd) {
 
 /// Every command Redis logged in its `SLOWLOG` (all of them, at a
 /// threshold of 0), oldest first, each as its arguments.
+/// Has `server` log every command it runs from now on (`SLOWLOG` with a
+/// threshold of 0; a script is logged after the commands it ran), for
+/// [`commands_run`].
+fn log_every_command(server: &RedisServer) {
+    for setting in [
+        ["slowlog-log-slower-than", "0"],
+        ["slowlog-max-len", "100000"],
+    ] {
+        server
+            .cmd_ok(&["CONFIG", "SET", setting[0], setting[1]])
+            .expect("CONFIG SET");
+    }
+    server.cmd_ok(&["SLOWLOG", "RESET"]).expect("SLOWLOG RESET");
+}
+
 fn commands_run(server: &RedisServer) -> Vec<Vec<String>> {
     let entries = server
         .cmd_ok(&["SLOWLOG", "GET", "-1"])

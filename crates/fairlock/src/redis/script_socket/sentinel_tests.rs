@@ -20,9 +20,36 @@ fn prepare(server: &RedisServer, name: &str) -> String {
     if !name.is_empty() {
         server.cmd_ok(&["SET", "where", name]).expect("SET");
     }
-    match server.cmd_ok(&["SCRIPT", "LOAD", WHERE]).expect("load") {
+    load(server, WHERE)
+}
+
+/// Loads `script` into `server`; its SHA1.
+fn load(server: &RedisServer, script: &str) -> String {
+    match server.cmd_ok(&["SCRIPT", "LOAD", script]).expect("load") {
         fairlock_testkit::Resp::Bulk(Some(sha)) => String::from_utf8(sha).expect("sha"),
         other => panic!("SCRIPT LOAD answered {other:?}"),
+    }
+}
+
+/// An endpoint that follows the server `announce` names, as one follows
+/// fred's reconnects behind Sentinel.
+fn following(announce: &broadcast::Sender<Server>) -> GrantEndpoint {
+    GrantEndpoint::new(
+        GrantPlace::SentinelPrimary,
+        || announce.subscribe(),
+        None,
+        None,
+        None,
+    )
+}
+
+/// The socket's target at `endpoint`, no database selected.
+fn target(endpoint: &GrantEndpoint) -> SocketTarget<'_> {
+    SocketTarget {
+        endpoint,
+        node: None,
+        database: None,
+        connect_timeout: Duration::from_secs(5),
     }
 }
 
@@ -77,19 +104,8 @@ async fn a_socket_behind_sentinel_takes_only_a_primary_and_follows_fred() {
     }
 
     let (announce, _) = broadcast::channel(8);
-    let endpoint = GrantEndpoint::new(
-        GrantPlace::SentinelPrimary,
-        || announce.subscribe(),
-        None,
-        None,
-        None,
-    );
-    let target = SocketTarget {
-        endpoint: &endpoint,
-        node: None,
-        database: None,
-        connect_timeout: Duration::from_secs(5),
-    };
+    let endpoint = following(&announce);
+    let target = target(&endpoint);
     let socket = ScriptSocket::new();
 
     announce.send(announced(&replica)).expect("announce");
@@ -236,29 +252,15 @@ async fn read_only_answers_close_only_the_connection_they_came_on() {
     use std::task::{Context, Poll, Waker};
     let server = RedisServer::start().expect("redis-server");
     let sha = prepare(&server, "server");
-    let refused = {
-        let script = "#!lua flags=no-writes\n\
-                      return redis.error_reply(\"READONLY You can't write against a read only replica.\")";
-        match server.cmd_ok(&["SCRIPT", "LOAD", script]).expect("load") {
-            fairlock_testkit::Resp::Bulk(Some(sha)) => String::from_utf8(sha).expect("sha"),
-            other => panic!("SCRIPT LOAD answered {other:?}"),
-        }
-    };
-    let (announce, _) = broadcast::channel(8);
-    let endpoint = GrantEndpoint::new(
-        GrantPlace::SentinelPrimary,
-        || announce.subscribe(),
-        None,
-        None,
-        None,
+    let refused = load(
+        &server,
+        "#!lua flags=no-writes\n\
+         return redis.error_reply(\"READONLY You can't write against a read only replica.\")",
     );
+    let (announce, _) = broadcast::channel(8);
+    let endpoint = following(&announce);
     announce.send(announced(&server)).expect("announce");
-    let target = SocketTarget {
-        endpoint: &endpoint,
-        node: None,
-        database: None,
-        connect_timeout: Duration::from_secs(5),
-    };
+    let target = target(&endpoint);
     let socket = ScriptSocket::new();
     assert_eq!(answered(where_runs(&socket, &target, &sha).await), "server");
 
