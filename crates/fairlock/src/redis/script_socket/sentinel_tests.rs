@@ -10,6 +10,7 @@ use fred::prelude::Server;
 use tokio::sync::broadcast;
 
 use super::super::grant_endpoint::{GrantEndpoint, GrantPlace};
+use super::tests::{load, target};
 use super::{EvalSha, Order, Outcome, ScriptSocket, SocketTarget};
 
 /// Answers the value of `where` on the server that runs it.
@@ -23,14 +24,6 @@ fn prepare(server: &RedisServer, name: &str) -> String {
     load(server, WHERE)
 }
 
-/// Loads `script` into `server`; its SHA1.
-fn load(server: &RedisServer, script: &str) -> String {
-    match server.cmd_ok(&["SCRIPT", "LOAD", script]).expect("load") {
-        fairlock_testkit::Resp::Bulk(Some(sha)) => String::from_utf8(sha).expect("sha"),
-        other => panic!("SCRIPT LOAD answered {other:?}"),
-    }
-}
-
 /// An endpoint that follows the server `announce` names, as one follows
 /// fred's reconnects behind Sentinel.
 fn following(announce: &broadcast::Sender<Server>) -> GrantEndpoint {
@@ -41,16 +34,6 @@ fn following(announce: &broadcast::Sender<Server>) -> GrantEndpoint {
         None,
         None,
     )
-}
-
-/// The socket's target at `endpoint`, no database selected.
-fn target(endpoint: &GrantEndpoint) -> SocketTarget<'_> {
-    SocketTarget {
-        endpoint,
-        node: None,
-        database: None,
-        connect_timeout: Duration::from_secs(5),
-    }
 }
 
 /// `server` as fred announces a reconnect to it.

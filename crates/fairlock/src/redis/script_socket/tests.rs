@@ -20,8 +20,8 @@ fn endpoint(server: &RedisServer) -> GrantEndpoint {
     GrantEndpoint::new(GrantPlace::Fixed(server.addr()), || never, None, None, None)
 }
 
-/// The server's single-server target, no database selected.
-fn target(endpoint: &GrantEndpoint) -> SocketTarget<'_> {
+/// The socket's target at `endpoint`, no database selected.
+pub(super) fn target(endpoint: &GrantEndpoint) -> SocketTarget<'_> {
     SocketTarget {
         endpoint,
         node: None,
@@ -31,7 +31,7 @@ fn target(endpoint: &GrantEndpoint) -> SocketTarget<'_> {
 }
 
 /// Loads `script` into the server; its SHA1.
-fn load(server: &RedisServer, script: &str) -> String {
+pub(super) fn load(server: &RedisServer, script: &str) -> String {
     match server.cmd_ok(&["SCRIPT", "LOAD", script]).expect("load") {
         fairlock_testkit::Resp::Bulk(Some(sha)) => String::from_utf8(sha).expect("sha"),
         other => panic!("SCRIPT LOAD answered {other:?}"),
