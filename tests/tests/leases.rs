@@ -902,3 +902,57 @@ async fn failing_renewals_fire_the_lost_signal_when_the_lease_runs_out() {
     let released = within("the lost guard's release", guard.release()).await;
     assert!(released.is_err(), "a lost guard released: {released:?}");
 }
+
+/// A guard the watchdog let run out by the local clock (each renewal's
+/// reply slower than half the lease, so the next reply comes after the
+/// lease counted from the previous renewal's send) is lost, and the
+/// watchdog stops renewing it: Redis lets the lock go once the last
+/// renewal's lease ends, though the guard is still alive. Before, the
+/// replies that did come said "held" and the watchdog kept renewing the
+/// lock for as long as the guard lived, its holder told to stop while
+/// every other process stayed locked out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_lost_by_its_clock_is_no_longer_renewed() {
+    let server = server();
+    let proxy = fairlock_tests::switch_proxy::SwitchProxy::start(server.port()).await;
+    let mut config = fast_config(&server);
+    config.url = proxy.url();
+    config.watchdog_lease = Duration::from_secs(2);
+    let holder_client = LockClient::with_config(config).await.expect("connect");
+    let other = client(&server).await;
+    let name = "lost-by-clock";
+    let owner_key = keys(name).owner().to_owned();
+    let guard = holder_client.lock(name).await.expect("lock");
+    // One renewal through first: the renewal script is loaded.
+    within("a first renewal", async {
+        let mut lowest = pttl(&server, &owner_key);
+        loop {
+            let now = pttl(&server, &owner_key);
+            if now > lowest + 300 {
+                break;
+            }
+            lowest = lowest.min(now);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // Redis runs each renewal at once; its reply comes 1.4 s later.
+    proxy.delay_replies(Duration::from_millis(1_400));
+    within("the guard to be lost", guard.lost()).await;
+    assert!(
+        owner_in_redis(&server, name).is_some(),
+        "Redis still holds the lock when the guard learns it is lost"
+    );
+    let taken = within("another process to get the lock", async {
+        loop {
+            if let Some(taken) = other.try_lock(name).await.expect("try_lock") {
+                break taken;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(guard.is_lost());
+    taken.release().await.expect("release");
+    drop(guard);
+}

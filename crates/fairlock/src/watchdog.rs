@@ -117,12 +117,14 @@ fn watch_interval(state: &ClientState) -> Duration {
 fn renewal_due(lock: &HeldLock, watchdog_lease: Duration, interval: Duration) -> u64 {
     let current = lock.current_lease();
     match lock.lease {
+        // A lost one's holder was told to stop: never extended again.
         Lease::Watchdog
-            if third_passed(
-                lock.since_lease_set(),
-                current.min(watchdog_lease),
-                interval,
-            ) =>
+            if !lock.is_lost()
+                && third_passed(
+                    lock.since_lease_set(),
+                    current.min(watchdog_lease),
+                    interval,
+                ) =>
         {
             millis(current.max(watchdog_lease))
         }
@@ -195,6 +197,15 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
                     continue;
                 }
                 match status {
+                    RenewStatus::Held
+                        if matches!(lock.lease, Lease::Watchdog) && lock.is_lost() =>
+                    {
+                        // Lost by the local clock (a renewal answered after
+                        // the lease it was to extend had run out here): the
+                        // holder was told to stop, so the lock is renewed no
+                        // more and Redis lets it go when its lease ends.
+                        state.held.forget(&lock.owner_id);
+                    }
                     RenewStatus::Held if lease_ms > 0 => {
                         lease_renewals("renewed", 1);
                         lock.lease_set(started, Duration::from_millis(lease_ms));
