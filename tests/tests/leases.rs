@@ -842,18 +842,7 @@ async fn failing_renewals_fire_the_lost_signal_when_the_lease_runs_out() {
     let guard = holder_client.lock(name).await.expect("lock");
     // Let one renewal through first: the lease the signal counts from is
     // then a renewed one, not the grant's.
-    let renewed = within("a first renewal", async {
-        let mut lowest = pttl(&server, owner_key);
-        loop {
-            let now = pttl(&server, owner_key);
-            if now > lowest + 300 {
-                break;
-            }
-            lowest = lowest.min(now);
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    });
-    renewed.await;
+    a_renewal_runs(&server, owner_key).await;
 
     let nowhere = std::net::TcpListener::bind("127.0.0.1:0")
         .expect("bind")
@@ -924,18 +913,7 @@ async fn a_guard_lost_by_its_clock_is_no_longer_renewed() {
     let owner_key = keys(name).owner().to_owned();
     let guard = holder_client.lock(name).await.expect("lock");
     // One renewal through first: the renewal script is loaded.
-    within("a first renewal", async {
-        let mut lowest = pttl(&server, &owner_key);
-        loop {
-            let now = pttl(&server, &owner_key);
-            if now > lowest + 300 {
-                break;
-            }
-            lowest = lowest.min(now);
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    a_renewal_runs(&server, &owner_key).await;
     // Redis runs each renewal at once; its reply comes 1.4 s later.
     proxy.delay_replies(Duration::from_millis(1_400));
     within("the guard to be lost", guard.lost()).await;
@@ -955,4 +933,21 @@ async fn a_guard_lost_by_its_clock_is_no_longer_renewed() {
     assert!(guard.is_lost());
     taken.release().await.expect("release");
     drop(guard);
+}
+
+/// Waits (bounded) until a renewal of `owner_key` runs in Redis: its TTL
+/// rises.
+async fn a_renewal_runs(server: &fairlock_testkit::RedisServer, owner_key: &str) {
+    within("a renewal", async {
+        let mut lowest = pttl(server, owner_key);
+        loop {
+            let now = pttl(server, owner_key);
+            if now > lowest + 300 {
+                break;
+            }
+            lowest = lowest.min(now);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
 }
