@@ -1042,34 +1042,13 @@ mod tests {
         let keys = state.keys_of(&fairlock_core::LockName::new("owed").expect("name"));
         let owner_id = state.new_owner_id(30_000);
         let unanswered = Arc::new(AtomicBool::new(false));
-        let acquire = {
-            let (state, keys, owner_id, unanswered) = (
+        let acquire = || {
+            queue_on_socket_or_fred(
                 state.clone(),
                 keys.clone(),
                 owner_id.clone(),
                 unanswered.clone(),
-            );
-            move || {
-                let (state, keys, owner_id, unanswered) = (
-                    state.clone(),
-                    keys.clone(),
-                    owner_id.clone(),
-                    unanswered.clone(),
-                );
-                async move {
-                    let call = fairlock_core::Acquire {
-                        owner_id: &owner_id,
-                        mode: fairlock_core::AcquireMode::Wait,
-                        timings: &state.timings,
-                        channel_prefix: &state.channel_prefix(&keys),
-                        rejoin: None,
-                    };
-                    state
-                        .run_direct(&keys, &call, &unanswered)
-                        .await
-                        .map(|_| ())
-                }
-            }
+            )
         };
         // The cancel script loaded: a socket call that finds it missing
         // goes through fred.
@@ -1101,5 +1080,27 @@ mod tests {
             "the cancel ran after the call through fred too: nothing left queued"
         );
         holder.release().await.expect("release");
+    }
+
+    /// Runs one acquire call for `owner_id` as a waiter's call goes: on
+    /// the script socket if it owes no reply, `unanswered` set while it
+    /// sits there.
+    async fn queue_on_socket_or_fred(
+        state: std::sync::Arc<crate::state::ClientState>,
+        keys: std::sync::Arc<fairlock_core::LockKeys>,
+        owner_id: String,
+        unanswered: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) -> crate::Result<()> {
+        let call = fairlock_core::Acquire {
+            owner_id: &owner_id,
+            mode: fairlock_core::AcquireMode::Wait,
+            timings: &state.timings,
+            channel_prefix: &state.channel_prefix(&keys),
+            rejoin: None,
+        };
+        state
+            .run_direct(&keys, &call, &unanswered)
+            .await
+            .map(|_| ())
     }
 }
