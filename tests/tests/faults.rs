@@ -618,3 +618,98 @@ async fn a_call_answered_readonly_ends_by_its_deadline_while_the_connections_reo
     }
     drop(hole);
 }
+
+/// A release that fails because Redis cannot be reached (the caller gets
+/// the error) is tried again by the client once Redis answers (a cancel
+/// for the holder's owner id with each heartbeat): the lock is not left
+/// held for the rest of a long lease by a holder that already gave it
+/// back. Before, the other process waited out its 15 s wait timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_failed_in_an_outage_is_sent_again_when_redis_answers() {
+    let (server, proxy, holder) = behind_a_proxy().await;
+    let other = client(&server).await;
+    let guard = holder
+        .lock_with("outage", LockOptions::new().lease(Duration::from_secs(60)))
+        .await
+        .expect("lock");
+    let released = during_an_outage(&server, &proxy, guard.release()).await;
+    assert!(
+        released.is_err(),
+        "the release met the outage: {released:?}"
+    );
+    // The lease has most of its 60 s left; the other process gets the lock
+    // only if the release is sent again.
+    let taken = other
+        .lock_with(
+            "outage",
+            LockOptions::new().wait_timeout(Duration::from_secs(15)),
+        )
+        .await;
+    assert!(taken.is_ok(), "the lock stayed held: {:?}", taken.map(drop));
+    holder.shutdown().await;
+    other.shutdown().await;
+}
+
+/// The same for a semaphore's permit: a permit whose release failed in an
+/// outage is given back once Redis answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_release_that_failed_in_an_outage_is_sent_again_when_redis_answers() {
+    let (server, proxy, holder) = behind_a_proxy().await;
+    let other = client(&server).await;
+    let lease = LockOptions::new().lease(Duration::from_secs(60));
+    let permit = holder
+        .semaphore("outage-set", 1)
+        .expect("semaphore")
+        .with_options(lease)
+        .acquire()
+        .await
+        .expect("permit");
+    let released = during_an_outage(&server, &proxy, permit.release()).await;
+    assert!(
+        released.is_err(),
+        "the release met the outage: {released:?}"
+    );
+    let taken = other
+        .semaphore("outage-set", 1)
+        .expect("semaphore")
+        .with_options(LockOptions::new().wait_timeout(Duration::from_secs(15)))
+        .acquire()
+        .await;
+    assert!(
+        taken.is_ok(),
+        "the permit stayed held: {:?}",
+        taken.map(drop)
+    );
+    holder.shutdown().await;
+    other.shutdown().await;
+}
+
+/// A server, a proxy in front of it, and a client through the proxy with a
+/// 1 s command timeout.
+async fn behind_a_proxy() -> (RedisServer, switch_proxy::SwitchProxy, LockClient) {
+    let server = server();
+    let proxy = switch_proxy::SwitchProxy::start(server.port()).await;
+    let mut config = fast_config(&server);
+    config.url = proxy.url();
+    config.command_timeout = Duration::from_secs(1);
+    let client = LockClient::with_config(config).await.expect("connect");
+    (server, proxy, client)
+}
+
+/// Runs `call` while the proxy leads to a port nothing listens on (its
+/// connections cut), and leads it back to `server` after.
+async fn during_an_outage<T>(
+    server: &RedisServer,
+    proxy: &switch_proxy::SwitchProxy,
+    call: impl std::future::Future<Output = T>,
+) -> T {
+    let dead_port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr").port()
+    };
+    proxy.switch_to(dead_port);
+    proxy.cut();
+    let result = call.await;
+    proxy.switch_to(server.port());
+    result
+}

@@ -643,7 +643,7 @@ impl Unconfirmed<'_> {
         let state = Arc::clone(self.state);
         Some(self.state.spawn_cleanup(async move {
             if let Err(error) = state.give_back_unacknowledged(&held).await {
-                tracing::warn!(%error, "fairlock could not give back an unacknowledged grant; its lease runs out");
+                tracing::warn!(%error, "fairlock could not give back an unacknowledged grant");
             }
         }))
     }

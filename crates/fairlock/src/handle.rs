@@ -201,15 +201,16 @@ where
 /// release or the release found the lock no longer ours. A release that
 /// failed otherwise (a timeout, a connection lost) says nothing about the
 /// lease the body ran under: the value is kept, so the caller does not
-/// redo finished work, and the lock is freed when its lease runs out (the
-/// watchdog stopped at the release).
+/// redo finished work, and the lock is freed once Redis answers a retry
+/// of the release (`ClientState::release_later`), at the latest when its
+/// lease runs out (the watchdog stopped at the release).
 fn released_outcome<T>(value: T, lost: bool, released: Result<()>, name: String) -> Result<T> {
     match released {
         Ok(()) if !lost => Ok(value),
         Ok(()) | Err(Error::NotOwner { .. }) => Err(Error::LeaseLost { name }),
         Err(_) if lost => Err(Error::LeaseLost { name }),
         Err(error) => {
-            tracing::warn!(lock = %name, %error, "fairlock could not release after a scoped body finished; the lock is freed when its lease runs out");
+            tracing::warn!(lock = %name, %error, "fairlock could not release after a scoped body finished");
             Ok(value)
         }
     }

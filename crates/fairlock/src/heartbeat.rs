@@ -12,7 +12,8 @@
 //! a replica that missed its enqueue, a purge after a stall, a lost key)
 //! re-runs acquire, which keeps the place of those still queued and
 //! queues the others again. Cancels
-//! that failed are retried here too. On a cluster each slot is a lane of
+//! that failed are retried here too, and so are releases that failed (as
+//! cancels of the released owner id: `release.rs`). On a cluster each slot is a lane of
 //! its own (`lanes.rs`): a node that stops answering delays the heartbeat
 //! of its own slots only.
 

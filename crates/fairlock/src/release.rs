@@ -1,8 +1,8 @@
 //! Giving a grant back, as an extension of [`ClientState`]: a guard's
 //! release (and its replica acknowledgement), the give-back of a grant the
 //! replicas did not acknowledge, a release whose caller stopped waiting
-//! (finished in a cleanup task), and handing on a grant that arrived for
-//! nobody here. The file for "why did my release not hand the lock on?".
+//! (finished in a cleanup task), handing on a grant that arrived for
+//! nobody here, and a release that failed left to the heartbeat to retry. The file for "why did my release not hand the lock on?".
 //!
 //! Every release runs while the client closes too
 //! ([`ClientState::run_while_closing`]), so a guard dropped just before
@@ -90,6 +90,9 @@ impl ClientState {
             .release_counted(held.name.as_str(), &held.keys, &held.owner_id, false)
             .await;
         unfinished.held = None;
+        if let Err(error) = &result {
+            self.release_later(&held.keys, &held.owner_id, error);
+        }
         self.held.forget(&held.owner_id);
         if delivered {
             held.telemetry.held_for(held.granted_at);
@@ -213,18 +216,32 @@ impl ClientState {
         // A counted cleanup: `shutdown()` waits for it.
         drop(self.spawn_cleanup(async move {
             tracing::debug!(lock = keys.owner(), %owner_id, "fairlock handing back a grant nobody here waits for");
-            match state.release_owner_id(keys.owner(), &keys, &owner_id).await {
-                Ok(()) | Err(Error::NotOwner { .. }) => {}
-                // A closed client has no heartbeat left to retry it.
-                Err(error) if !retry_may_cure(&error) || matches!(error, Error::Closed) => {
-                    tracing::warn!(%error, "fairlock could not hand back an orphaned grant; its lease will run out");
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "fairlock could not hand back an orphaned grant; the heartbeat retries");
-                    state.waiters.cancel_later(&keys, &owner_id);
-                }
+            if let Err(error) = state.release_owner_id(keys.owner(), &keys, &owner_id).await {
+                state.release_later(&keys, &owner_id, &error);
             }
         }));
+    }
+
+    /// After a release of `owner_id`'s grant that failed with `error`
+    /// (it may not have run): if a retry may cure the failure (an outage,
+    /// a timeout), the heartbeat sends a cancel for `owner_id` with its
+    /// next round, and with every round after until one runs. A cancel
+    /// frees the lock, or gives back the permit, if `owner_id` still holds
+    /// it, and changes nothing if the release ran or the lease ended
+    /// (owner ids are never reused), so the lock is not left held for the
+    /// rest of its lease by a holder that gave it back. A closed client
+    /// has no heartbeat left: its grant ends with its lease.
+    fn release_later(&self, keys: &Arc<LockKeys>, owner_id: &str, error: &Error) {
+        match error {
+            Error::NotOwner { .. } => {}
+            error if !retry_may_cure(error) || matches!(error, Error::Closed) => {
+                tracing::warn!(lock = keys.owner(), %error, "fairlock could not release a grant; its lease will run out");
+            }
+            error => {
+                tracing::warn!(lock = keys.owner(), %error, "fairlock could not release a grant; the heartbeat retries");
+                self.waiters.cancel_later(keys, owner_id);
+            }
+        }
     }
 }
 
@@ -248,12 +265,9 @@ impl Drop for UnfinishedRelease<'_> {
                 .await;
             state.held.forget(&held.owner_id);
             held.telemetry.held_for(held.granted_at);
-            match result {
-                // NotOwner: the first release ran (or the lease ended).
-                Ok(()) | Err(Error::NotOwner { .. }) => {}
-                Err(error) => {
-                    tracing::warn!(lock = %held.name, %error, "fairlock could not finish a release its caller stopped waiting for; the lease runs out");
-                }
+            // NotOwner: the first release ran (or the lease ended).
+            if let Err(error) = result {
+                state.release_later(&held.keys, &held.owner_id, &error);
             }
             // If the first release ran and handed the lock to a waiter of
             // this process, its reply (that waiter's wake-up) was dropped:
