@@ -8,7 +8,7 @@ use fairlock::{LockClient, LockGuard};
 use fairlock_testkit::RedisServer;
 use tokio::task::JoinHandle;
 
-use crate::redis_state::{owner_in_redis, queue_entries, subscribed_connections, zcard};
+use crate::redis_state::{owner_in_redis, pttl, queue_entries, subscribed_connections, zcard};
 
 /// Awaits `future`, failing the test if it takes longer than 20 s: a
 /// liveness bound for waits that end unless a grant was lost, not a
@@ -124,6 +124,23 @@ pub async fn wait_for_a_newcomer(server: &RedisServer, queue: &str, known: &[&st
             .any(|member| !known.contains(&member.as_str()))
         {
             tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+/// Waits (bounded) until a renewal of `owner_key` runs in Redis: its TTL
+/// rises.
+pub async fn a_renewal_runs(server: &RedisServer, owner_key: &str) {
+    within("a renewal", async {
+        let mut lowest = pttl(server, owner_key);
+        loop {
+            let now = pttl(server, owner_key);
+            if now > lowest + 300 {
+                break;
+            }
+            lowest = lowest.min(now);
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await;

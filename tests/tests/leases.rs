@@ -934,20 +934,3 @@ async fn a_guard_lost_by_its_clock_is_no_longer_renewed() {
     taken.release().await.expect("release");
     drop(guard);
 }
-
-/// Waits (bounded) until a renewal of `owner_key` runs in Redis: its TTL
-/// rises.
-async fn a_renewal_runs(server: &fairlock_testkit::RedisServer, owner_key: &str) {
-    within("a renewal", async {
-        let mut lowest = pttl(server, owner_key);
-        loop {
-            let now = pttl(server, owner_key);
-            if now > lowest + 300 {
-                break;
-            }
-            lowest = lowest.min(now);
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-}

@@ -98,6 +98,63 @@ async fn an_inner_release_after_the_lease_ran_out_is_refused() {
     assert!(matches!(last, Err(Error::NotOwner { .. })), "{last:?}");
 }
 
+/// An owner re-entering a lock whose hold is lost (by the local clock)
+/// while Redis still holds its grant gives that grant back first and
+/// takes the lock anew: it queued behind its own lost grant before,
+/// waiting until that lease ended in Redis (here a 1 s wait timeout ran
+/// out first). The outer guard, whose lease was lost under it, is then
+/// refused at its release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn re_entering_a_lost_hold_gives_it_back_instead_of_queueing_behind_it() {
+    let server = server();
+    let proxy = switch_proxy::SwitchProxy::start(server.port()).await;
+    let mut config = fast_config(&server);
+    config.url = proxy.url();
+    config.watchdog_lease = Duration::from_secs(6);
+    let client = LockClient::with_config(config).await.expect("connect");
+    let owner = client.owner();
+    let name = "nested:lost";
+    let outer = owner.lock(name).await.expect("outer");
+    // The first renewal (at about 2 s) goes through: its script is loaded.
+    a_renewal_runs(&server, keys(name).owner()).await;
+    // Redis runs the next one (2 s later) at once; its reply comes 4.5 s
+    // after, past the 6 s lease counted from the first renewal's send: the
+    // hold is lost here while Redis keeps the grant for 2 s more.
+    proxy.delay_replies(Duration::from_millis(4_500));
+    within("the lease to run out by the local clock", outer.lost()).await;
+    proxy.delay_replies(Duration::ZERO);
+    assert!(
+        owner_in_redis(&server, name).is_some(),
+        "Redis still holds the grant when the hold is lost"
+    );
+    let again = owner
+        .lock_with(
+            name,
+            LockOptions::new().wait_timeout(Duration::from_secs(1)),
+        )
+        .await;
+    let again = match again {
+        Ok(guard) => guard,
+        Err(error) => panic!("the re-entry queued behind its own lost grant: {error:?}"),
+    };
+    assert!(again.token() > outer.token(), "a new grant");
+    assert_eq!(owner.hold_count(name), 1);
+    let last = outer.release().await;
+    assert!(matches!(last, Err(Error::NotOwner { .. })), "{last:?}");
+    assert_eq!(
+        client
+            .inspect(name)
+            .await
+            .expect("inspect")
+            .owner
+            .as_deref(),
+        Some(again.owner_id()),
+        "the new grant stays"
+    );
+    again.release().await.expect("release");
+    client.shutdown().await;
+}
+
 /// `owner.try_lock` re-enters a lock the owner holds whatever a sibling
 /// task is doing with the same name at that moment: it answered `None`
 /// when it met the name's gate held by a sibling that was itself only

@@ -183,6 +183,12 @@ impl HeldLock {
     pub(crate) fn is_released(&self) -> bool {
         self.released.load(Ordering::SeqCst)
     }
+
+    /// Whether the lost signal fired (not counting a release, which ends
+    /// the grant without losing its lease).
+    pub(crate) fn lost_signalled(&self) -> bool {
+        *self.lost.borrow()
+    }
 }
 
 /// How long a revocation that came before its grant was taken is kept
@@ -279,6 +285,18 @@ impl HeldLocks {
     }
 }
 
+/// What an owner handle has of a lock it asks for again.
+pub(crate) enum Reentry {
+    /// A good grant, with one more hold taken on it.
+    Held(Arc<HeldLock>),
+    /// A grant whose lease is lost, now forgotten by the handle: Redis may
+    /// still hold it (a lease lost by the local clock), so the caller gives
+    /// it back before queueing anew, not behind it.
+    Lost(Arc<HeldLock>),
+    /// Nothing held.
+    NotHeld,
+}
+
 /// The holds of one re-entrant owner handle ([`crate::LockOwner`]).
 #[derive(Default)]
 pub(crate) struct OwnerShared {
@@ -295,16 +313,25 @@ impl OwnerShared {
         self.holds.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Takes another hold on a grant this owner has, if it is still good.
-    pub(crate) fn reenter(&self, name: &LockName) -> Option<Arc<HeldLock>> {
+    /// Takes another hold on a grant this owner has, if it is still good;
+    /// a grant whose lease is lost is forgotten and handed to the caller
+    /// to give back.
+    pub(crate) fn reenter(&self, name: &LockName) -> Reentry {
         let mut holds = self.holds();
-        let (held, count) = holds.get_mut(name)?;
-        if held.is_released() || held.is_lost() {
+        let Some((held, count)) = holds.get_mut(name) else {
+            return Reentry::NotHeld;
+        };
+        if held.is_released() {
             holds.remove(name);
-            return None;
+            return Reentry::NotHeld;
+        }
+        if held.is_lost() {
+            let lost = Arc::clone(held);
+            holds.remove(name);
+            return Reentry::Lost(lost);
         }
         *count += 1;
-        Some(Arc::clone(held))
+        Reentry::Held(Arc::clone(held))
     }
 
     /// Gives back one hold; `true` if it was the last.

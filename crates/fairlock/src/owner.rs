@@ -17,7 +17,7 @@ use crate::acquire::{acquire, waited_grant, Mode};
 use crate::config::LockOptions;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
-use crate::held::OwnerShared;
+use crate::held::{HeldLock, OwnerShared, Reentry};
 use crate::state::ClientState;
 
 /// An explicit lock owner for re-entrant locking; see the module docs.
@@ -97,7 +97,7 @@ impl LockOwner {
         options.validate()?;
         // Re-entering a held lock needs no gate (a sibling holding it for
         // a moment would make a try answer `None`); acquiring anew does.
-        if let Some(guard) = self.reentered(&name) {
+        if let Some(guard) = self.reentered(&name).await {
             return Ok(Some(guard));
         }
         let started = Instant::now();
@@ -128,10 +128,33 @@ impl LockOwner {
         self.take_gated(&name, options, mode).await
     }
 
-    /// Another hold on lock `name` if this owner holds it.
-    fn reentered(&self, name: &LockName) -> Option<LockGuard> {
-        let held = self.shared.reenter(name)?;
-        Some(LockGuard::new(Arc::clone(&self.state), held).with_owner(Arc::clone(&self.shared)))
+    /// Another hold on lock `name` if this owner holds it. A hold whose
+    /// lease is lost is given back first (its guards' releases then answer
+    /// `NotOwner`): Redis may still hold its grant for the rest of its
+    /// lease, and the acquire that follows would queue behind it.
+    async fn reentered(&self, name: &LockName) -> Option<LockGuard> {
+        match self.shared.reenter(name) {
+            Reentry::Held(held) => Some(
+                LockGuard::new(Arc::clone(&self.state), held).with_owner(Arc::clone(&self.shared)),
+            ),
+            Reentry::Lost(lost) => {
+                self.give_back_lost(&lost).await;
+                None
+            }
+            Reentry::NotHeld => None,
+        }
+    }
+
+    /// Gives back a grant whose lease is lost: freed in Redis if it still
+    /// holds it (its next waiter gets it), nothing otherwise. A failure is
+    /// retried by the heartbeat (`ClientState::give_back`).
+    async fn give_back_lost(&self, lost: &Arc<HeldLock>) {
+        match self.state.give_back(lost).await {
+            Ok(()) | Err(Error::NotOwner { .. }) => {}
+            Err(error) => {
+                tracing::debug!(lock = %lost.name, %error, "fairlock could not give back a lost hold before taking the lock anew");
+            }
+        }
     }
 
     async fn take_gated(
@@ -142,7 +165,7 @@ impl LockOwner {
     ) -> Result<Option<LockGuard>> {
         // A sibling may have taken the lock while this call waited for the
         // gate.
-        if let Some(guard) = self.reentered(name) {
+        if let Some(guard) = self.reentered(name).await {
             return Ok(Some(guard));
         }
         let Some(held) = acquire(&self.state, name, options, mode).await? else {

@@ -72,7 +72,15 @@ impl ClientState {
         delivered: bool,
     ) -> Result<()> {
         if !held.set_released() {
-            // Released already (by `release_all`): nothing left to do.
+            // Released already: by `release_all` (nothing left to do), or,
+            // its lease lost, by a re-entry of its owner handle that gave
+            // it back before taking the lock anew (`owner.rs`): the lease
+            // ran out under this guard, which its release says.
+            if delivered && held.lost_signalled() {
+                return Err(Error::NotOwner {
+                    name: held.name.to_string(),
+                });
+            }
             return Ok(());
         }
         // Dropped before the answer (a caller's timeout), the release is
