@@ -179,6 +179,39 @@ async fn failed_renewals_are_counted_per_lock() {
     client.shutdown().await;
 }
 
+/// A watchdog check refused because the client is shutting down is not a
+/// failed renewal: `shutdown()` waits for a release still in flight while
+/// the watchdog goes on with its rounds, each refused with
+/// `Error::Closed`. Before, each counted as `result="error"` (and logged
+/// a warning), so every deploy's shutdown showed as a renewal outage.
+#[tokio::test]
+async fn watchdog_checks_refused_while_shutting_down_are_not_failed_renewals() {
+    let metrics = LocalMetrics::install();
+    let server = server();
+    let proxy = switch_proxy::SwitchProxy::start(server.port()).await;
+    let mut config = fast_config(&server);
+    config.url = proxy.url();
+    let client = LockClient::with_config(config).await.expect("connect");
+    let _kept = client.lock("kept").await.expect("lock");
+    let dropped = client.lock("dropped").await.expect("lock");
+    // The dropped guard's release runs at once; its reply comes 2 s later,
+    // and `shutdown()` waits for it (its watchdog checks, on another
+    // connection, are answered at once).
+    proxy.hold_reply_to(dropped.owner_id(), Duration::from_secs(2));
+    drop(dropped);
+    within("the release to be sent", async {
+        while !proxy.reply_dropped() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    client.shutdown().await;
+    assert_eq!(
+        metrics.value(LEASE_RENEWALS_TOTAL, &[("result", "error")]),
+        0.0
+    );
+}
+
 /// With a `lock` label, a lock's lost-lease counter exists at 0 from its
 /// first grant: Prometheus's `increase()` misses the events already in a
 /// series' first sample, so the first lost lease of each lock would never

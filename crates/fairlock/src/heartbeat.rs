@@ -157,6 +157,8 @@ async fn beat_locks(state: &Arc<ClientState>, locks: Vec<LockWaiters>) {
                 after_heartbeat(state, lock, reply);
             }
         }
+        // Shutting down: the waiters are ending, nothing failed.
+        Err(Error::Closed) => {}
         Err(error) if locks.len() == 1 || !matches!(error, Error::WrongType(_)) => {
             // Waiters stay alive for a whole waiter timeout, several
             // heartbeat intervals.

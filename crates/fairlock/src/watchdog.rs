@@ -233,6 +233,10 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
                 }
             }
         }
+        // The client is shutting down (`shutdown()` waits for work in
+        // flight while this task still runs): nothing failed, and the
+        // leases end with the client.
+        Err(Error::Closed) => {}
         Err(error) => {
             // One failed renewal per watchdog lock the call was for.
             let watched = locks
