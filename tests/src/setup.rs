@@ -10,6 +10,7 @@ use fairlock_testkit::RedisServer;
 use fred::prelude::{Client, ClientLike};
 
 use crate::raw_calls::lock_slot;
+use crate::switch_proxy::SwitchProxy;
 use crate::waits::within;
 
 /// Short timings: 100 ms heartbeats, 1 s waiter timeout, 3 s watchdog lease.
@@ -179,4 +180,20 @@ pub async fn cluster_client(cluster: &fairlock_testkit::RedisCluster) -> LockCli
 pub fn skip(test: &str, why: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+}
+
+/// A [`SwitchProxy`] in front of `server`, and a client through it with
+/// [`fast_config`] as changed by `tweak`.
+pub async fn client_behind_proxy(
+    server: &RedisServer,
+    tweak: impl FnOnce(&mut ClientConfig),
+) -> (SwitchProxy, LockClient) {
+    let proxy = SwitchProxy::start(server.port()).await;
+    let mut config = fast_config(server);
+    config.url = proxy.url();
+    tweak(&mut config);
+    match LockClient::with_config(config).await {
+        Ok(client) => (proxy, client),
+        Err(error) => panic!("cannot connect through the proxy: {error}"),
+    }
 }

@@ -496,11 +496,10 @@ async fn a_primary_demoted_without_closing_connections_is_left_for_the_new_one()
 async fn a_grant_connection_opened_again_on_a_replica_does_not_subscribe_there() {
     let primary = server();
     let replica = online_replica_of(&primary).await;
-    let proxy = switch_proxy::SwitchProxy::start(primary.port()).await;
-    let mut config = fast_config(&primary);
-    config.url = proxy.url();
-    config.waiter_timeout = Duration::from_secs(3);
-    let waiting_client = LockClient::with_config(config).await.expect("connect");
+    let (proxy, waiting_client) = client_behind_proxy(&primary, |config| {
+        config.waiter_timeout = Duration::from_secs(3);
+    })
+    .await;
     let holder = client(&primary).await;
     let held = holder.lock("cut").await.expect("lock");
     let waiting = tokio::spawn({
@@ -549,11 +548,10 @@ async fn a_grant_connection_opened_again_on_a_replica_does_not_subscribe_there()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_that_must_load_its_script_stays_within_the_command_timeout() {
     let server = server();
-    let proxy = switch_proxy::SwitchProxy::start(server.port()).await;
-    let mut config = fast_config(&server);
-    config.url = proxy.url();
-    config.command_timeout = Duration::from_secs(1);
-    let client = LockClient::with_config(config).await.expect("connect");
+    let (proxy, client) = client_behind_proxy(&server, |config| {
+        config.command_timeout = Duration::from_secs(1);
+    })
+    .await;
     server.cmd(&["SCRIPT", "FLUSH"]).expect("SCRIPT FLUSH");
     proxy.delay_replies(Duration::from_millis(900));
     let result = within("a try_lock behind slow replies", client.try_lock("slow")).await;
@@ -578,11 +576,10 @@ async fn a_call_answered_readonly_ends_by_its_deadline_while_the_connections_reo
     const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
     let old = server();
     let new = server();
-    let proxy = switch_proxy::SwitchProxy::start(old.port()).await;
-    let mut config = fast_config(&old);
-    config.url = proxy.url();
-    config.command_timeout = COMMAND_TIMEOUT;
-    let client = LockClient::with_config(config).await.expect("connect");
+    let (proxy, client) = client_behind_proxy(&old, |config| {
+        config.command_timeout = COMMAND_TIMEOUT;
+    })
+    .await;
     let names = ["a", "b", "c"];
     for name in names {
         let guard = client.lock(name).await.expect("lock");
@@ -621,60 +618,37 @@ async fn a_call_answered_readonly_ends_by_its_deadline_while_the_connections_reo
 
 /// A release that fails because Redis cannot be reached (the caller gets
 /// the error) is tried again by the client once Redis answers (a cancel
-/// for the holder's owner id with each heartbeat): the lock is not left
-/// held for the rest of a long lease by a holder that already gave it
-/// back. Before, the other process waited out its 15 s wait timeout.
+/// for the holder's owner id with each heartbeat): a lock, or a
+/// semaphore's permit, is not left held for the rest of a long lease by a
+/// holder that already gave it back. Before, the other process waited out
+/// its 15 s wait timeout for each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_that_failed_in_an_outage_is_sent_again_when_redis_answers() {
     let (server, proxy, holder) = behind_a_proxy().await;
     let other = client(&server).await;
-    let guard = holder
-        .lock_with("outage", LockOptions::new().lease(Duration::from_secs(60)))
-        .await
-        .expect("lock");
-    let released = during_an_outage(&server, &proxy, guard.release()).await;
-    assert!(
-        released.is_err(),
-        "the release met the outage: {released:?}"
-    );
-    // The lease has most of its 60 s left; the other process gets the lock
-    // only if the release is sent again.
-    let taken = other
-        .lock_with(
-            "outage",
-            LockOptions::new().wait_timeout(Duration::from_secs(15)),
-        )
-        .await;
-    assert!(taken.is_ok(), "the lock stayed held: {:?}", taken.map(drop));
-    holder.shutdown().await;
-    other.shutdown().await;
-}
-
-/// The same for a semaphore's permit: a permit whose release failed in an
-/// outage is given back once Redis answers.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_permit_release_that_failed_in_an_outage_is_sent_again_when_redis_answers() {
-    let (server, proxy, holder) = behind_a_proxy().await;
-    let other = client(&server).await;
     let lease = LockOptions::new().lease(Duration::from_secs(60));
-    let permit = holder
-        .semaphore("outage-set", 1)
-        .expect("semaphore")
-        .with_options(lease)
-        .acquire()
-        .await
-        .expect("permit");
-    let released = during_an_outage(&server, &proxy, permit.release()).await;
+    let guard = holder.lock_with("outage", lease).await.expect("lock");
+    let semaphore = |client: &LockClient, options| {
+        client
+            .semaphore("outage-set", 1)
+            .expect("semaphore")
+            .with_options(options)
+    };
+    let permit = semaphore(&holder, lease).acquire().await.expect("permit");
+    let released = during_an_outage(&server, &proxy, async {
+        (guard.release().await, permit.release().await)
+    })
+    .await;
     assert!(
-        released.is_err(),
-        "the release met the outage: {released:?}"
+        released.0.is_err() && released.1.is_err(),
+        "the releases met the outage: {released:?}"
     );
-    let taken = other
-        .semaphore("outage-set", 1)
-        .expect("semaphore")
-        .with_options(LockOptions::new().wait_timeout(Duration::from_secs(15)))
-        .acquire()
-        .await;
+    // The leases have most of their 60 s left; the other process gets the
+    // lock and the permit only if the releases are sent again.
+    let bounded = LockOptions::new().wait_timeout(Duration::from_secs(15));
+    let taken = other.lock_with("outage", bounded).await;
+    assert!(taken.is_ok(), "the lock stayed held: {:?}", taken.map(drop));
+    let taken = semaphore(&other, bounded).acquire().await;
     assert!(
         taken.is_ok(),
         "the permit stayed held: {:?}",
@@ -688,11 +662,10 @@ async fn a_permit_release_that_failed_in_an_outage_is_sent_again_when_redis_answ
 /// 1 s command timeout.
 async fn behind_a_proxy() -> (RedisServer, switch_proxy::SwitchProxy, LockClient) {
     let server = server();
-    let proxy = switch_proxy::SwitchProxy::start(server.port()).await;
-    let mut config = fast_config(&server);
-    config.url = proxy.url();
-    config.command_timeout = Duration::from_secs(1);
-    let client = LockClient::with_config(config).await.expect("connect");
+    let (proxy, client) = client_behind_proxy(&server, |config| {
+        config.command_timeout = Duration::from_secs(1);
+    })
+    .await;
     (server, proxy, client)
 }
 

@@ -830,11 +830,10 @@ impl StalledWaiter {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_renewals_fire_the_lost_signal_when_the_lease_runs_out() {
     let server = server();
-    let proxy = fairlock_tests::switch_proxy::SwitchProxy::start(server.port()).await;
-    let mut config = fast_config(&server);
-    config.url = proxy.url();
-    config.command_timeout = Duration::from_millis(500);
-    let holder_client = LockClient::with_config(config).await.expect("connect");
+    let (proxy, holder_client) = client_behind_proxy(&server, |config| {
+        config.command_timeout = Duration::from_millis(500);
+    })
+    .await;
     let other = client(&server).await;
     let name = "renewals-fail";
     let lock_keys = keys(name);
@@ -903,11 +902,10 @@ async fn failing_renewals_fire_the_lost_signal_when_the_lease_runs_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guard_lost_by_its_clock_is_no_longer_renewed() {
     let server = server();
-    let proxy = fairlock_tests::switch_proxy::SwitchProxy::start(server.port()).await;
-    let mut config = fast_config(&server);
-    config.url = proxy.url();
-    config.watchdog_lease = Duration::from_secs(2);
-    let holder_client = LockClient::with_config(config).await.expect("connect");
+    let (proxy, holder_client) = client_behind_proxy(&server, |config| {
+        config.watchdog_lease = Duration::from_secs(2);
+    })
+    .await;
     let other = client(&server).await;
     let name = "lost-by-clock";
     let owner_key = keys(name).owner().to_owned();

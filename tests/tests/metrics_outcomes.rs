@@ -188,10 +188,7 @@ async fn failed_renewals_are_counted_per_lock() {
 async fn watchdog_checks_refused_while_shutting_down_are_not_failed_renewals() {
     let metrics = LocalMetrics::install();
     let server = server();
-    let proxy = switch_proxy::SwitchProxy::start(server.port()).await;
-    let mut config = fast_config(&server);
-    config.url = proxy.url();
-    let client = LockClient::with_config(config).await.expect("connect");
+    let (proxy, client) = client_behind_proxy(&server, |_| {}).await;
     let _kept = client.lock("kept").await.expect("lock");
     let dropped = client.lock("dropped").await.expect("lock");
     // The dropped guard's release runs at once; its reply comes 2 s later,

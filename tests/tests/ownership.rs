@@ -107,11 +107,10 @@ async fn an_inner_release_after_the_lease_ran_out_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn re_entering_a_lost_hold_gives_it_back_instead_of_queueing_behind_it() {
     let server = server();
-    let proxy = switch_proxy::SwitchProxy::start(server.port()).await;
-    let mut config = fast_config(&server);
-    config.url = proxy.url();
-    config.watchdog_lease = Duration::from_secs(6);
-    let client = LockClient::with_config(config).await.expect("connect");
+    let (proxy, client) = client_behind_proxy(&server, |config| {
+        config.watchdog_lease = Duration::from_secs(6);
+    })
+    .await;
     let owner = client.owner();
     let name = "nested:lost";
     let outer = owner.lock(name).await.expect("outer");

@@ -386,14 +386,11 @@ async fn unheard_readers_keep_their_grants(name: &str, release_in_flight: bool) 
 async fn an_acknowledged_release_whose_reply_was_lost_is_confirmed() {
     let server = server();
     let _replica = online_replica_of(&server).await;
-    let proxy = switch_proxy::SwitchProxy::start(server.port()).await;
-    let mut config = fast_config(&server);
-    config.url = proxy.url();
-    config.waiter_timeout = Duration::from_secs(5);
-    config.replica_acks = Some(fairlock::ReplicaAcks::new(1, Duration::from_millis(1500)));
-    let client = fairlock::LockClient::with_config(config)
-        .await
-        .expect("connect");
+    let (proxy, client) = client_behind_proxy(&server, |config| {
+        config.waiter_timeout = Duration::from_secs(5);
+        config.replica_acks = Some(fairlock::ReplicaAcks::new(1, Duration::from_millis(1500)));
+    })
+    .await;
     let name = "acked";
     let rw = client.rw_lock(name).expect("rw lock");
     // Loads the release script: the marked command is then the release.

@@ -552,12 +552,7 @@ async fn dead_permit_waiters_are_purged_in_bounded_steps() {
 async fn a_release_whose_reply_was_lost_is_sent_again_and_succeeds() {
     let metrics = local_metrics::LocalMetrics::install();
     let server = server();
-    let proxy = switch_proxy::SwitchProxy::start(server.port()).await;
-    let mut config = fast_config(&server);
-    config.url = proxy.url();
-    let client = fairlock::LockClient::with_config(config)
-        .await
-        .expect("connect");
+    let (proxy, client) = client_behind_proxy(&server, |_| {}).await;
     let name = "resent";
     let sem = client.semaphore(name, 2).expect("semaphore");
     // Loads the release script: the marked command is then the release.
