@@ -141,3 +141,44 @@ pub fn pttl(server: &RedisServer, key: &str) -> i64 {
         .as_int()
         .expect("PTTL answers a number")
 }
+
+/// Has `server` log every command it runs from now on (`SLOWLOG` with a
+/// threshold of 0; a script is logged after the commands it ran), for
+/// [`commands_run`].
+pub fn log_every_command(server: &RedisServer) {
+    for setting in [
+        ["slowlog-log-slower-than", "0"],
+        ["slowlog-max-len", "100000"],
+    ] {
+        server
+            .cmd_ok(&["CONFIG", "SET", setting[0], setting[1]])
+            .expect("CONFIG SET");
+    }
+    server.cmd_ok(&["SLOWLOG", "RESET"]).expect("SLOWLOG RESET");
+}
+
+/// Every command Redis logged in its `SLOWLOG` (all of them, at a
+/// threshold of 0), oldest first, each as its arguments.
+pub fn commands_run(server: &RedisServer) -> Vec<Vec<String>> {
+    let entries = server
+        .cmd_ok(&["SLOWLOG", "GET", "-1"])
+        .expect("SLOWLOG GET");
+    let mut log: Vec<(i64, Vec<String>)> = entries
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|entry| {
+            let fields = entry.as_array().expect("an entry");
+            let id = fields[0].as_int().expect("an id");
+            let args = fields[3]
+                .as_array()
+                .expect("arguments")
+                .iter()
+                .map(|arg| arg.as_str().unwrap_or_default().to_owned())
+                .collect();
+            (id, args)
+        })
+        .collect();
+    log.sort_by_key(|&(id, _)| id);
+    log.into_iter().map(|(_, args)| args).collect()
+}

@@ -374,6 +374,85 @@ async fn unheard_readers_keep_their_grants(name: &str, release_in_flight: bool) 
     }
 }
 
+/// Readers granted together whose grant messages were lost on their way
+/// (their process's subscriber connection gone silent, which Redis still
+/// counts as listening: every grant keeps its full lease and none is
+/// marked unheard) are all found by the first heartbeat after the
+/// release: every probe found holding while its task waits untold checks
+/// its grant. Before, only the oldest did, one reader per heartbeat
+/// interval: as many heartbeats ran before the last reader's check as
+/// there were readers (6), where one or two are due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_whose_grant_messages_were_lost_are_found_by_one_heartbeat() {
+    const READERS: usize = 6;
+    let name = "lost-in-transit";
+    let server = server();
+    let proxy = silent_proxy::SilentProxy::start(server.port()).await;
+    let config = fairlock::ClientConfig::builder(proxy.url())
+        .heartbeat_interval(Duration::from_millis(200))
+        .waiter_timeout(Duration::from_secs(2))
+        .command_timeout(Duration::from_secs(10))
+        .build()
+        .expect("config");
+    let readers_client = fairlock::LockClient::with_config(config)
+        .await
+        .expect("connect");
+    let writer_client = client(&server).await;
+    let writer = writer_client
+        .rw_lock(name)
+        .expect("rw lock")
+        .write()
+        .await
+        .expect("write");
+    let rw = readers_client.rw_lock(name).expect("rw lock");
+    let readers: Vec<_> = (0..READERS)
+        .map(|_| {
+            let rw = rw.clone();
+            tokio::spawn(async move { rw.read().await })
+        })
+        .collect();
+    until_queued(&server, name, READERS as i64).await;
+    proxy.silence_subscribers();
+    log_every_command(&server);
+    writer.release().await.expect("release");
+    let mut permits = Vec::new();
+    for reader in readers {
+        let permit = tokio::time::timeout(LIVENESS, reader)
+            .await
+            .expect("granted")
+            .expect("task")
+            .expect("read");
+        permits.push(permit);
+    }
+    let heartbeat = <fairlock_core::PermitHeartbeat as fairlock_core::ScriptCall>::SCRIPT.sha1();
+    let acquire = <fairlock_core::PermitAcquire as fairlock_core::ScriptCall>::SCRIPT.sha1();
+    let scripts: Vec<&str> = commands_run(&server)
+        .iter()
+        .filter(|args| args.first().map(String::as_str) == Some("EVALSHA"))
+        .filter_map(|args| match args.get(1).map(String::as_str) {
+            Some(sha) if sha == heartbeat => Some("heartbeat"),
+            Some(sha) if sha == acquire => Some("acquire"),
+            _ => None,
+        })
+        .collect();
+    let last_check = scripts
+        .iter()
+        .rposition(|&script| script == "acquire")
+        .expect("the readers checked their grants");
+    let heartbeats = scripts[..last_check]
+        .iter()
+        .filter(|&&script| script == "heartbeat")
+        .count();
+    assert!(
+        heartbeats <= 2,
+        "{heartbeats} heartbeats before the last of {READERS} readers checked its grant: {scripts:?}"
+    );
+    drop(writer_client);
+    for permit in permits {
+        permit.release().await.expect("release");
+    }
+}
+
 /// With `replica_acks`, a release whose reply is lost with its connection
 /// is sent again on a new connection, and its `WAIT` then runs on that
 /// connection: it counts only that connection's writes, so the client

@@ -123,16 +123,19 @@ impl ClientState {
     /// oldest or the newest, every waiter here does (see
     /// [`LockWaiters::recheck_lost`]).
     ///
-    /// The oldest probe that holds while its task still waits here untold
-    /// checks its grant. If Redis cut that grant's lease to the waiter TTL
-    /// (its message reached nobody), the grants of the same release (all
-    /// the readers at the head) may have gone unheard too: every waiter
-    /// here checks at once (found one per interval, the later ones' short
-    /// unheard leases ran out first and their grants were wasted).
-    /// Otherwise only the probe checks: a grant whose message is on its
-    /// way is the usual case of a queue draining here. (This once asked
-    /// whether any release of this process was on its way instead, which a
-    /// busy process always has.)
+    /// Every probe that holds while its task still waits here untold
+    /// checks its grant. If Redis cut one such grant's lease to the waiter
+    /// TTL (its message reached nobody), the grants of the same release
+    /// (all the readers at the head) may have gone unheard too: every
+    /// waiter here checks at once (found one per interval, the later ones'
+    /// short unheard leases ran out first and their grants were wasted).
+    /// Otherwise only the probes check, at most 8 calls: a grant whose
+    /// message is on its way is the usual case of a queue draining here,
+    /// and one whose message was lost on its way (a subscriber connection
+    /// gone silent, which Redis still counts as listening) is found among
+    /// the probes, up to 8 per interval (it was one per interval when only
+    /// the oldest checked). (This once asked whether any release of this
+    /// process was on its way instead, which a busy process always has.)
     pub(crate) async fn beat_permits(self: &Arc<Self>, lock: LockWaiters) {
         let channel_prefix = self.channel_prefix(&lock.keys);
         let probes = lock.probe_refs();
@@ -148,11 +151,14 @@ impl ClientState {
                 self.waiters.checked(&lock);
                 // Nothing to do if its task took the grant while the call
                 // was on its way, or was told it already.
-                if reply.holds.get(0) && self.waiters.waits_untold(lock.oldest()) {
-                    if reply.unheard.get(0) {
-                        self.waiters.recheck_lock(lock.keys.owner());
-                    } else {
-                        self.waiters.deliver(lock.oldest(), WaiterEvent::Recheck);
+                let untold: Vec<usize> = (0..lock.probes.len())
+                    .filter(|&i| reply.holds.get(i) && self.waiters.waits_untold(&lock.probes[i]))
+                    .collect();
+                if untold.iter().any(|&i| reply.unheard.get(i)) {
+                    self.waiters.recheck_lock(lock.keys.owner());
+                } else {
+                    for i in untold {
+                        self.waiters.deliver(&lock.probes[i], WaiterEvent::Recheck);
                     }
                 }
                 let lost =

@@ -161,11 +161,6 @@ pub(crate) struct LockWaiters {
 }
 
 impl LockWaiters {
-    /// The oldest queued waiter.
-    pub(crate) fn oldest(&self) -> &str {
-        &self.probes[0]
-    }
-
     /// The probes as a heartbeat call takes them.
     pub(crate) fn probe_refs(&self) -> Vec<&str> {
         self.probes.iter().map(String::as_str).collect()
@@ -556,7 +551,7 @@ mod tests {
         registry.mark_queued("m2", 10);
         let locks = registry.waiting_locks();
         assert_eq!(locks.len(), 1);
-        assert_eq!(locks[0].oldest(), "m2");
+        assert_eq!(locks[0].probes[0], "m2");
         assert_eq!(locks[0].probes, ["m2", "m1"]);
         assert_eq!(locks[0].edges, 2);
         registry.deregister("m1");
