@@ -596,6 +596,56 @@ fn spawn_permit_turn(semaphore: &Semaphore) -> tokio::task::JoinHandle<(String, 
     })
 }
 
+/// A permit release whose caller stopped waiting (its future dropped by
+/// a timeout) is finished in the background, and then looks for a grant
+/// it may have handed to a waiter here unheard: for a lock, with a lock
+/// heartbeat call. On a permit set that call was the lock's script on the
+/// set's keys, refused by Redis (`heartbeat.lua` run once, failing, with a
+/// misleading "heartbeat failed" warning); permit grants are always
+/// published and found by the permit heartbeat, so none runs now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_permit_release_runs_no_lock_script_on_the_set() {
+    let server = server();
+    // Waiters outlive the pause below (5 s waiter timeouts).
+    let client = patient_client(&server).await;
+    let other = patient_client(&server).await;
+    let name = "dropped-release";
+    let semaphore = |client: &fairlock::LockClient| client.semaphore(name, 1).expect("semaphore");
+    let permit = semaphore(&client).acquire().await.expect("permit");
+    let elsewhere = tokio::spawn({
+        let sem = semaphore(&other);
+        async move { sem.acquire().await }
+    });
+    until_queued(&server, name, 1).await;
+    let here = tokio::spawn({
+        let sem = semaphore(&client);
+        async move { sem.acquire().await }
+    });
+    until_queued(&server, name, 2).await;
+    log_every_command(&server);
+    server
+        .cmd_ok(&["CLIENT", "PAUSE", "500", "WRITE"])
+        .expect("pause writes");
+    let dropped = tokio::time::timeout(Duration::from_millis(100), permit.release()).await;
+    assert!(dropped.is_err(), "the release waits in Redis");
+    let elsewhere = within("the other process's permit", elsewhere)
+        .await
+        .expect("task")
+        .expect("permit");
+    elsewhere.release().await.expect("release");
+    let here = within("this process's permit", here)
+        .await
+        .expect("task")
+        .expect("permit");
+    let lock_heartbeat = fairlock_core::HeartbeatBatch::script().sha1();
+    let misplaced = commands_run(&server)
+        .iter()
+        .filter(|args| args.get(1).map(String::as_str) == Some(lock_heartbeat))
+        .count();
+    assert_eq!(misplaced, 0, "lock heartbeat calls on the permit set");
+    here.release().await.expect("release");
+}
+
 /// A permit waiter whose queue entry was lost keeps its place when it is
 /// queued again, as a lock waiter does: it joins with its own ticket,
 /// ahead of a caller who queued after it. (Before the fix it got a new

@@ -209,8 +209,13 @@ impl ClientState {
     /// of waiters; not a re-check of every waiter, which a long queue pays
     /// once per waiter, nor a whole round, which on a cluster is a call per
     /// slot waited in). Nothing on the uncontended path: one registry
-    /// lookup.
+    /// lookup. Nothing for a permit set: its grants are always published,
+    /// also to waiters of the releasing process (whom the reply only wakes
+    /// first), and the permit heartbeat finds one whose message was lost.
     fn look_for_unheard_grant(self: &Arc<Self>, keys: &LockKeys) {
+        if keys.permit_family().is_some() {
+            return;
+        }
         if let Some(lock) = self.waiters.waiting_lock(keys.owner()) {
             let state = Arc::clone(self);
             drop(self.spawn_cleanup(async move { beat_lock(&state, lock).await }));
