@@ -209,6 +209,25 @@ async fn watchdog_checks_refused_while_shutting_down_are_not_failed_renewals() {
     );
 }
 
+/// A guard still held when its client shut down runs out its lease by
+/// design (the watchdog has stopped): its holder is told (the lost signal
+/// fires), but no lost lease is counted, as `RedLock` does after
+/// `close()`. Before, every deploy's shutdown with a guard alive counted a
+/// lost lease and paged `FairlockLeaseLost`.
+#[tokio::test]
+async fn a_lease_that_runs_out_after_shutdown_is_not_counted_lost() {
+    let metrics = LocalMetrics::install();
+    let server = server();
+    let mut config = fast_config(&server);
+    config.watchdog_lease = Duration::from_millis(1_500);
+    let client = LockClient::with_config(config).await.expect("connect");
+    let kept = client.lock("kept").await.expect("lock");
+    client.shutdown().await;
+    within("the lease to run out", kept.lost()).await;
+    assert!(kept.is_lost());
+    assert_eq!(metrics.total(LEASE_LOST_TOTAL), 0.0);
+}
+
 /// With a `lock` label, a lock's lost-lease counter exists at 0 from its
 /// first grant: Prometheus's `increase()` misses the events already in a
 /// series' first sample, so the first lost lease of each lock would never

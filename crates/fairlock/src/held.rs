@@ -39,6 +39,10 @@ pub(crate) struct HeldLock {
     lease_len: Mutex<Duration>,
     lost: watch::Sender<bool>,
     released: AtomicBool,
+    /// Set when the client shut down with this grant held: its lease then
+    /// runs out by design (the watchdog has stopped), and its loss is
+    /// signalled but not counted.
+    client_closed: AtomicBool,
     pub(crate) telemetry: LockTelemetry,
 }
 
@@ -74,6 +78,7 @@ impl HeldLock {
             lease_len: Mutex::new(grant.lease_len),
             lost: watch::Sender::new(false),
             released: AtomicBool::new(false),
+            client_closed: AtomicBool::new(false),
             telemetry,
         }
     }
@@ -113,9 +118,18 @@ impl HeldLock {
             return;
         }
         if !self.lost.send_replace(true) {
+            if self.client_closed.load(Ordering::SeqCst) {
+                tracing::debug!(lock = %self.name, token = self.token, why, "fairlock lease of a shut-down client ran out");
+                return;
+            }
             self.telemetry.lease_lost();
             tracing::warn!(lock = %self.name, token = self.token, why, "fairlock lease lost");
         }
+    }
+
+    /// The client shut down with this grant held (see `client_closed`).
+    pub(crate) fn client_closed(&self) {
+        self.client_closed.store(true, Ordering::SeqCst);
     }
 
     /// The release found the lease gone already (it ran out, or the lock

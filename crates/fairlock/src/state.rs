@@ -172,8 +172,13 @@ impl ClientState {
 
     /// Marks the client closed: every later call fails with
     /// [`Error::Closed`], and every waiting task is woken to find out.
+    /// The grants still held run out their leases (the watchdog stops):
+    /// not counted as lost leases.
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
+        for held in self.held.all() {
+            held.client_closed();
+        }
         // After the flag: a waiter that registers later meets it at its
         // first call; every one registered before is woken to meet it.
         self.waiters.recheck_all();

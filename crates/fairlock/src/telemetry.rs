@@ -223,14 +223,17 @@ pub(crate) fn waiters_evicted(evicted: u64) {
 /// Makes the counters that alerts watch for a first event exist at 0 from
 /// the start: Prometheus's `increase()` sees nothing of a series whose
 /// first sample already holds its first events, so a process's first
-/// lost leases would never alert. The lost-lease counter is made here for
-/// the unlabelled series only; with a `lock` label, each lock's series is
-/// made at its first grant (`LockTelemetry::granted`).
+/// lost leases or evictions would never alert (the alerts also catch a
+/// series born above 0, for events before the first scrape). The
+/// lost-lease counter is made here for the unlabelled series only; with a
+/// `lock` label, each lock's series is made at its first grant
+/// (`LockTelemetry::granted`).
 pub(crate) fn start_alerting_counters(labels: &MetricsLockLabel) {
     if matches!(labels, MetricsLockLabel::Off) {
         metrics::counter!(names::LEASE_LOST_TOTAL).increment(0);
     }
     metrics::counter!(names::LEASE_RENEWALS_TOTAL, "result" => "lost").increment(0);
+    metrics::counter!(names::WAITERS_EVICTED_TOTAL).increment(0);
 }
 
 /// Watchdog renewals of `locks` locks: `renewed`, `lost`, `error` or
