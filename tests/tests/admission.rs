@@ -4,6 +4,8 @@
 use std::time::Duration;
 
 use fairlock::{ClientConfig, Error, LockClient, LockOptions};
+use fairlock_metrics::{CONTENDED_TOTAL, QUEUE_DEPTH};
+use fairlock_tests::local_metrics::LocalMetrics;
 use fairlock_tests::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,6 +52,9 @@ async fn a_caller_that_would_miss_its_deadline_is_refused_at_once() {
     }
     wait_for_queue_len(&client, name, 5).await;
     server.cmd(&["CONFIG", "RESETSTAT"]).expect("reset");
+    // The refused call runs in this test's own thread: a recorder of this
+    // thread sees what it records, and nothing of the tasks spawned above.
+    let metrics = LocalMetrics::install();
     let refused = client
         .lock_with(
             name,
@@ -62,6 +67,13 @@ async fn a_caller_that_would_miss_its_deadline_is_refused_at_once() {
         Err(Error::WouldMissDeadline { position, .. }) => assert_eq!(position, 5),
         other => panic!("expected a refusal, got {other:?}"),
     }
+    // It did join the queue (then left it): contention and the depth it
+    // found are recorded, so an overload admission sheds still shows on
+    // the queue-depth gauge (before, neither was, the call counted only as
+    // `refused`).
+    assert_eq!(metrics.total(CONTENDED_TOTAL), 1.0);
+    assert_eq!(metrics.total(QUEUE_DEPTH), 5.0);
+    drop(metrics);
     // Two script calls: the enqueue that learned the position, the cancel
     // (plus at most one or two watchdog renewals).
     let scripts = calls(&server, "evalsha");

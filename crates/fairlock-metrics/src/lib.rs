@@ -9,9 +9,11 @@
 //!
 //! Names follow the Prometheus conventions: base units in the name
 //! (`_seconds`), counters end in `_total`, labels have bounded cardinality.
-//! **The lock name is not a label**: a service that locks one key per SKU,
-//! order or job would otherwise create one time series per key and swamp
-//! Prometheus. Every series below is per process.
+//! **The lock name is not a label by default**: a service that locks one
+//! key per SKU, order or job would otherwise create one time series per
+//! key and swamp Prometheus. Every series below is per process, unless
+//! the client opts into a bounded `lock` label
+//! (`ClientConfig::metrics_lock_label`).
 //!
 //! # Exporting to Prometheus
 //!
@@ -47,7 +49,7 @@
 //! | [`fairlock_lease_renewals_total`](LEASE_RENEWALS_TOTAL) | counter | `result` | watchdog renewals |
 //! | [`fairlock_lease_lost_total`](LEASE_LOST_TOTAL) | counter | | grants whose lease was lost |
 //! | [`fairlock_waiters_evicted_total`](WAITERS_EVICTED_TOTAL) | counter | | dead waiters purged |
-//! | [`fairlock_wait_recheck_total`](WAIT_RECHECK_TOTAL) | counter | | bounded waits that re-ran the script |
+//! | [`fairlock_wait_recheck_total`](WAIT_RECHECK_TOTAL) | counter | | waits that re-ran the acquire script |
 //! | [`fairlock_pubsub_reconnects_total`](PUBSUB_RECONNECTS_TOTAL) | counter | | pub/sub reconnections |
 //!
 //! Each constant's documentation says exactly what is counted and when to
@@ -125,7 +127,7 @@ pub const CONTENDED_TOTAL: &str = "fairlock_contended_total";
 
 /// `fairlock_queue_depth`: gauge of the waiters ahead of the task in this
 /// process that most recently joined a queue (0 = first in line), over all
-/// locks. A sample, not a running total: it changes only when a task
+/// locks (per lock with a `lock` label). A sample, not a running total: it changes only when a task
 /// queues.
 ///
 /// Alarm: sustained high values. Each waiter ahead costs one hold time of
@@ -273,7 +275,7 @@ pub fn describe_metrics() {
     describe_counter!(
         WAIT_RECHECK_TOTAL,
         Unit::Count,
-        "Bounded waits whose timer fired and re-ran the acquire script."
+        "Waits that re-ran the acquire script instead of being handed the lock (a lost queue entry, a grant found by the heartbeat)."
     );
     describe_counter!(
         PUBSUB_RECONNECTS_TOTAL,

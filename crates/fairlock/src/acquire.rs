@@ -317,6 +317,10 @@ fn acquire_validated<'a>(
                     ticket_sent_at = sent_at;
                 }
                 if previous_ticket.is_none() {
+                    // Counted before admission's verdict: a call it refuses
+                    // did join the queue (then left it), and an overload
+                    // it sheds must still show as contention and depth.
+                    telemetry.contended(position, queued_with);
                     joined = Some((position, sent_at));
                     let join = Join {
                         position,
@@ -334,7 +338,6 @@ fn acquire_validated<'a>(
                             state, &keys, name, *options, join, started,
                         )));
                     }
-                    telemetry.contended(position, queued_with);
                     tracing::debug!(
                         ticket = queued_with,
                         position,
