@@ -100,7 +100,8 @@ if ticket then
     -- A resend or a re-check: the caller keeps its place.
     redis.call('ZADD', KEYS[3], now_ms + waiter_ttl_ms, tag)
     redis.call('PEXPIRE', KEYS[2], queue_ttl_ms)
-    redis.call('PEXPIRE', KEYS[3], queue_ttl_ms)
+    -- Never shortened: it also holds remembered releases (permit_release.lua).
+    keep_for(KEYS[3], queue_ttl_ms)
     return {2, tonumber(ticket), redis.call('ZRANK', KEYS[2], owner_id), dropped, flags}
   end
   -- Dropped as dead meanwhile (its process missed heartbeats), or its
@@ -135,5 +136,5 @@ else
   redis.call('ZADD', KEYS[2], 'NX', digits(new_ticket), owner_id)
 end
 redis.call('PEXPIRE', KEYS[2], queue_ttl_ms)
-redis.call('PEXPIRE', KEYS[3], queue_ttl_ms)
+keep_for(KEYS[3], queue_ttl_ms)
 return {2, new_ticket, position, dropped, flags}

@@ -91,7 +91,8 @@ end
 if live then
   redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[2]), tag)
   redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[3]))
-  redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[3]))
+  -- Never shortened: it also holds remembered releases (permit_release.lua).
+  keep_for(KEYS[3], tonumber(ARGV[3]))
 end
 
 -- Processes whose deadline passed are dead, and releases past their time
