@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use fairlock::{Error, LockClient, LockOptions};
 use fairlock_metrics::{
-    ACQUIRE_TOTAL, HOLD_SECONDS, LEASE_LOST_TOTAL, LEASE_RENEWALS_TOTAL, WAIT_RECHECK_TOTAL,
-    WAIT_SECONDS,
+    ACQUIRE_TOTAL, HANDOFF_TOTAL, HOLD_SECONDS, LEASE_LOST_TOTAL, LEASE_RENEWALS_TOTAL,
+    WAIT_RECHECK_TOTAL, WAIT_SECONDS,
 };
 use fairlock_tests::local_metrics::LocalMetrics;
 use fairlock_tests::*;
@@ -226,6 +226,52 @@ async fn a_lease_that_runs_out_after_shutdown_is_not_counted_lost() {
     within("the lease to run out", kept.lost()).await;
     assert!(kept.is_lost());
     assert_eq!(metrics.total(LEASE_LOST_TOTAL), 0.0);
+}
+
+/// A grant a queued waiter learns of on a re-check (its message reached
+/// nobody, the heartbeat found it) is a handoff like one announced by
+/// message, for a lock and for a semaphore's permit. Before, a lock's
+/// counted (the heartbeat names the holder) and a permit's did not (the
+/// permit heartbeat has the waiter re-run its acquire), which inflated the
+/// "holders die" alarm (contended minus handoffs) for semaphores.
+#[tokio::test]
+async fn a_grant_found_by_the_heartbeat_is_a_handoff_for_locks_and_permits() {
+    let metrics = LocalMetrics::install();
+    let server = server();
+    let holder = client(&server).await;
+    let waiting = client(&server).await;
+    // A lock.
+    let held = holder.lock("found").await.expect("lock");
+    let waiter = spawn_lock(&waiting, "found");
+    wait_for_queue_len(&holder, "found", 1).await;
+    let cut_off = cut_off_subscribers(&server);
+    held.release().await.expect("release");
+    let granted = granted(waiter, "the lock's waiter").await;
+    drop(cut_off);
+    granted.release().await.expect("release");
+    assert_eq!(metrics.total(HANDOFF_TOTAL), 1.0, "the lock's grant");
+    // Both clients' grant connections are back before the next cut.
+    wait_for_subscribed_connections(&server, 2).await;
+    // A permit.
+    let semaphore = |client: &LockClient| client.semaphore("found-set", 1).expect("semaphore");
+    let permit = semaphore(&holder).acquire().await.expect("permit");
+    let waiter = tokio::spawn({
+        let semaphore = semaphore(&waiting);
+        async move { semaphore.acquire().await }
+    });
+    let queue = permit_keys("found-set", fairlock_core::PermitFamily::Semaphore);
+    wait_for_zcard(&server, queue.queue(), 1).await;
+    let cut_off = cut_off_subscribers(&server);
+    permit.release().await.expect("release");
+    let granted = within("the permit's waiter", waiter)
+        .await
+        .expect("task")
+        .expect("permit");
+    drop(cut_off);
+    granted.release().await.expect("release");
+    assert_eq!(metrics.total(HANDOFF_TOTAL), 2.0, "and the permit's");
+    holder.shutdown().await;
+    waiting.shutdown().await;
 }
 
 /// With a `lock` label, a lock's lost-lease counter exists at 0 from its

@@ -45,7 +45,7 @@
 //! | [`fairlock_hold_seconds`](HOLD_SECONDS) | histogram | | grant to release |
 //! | [`fairlock_contended_total`](CONTENDED_TOTAL) | counter | | acquire calls that joined a queue |
 //! | [`fairlock_queue_depth`](QUEUE_DEPTH) | gauge | | waiters ahead of the latest task to queue |
-//! | [`fairlock_handoff_total`](HANDOFF_TOTAL) | counter | | grants handed over by a release |
+//! | [`fairlock_handoff_total`](HANDOFF_TOTAL) | counter | | grants to calls that queued |
 //! | [`fairlock_lease_renewals_total`](LEASE_RENEWALS_TOTAL) | counter | `result` | watchdog renewals |
 //! | [`fairlock_lease_lost_total`](LEASE_LOST_TOTAL) | counter | | grants whose lease was lost |
 //! | [`fairlock_waiters_evicted_total`](WAITERS_EVICTED_TOTAL) | counter | | dead waiters purged |
@@ -135,16 +135,17 @@ pub const CONTENDED_TOTAL: &str = "fairlock_contended_total";
 pub const QUEUE_DEPTH: &str = "fairlock_queue_depth";
 
 /// `fairlock_handoff_total`: counter of grants this process's waiters
-/// received by direct handoff: a release (or an admin `force_release`)
-/// made the waiter the owner in the same script and notified it, by
-/// pub/sub or by the heartbeat that re-delivers lost messages.
+/// received from the queue: a release (or an admin `force_release`, or a
+/// heartbeat after a holder's lease ran out) made the waiter the owner and
+/// notified it, by pub/sub, by the heartbeat that re-delivers lost
+/// messages, or by the waiter's own re-check (a permit its set's
+/// heartbeat found it holding). Every call that queued and was granted
+/// counts once.
 ///
-/// Queued calls that were granted otherwise got the lock on a re-check
-/// after the holder's lease ran out (the holder died or leaked its guard).
 /// Alarm: `fairlock_contended_total` minus handoffs, timeouts and
-/// cancellations growing: holders are dying with the lock held (an
-/// approximation: queued calls that ended refused or in an error are in
-/// the difference too).
+/// cancellations growing: queued calls neither get the lock nor give up,
+/// as when holders die with the lock held (an approximation: queued calls
+/// that ended refused or in an error are in the difference too).
 pub const HANDOFF_TOTAL: &str = "fairlock_handoff_total";
 
 /// `fairlock_lease_renewals_total{result}`: counter of lease renewals by

@@ -276,6 +276,19 @@ fn acquire_validated<'a>(
                         // purging if more are left (a permit may be free for
                         // a live waiter behind them).
                         state.after_purge(&keys, purged);
+                        if ticket.is_some() {
+                            // A waiter that queued, answered with a grant
+                            // on a re-check (a permit the heartbeat found
+                            // it holding, a grant whose message reached
+                            // nobody): handed over from the queue, as a
+                            // grant told by message is.
+                            telemetry.handoff();
+                            if let Some((position, at)) = joined {
+                                state
+                                    .grant_rates
+                                    .record(keys.owner(), position, at.elapsed());
+                            }
+                        }
                         telemetry.granted(token);
                         Answer::Granted(pending.granted(name, grant(token, ticket, sent_at)), mark)
                     }
