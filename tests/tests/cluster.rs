@@ -927,3 +927,50 @@ async fn an_acl_user_that_cannot_spublish_grants_is_refused_at_connect() {
     let guard = allowed.lock("acl-cluster").await.expect("lock");
     guard.release().await.expect("release");
 }
+
+/// On a cluster the eviction check reads every primary's
+/// `maxmemory-policy`, and `replica_acks` is refused: a keyless `CONFIG
+/// GET` or `WAIT` goes to one arbitrary primary, so the check passed a
+/// cluster whose other primaries may evict lock keys, and a `WAIT` vouched
+/// for writes made on another node (before, each primary set to
+/// `allkeys-lru` in turn was caught only when it happened to be the one
+/// asked, and `replica_acks` connected).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_primary_is_checked_and_replica_acks_are_refused() {
+    let cluster = RedisCluster::start().expect("cluster");
+    let checked = || {
+        ClientConfig::builder(cluster.url())
+            .eviction_check(fairlock::EvictionCheck::Fail)
+            .build()
+            .expect("config")
+    };
+    for primary in cluster.primaries().expect("primaries") {
+        let node = cluster.node(&primary).expect("node");
+        node.cmd_ok(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"])
+            .expect("CONFIG SET");
+        match LockClient::with_config(checked()).await {
+            Err(Error::UnsafeServer(warning)) => assert!(
+                warning.contains(&primary) && warning.contains("allkeys-lru"),
+                "{warning}"
+            ),
+            Ok(_) => panic!("a cluster whose primary {primary} evicts keys passed the check"),
+            Err(other) => panic!("{other:?}"),
+        }
+        node.cmd_ok(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+            .expect("CONFIG SET");
+    }
+    LockClient::with_config(checked())
+        .await
+        .expect("every primary safe")
+        .shutdown()
+        .await;
+    let acked = ClientConfig::builder(cluster.url())
+        .replica_acks(1, Duration::from_millis(500))
+        .build()
+        .expect("config");
+    match LockClient::with_config(acked).await {
+        Err(Error::InvalidOptions(why)) => assert!(why.contains("replica_acks"), "{why}"),
+        Ok(_) => panic!("replica_acks accepted on a cluster"),
+        Err(other) => panic!("{other:?}"),
+    }
+}

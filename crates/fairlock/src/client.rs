@@ -103,6 +103,18 @@ impl LockClient {
         config.validate()?;
         let timings = config.timings()?;
         let redis = RedisConnection::connect(&config, PubSub::OwnWherePossible).await?;
+        if config.replica_acks.is_some() && redis.is_clustered() {
+            // A `WAIT` counts the writes of its own connection on its own
+            // node; fred sends a keyless command to one arbitrary primary,
+            // so on a cluster it would vouch for writes it never saw.
+            redis.quit().await;
+            return Err(Error::InvalidOptions(
+                "replica_acks is not supported on a Redis Cluster (a WAIT would be answered by \
+                 one arbitrary primary, not the one holding the lock's keys); use it with a \
+                 single server or Sentinel"
+                    .into(),
+            ));
+        }
         let eviction_warning = match check_eviction(&redis, config.eviction_check).await {
             Ok(warning) => warning,
             Err(error) => {
@@ -552,20 +564,41 @@ async fn subscribe_grants(state: &Arc<ClientState>) -> Result<BackgroundTask> {
     Ok(spawn_router(Arc::clone(state), messages, reconnects))
 }
 
-/// Reads `maxmemory-policy` and judges it (see [`EvictionCheck`]).
+/// Reads `maxmemory-policy` and judges it (see [`EvictionCheck`]): on a
+/// cluster, every primary's.
 async fn check_eviction(redis: &RedisConnection, check: EvictionCheck) -> Result<Option<String>> {
     if check == EvictionCheck::Off {
         return Ok(None);
     }
-    let warning = match redis.config_get("maxmemory-policy").await {
-        Ok(Some(policy)) if SAFE_POLICIES.contains(&policy.as_str()) => return Ok(None),
-        Ok(Some(policy)) => format!(
-            "Redis runs with maxmemory-policy {policy}, which can evict lock keys: a holder's key \
-             evicted means two holders; set maxmemory-policy noeviction on the server"
-        ),
+    let warning = match redis.config_get_each("maxmemory-policy").await {
+        Ok(each) => {
+            let Some((node, policy)) = each.into_iter().find(|(_, policy)| {
+                !policy
+                    .as_deref()
+                    .is_some_and(|p| SAFE_POLICIES.contains(&p))
+            }) else {
+                return Ok(None);
+            };
+            let server = if node.is_empty() {
+                "Redis".to_owned()
+            } else {
+                format!("the cluster's primary {node}")
+            };
+            match policy {
+                Some(policy) => format!(
+                    "{server} runs with maxmemory-policy {policy}, which can evict lock keys: a \
+                     holder's key evicted means two holders; set maxmemory-policy noeviction on \
+                     the server"
+                ),
+                None => format!(
+                    "could not read maxmemory-policy of {server}; make sure the server runs with \
+                     maxmemory-policy noeviction"
+                ),
+            }
+        }
         // A server that stopped answering is that, not an unsafe server.
         Err(error @ (Error::Timeout { .. } | Error::Unreachable { .. })) => return Err(error),
-        Ok(None) | Err(_) => "could not read maxmemory-policy (CONFIG GET refused?); make sure \
+        Err(_) => "could not read maxmemory-policy (CONFIG GET refused?); make sure \
              the server runs with maxmemory-policy noeviction"
             .to_owned(),
     };

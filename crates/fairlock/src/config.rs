@@ -216,6 +216,9 @@ pub struct ClientConfig {
     /// close it. Its timeout must be at most half the command timeout and,
     /// with the heartbeat interval, shorter than the waiter timeout: `WAIT`
     /// blocks its connection, and the calls behind it must stay in time.
+    /// A single server or Sentinel only: refused on a Redis Cluster
+    /// ([`Error::InvalidOptions`](crate::Error::InvalidOptions) at connect),
+    /// where a `WAIT` would be answered by one arbitrary primary.
     pub replica_acks: Option<ReplicaAcks>,
     /// What to do when the server may evict lock keys (its
     /// `maxmemory-policy` is not `noeviction`): warn (the default), fail

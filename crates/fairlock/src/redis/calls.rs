@@ -13,7 +13,9 @@ use fairlock_core::{
     HeartbeatBatch, HeartbeatReply, LockKeys, ProtocolError, RenewBatch, RenewStatus, Reply,
     ScriptCall, ScriptSource,
 };
-use fred::prelude::{Client, ClientLike, Error as FredError, ErrorKind, Key, LuaInterface, Value};
+use fred::prelude::{
+    Client, ClientLike, ClusterInterface, Error as FredError, ErrorKind, Key, LuaInterface, Value,
+};
 use fred::types::{ClusterHash, CustomCommand};
 use tracing::Instrument;
 
@@ -153,13 +155,43 @@ impl RedisConnection {
         }
     }
 
-    /// Reads one server setting with `CONFIG GET`; `None` if the server
-    /// does not know it.
-    pub(crate) async fn config_get(&self, name: &str) -> Result<Option<String>> {
-        let command = CustomCommand::new_static("CONFIG", ClusterHash::Random, false);
-        let call = self
+    /// Reads one server setting with `CONFIG GET` from every server that
+    /// holds lock keys: the server, or on a cluster each primary of fred's
+    /// slot map (a `CONFIG GET` without a key goes to one arbitrary node).
+    /// Each with the primary's address (empty off a cluster); `None` if
+    /// the server does not know it.
+    pub(crate) async fn config_get_each(
+        &self,
+        name: &str,
+    ) -> Result<Vec<(String, Option<String>)>> {
+        let primaries = self
             .commands
-            .custom::<Value, _>(command, vec!["GET".to_owned(), name.to_owned()]);
+            .cached_cluster_state()
+            .map(|routing| routing.unique_primary_nodes())
+            .unwrap_or_default();
+        if primaries.is_empty() {
+            return Ok(vec![(
+                String::new(),
+                self.config_get_via(&self.commands, name).await?,
+            )]);
+        }
+        let mut each = Vec::with_capacity(primaries.len());
+        for primary in primaries {
+            let shown = super::grant_endpoint::address(&primary);
+            let node = self.commands.with_cluster_node(primary);
+            each.push((shown, self.config_get_via(&node, name).await?));
+        }
+        Ok(each)
+    }
+
+    /// `CONFIG GET name` through `client` (a node-bound one on a cluster).
+    async fn config_get_via<C: ClientLike>(
+        &self,
+        client: &C,
+        name: &str,
+    ) -> Result<Option<String>> {
+        let command = CustomCommand::new_static("CONFIG", ClusterHash::Random, false);
+        let call = client.custom::<Value, _>(command, vec!["GET".to_owned(), name.to_owned()]);
         let reply = self.bounded("CONFIG GET", Box::pin(call)).await?;
         Ok(match to_reply(reply) {
             Reply::Array(items) => match items.into_iter().nth(1) {
