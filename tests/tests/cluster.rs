@@ -974,3 +974,72 @@ async fn every_primary_is_checked_and_replica_acks_are_refused() {
         Err(other) => panic!("{other:?}"),
     }
 }
+
+/// A slot's waiter heartbeat does not wait for the renewal of the
+/// process's sharded subscription there. When the grant connection to a
+/// node cannot be opened again (here the client's password was changed on
+/// that node: the command connections, logged in already, keep working),
+/// each renewal tries until the command timeout; the heartbeat calls, on
+/// the working connections, must go on every interval, or the process's
+/// waiters there are taken for dead and passed over. Before, the slot's
+/// heartbeat waited for the renewal (5 s a round against a 1 s waiter
+/// timeout) and the later caller of another process was granted first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slots_heartbeat_goes_on_while_its_subscription_cannot_be_renewed() {
+    let cluster = RedisCluster::start().expect("cluster");
+    for node in cluster.nodes() {
+        node.cmd_ok(&["ACL", "SETUSER", "limited", "on", ">pw", "~*", "&*", "+@all"])
+            .expect("ACL SETUSER");
+    }
+    let name = lock_names_on_every_primary(&cluster)
+        .into_iter()
+        .next()
+        .expect("a name");
+    let node = cluster
+        .slot_owner(lock_slot(&name))
+        .expect("the slot's primary");
+    let holder = cluster_client(&cluster).await;
+    let other = cluster_client(&cluster).await;
+    let limited = {
+        let url = cluster
+            .url()
+            .replacen("redis-cluster://", "redis-cluster://limited:pw@", 1);
+        let mut config = ClientConfig::new(url);
+        config.heartbeat_interval = Duration::from_millis(100);
+        config.waiter_timeout = Duration::from_secs(1);
+        config.watchdog_lease = Duration::from_secs(3);
+        LockClient::with_config(config).await.expect("connect as limited")
+    };
+    let held = holder.lock(&name).await.expect("lock");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let queue = |client: &LockClient, who: &'static str| {
+        let (client, name, order) = (client.clone(), name.clone(), Arc::clone(&order));
+        tokio::spawn(async move {
+            let guard = client.lock(&name).await.expect("granted");
+            order.lock().expect("order").push(who);
+            guard.release().await.expect("release");
+        })
+    };
+    let first = queue(&limited, "first");
+    wait_for_queue_len(&holder, &name, 1).await;
+    let second = queue(&other, "second");
+    wait_for_queue_len(&holder, &name, 2).await;
+    // The first waiter's process can no longer log in to the node: its
+    // grant connection there, cut, cannot be opened again.
+    let primary = cluster.node(&node).expect("node");
+    primary
+        .cmd_ok(&["ACL", "SETUSER", "limited", "resetpass", ">other"])
+        .expect("ACL SETUSER");
+    primary
+        .cmd_ok(&["CLIENT", "KILL", "TYPE", "pubsub"])
+        .expect("CLIENT KILL");
+    // Three waiter timeouts: a heartbeat held up by the renewal lets the
+    // first waiter's entry run out.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    held.release().await.expect("release");
+    for task in [first, second] {
+        within("the waiters", task).await.expect("task");
+    }
+    assert_eq!(*order.lock().expect("order"), ["first", "second"]);
+    limited.shutdown().await;
+}

@@ -17,10 +17,10 @@
 //! its own (`lanes.rs`): a node that stops answering delays the heartbeat
 //! of its own slots only.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
 
-use fairlock_core::{HeartbeatBatch, HeartbeatItem, HeartbeatReply};
+use fairlock_core::{HeartbeatBatch, HeartbeatItem, HeartbeatReply, LockKeys};
 use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 
@@ -46,6 +46,7 @@ pub(crate) fn spawn_heartbeat(state: Arc<ClientState>) -> BackgroundTask {
             let mut ticker = tokio::time::interval(state.config.heartbeat_interval);
             ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
             let mut lanes = Lanes::new();
+            let renewing = Renewing::default();
             loop {
                 tokio::select! {
                     biased;
@@ -54,14 +55,14 @@ pub(crate) fn spawn_heartbeat(state: Arc<ClientState>) -> BackgroundTask {
                     // lane a round passed by runs again as soon as it ends.
                     ended = lanes.ended() => {
                         if let Some(lane) = ended {
-                            start_round(&state, &mut lanes, Some(lane));
+                            start_round(&state, &mut lanes, &renewing, Some(lane));
                         }
                         continue;
                     }
                     _ = ticker.tick() => {}
                     _ = state.heartbeat_now.notified() => {}
                 }
-                start_round(&state, &mut lanes, None);
+                start_round(&state, &mut lanes, &renewing, None);
             }
             lanes.finish().await;
         },
@@ -72,7 +73,12 @@ pub(crate) fn spawn_heartbeat(state: Arc<ClientState>) -> BackgroundTask {
 /// cluster (all in one lane on a single server), one script call per
 /// batch of locks with waiters here and one per permit set; a lane whose
 /// previous round still runs is passed by. With `only`, just that lane.
-fn start_round(state: &Arc<ClientState>, lanes: &mut Lanes<u16>, only: Option<u16>) {
+fn start_round(
+    state: &Arc<ClientState>,
+    lanes: &mut Lanes<u16>,
+    renewing: &Renewing,
+    only: Option<u16>,
+) {
     if only.is_none() {
         for (keys, owner_ids) in state.waiters.take_cancels() {
             let state = Arc::clone(state);
@@ -93,29 +99,56 @@ fn start_round(state: &Arc<ClientState>, lanes: &mut Lanes<u16>, only: Option<u1
         }
     }
     for (lane, locks) in by_lane {
+        if clustered {
+            if let Some(lock) = locks.first() {
+                renew_subscription(state, lanes, renewing, Arc::clone(&lock.keys));
+            }
+        }
         let state = Arc::clone(state);
-        lanes.start(
-            lane,
-            async move { beat_lane(&state, locks, clustered).await },
-        );
+        lanes.start(lane, async move { beat_lane(&state, locks).await });
     }
 }
 
-/// One lane's part of a round, its calls run concurrently.
-async fn beat_lane(state: &Arc<ClientState>, locks: Vec<LockWaiters>, clustered: bool) {
-    let mut calls = JoinSet::new();
-    if clustered {
-        // A slot migration or fail-over drops sharded subscriptions without
-        // a word: renew ours, once per slot we wait in (not per lock).
-        if let Some(keys) = locks.first().map(|lock| Arc::clone(&lock.keys)) {
-            let state = Arc::clone(state);
-            calls.spawn(async move {
-                if let Err(error) = state.subscribe_slot(&keys, true).await {
-                    tracing::warn!(slot = keys.slot(), %error, "fairlock could not renew its sharded subscription; retrying");
-                }
-            });
-        }
+/// The slots whose sharded subscription is being renewed.
+type Renewing = Arc<Mutex<HashSet<u16>>>;
+
+/// On a cluster, renews this process's sharded subscription in the slot of
+/// `keys` (a slot migration or fail-over drops it without a word), once
+/// per slot waited in, not per lock, and one renewal per slot at a time.
+/// Outside the slot's lane: a renewal that cannot reach the node (its
+/// grant connection cannot be opened again) tries until the command
+/// timeout, and the slot's heartbeat calls, which travel on the command
+/// connections, must not wait for it, or its waiters would be taken for
+/// dead and passed over.
+fn renew_subscription(
+    state: &Arc<ClientState>,
+    lanes: &mut Lanes<u16>,
+    renewing: &Renewing,
+    keys: Arc<LockKeys>,
+) {
+    let slot = keys.slot();
+    if !renewing
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(slot)
+    {
+        return;
     }
+    let (state, renewing) = (Arc::clone(state), Arc::clone(renewing));
+    lanes.spawn_free(async move {
+        if let Err(error) = state.subscribe_slot(&keys, true).await {
+            tracing::warn!(slot, %error, "fairlock could not renew its sharded subscription; retrying");
+        }
+        renewing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&slot);
+    });
+}
+
+/// One lane's part of a round, its calls run concurrently.
+async fn beat_lane(state: &Arc<ClientState>, locks: Vec<LockWaiters>) {
+    let mut calls = JoinSet::new();
     // Permit sets have a script of their own and go one by one.
     let mut plain = Vec::with_capacity(locks.len());
     for lock in locks {
