@@ -15,7 +15,8 @@
 --                        not vote (and writes nothing)
 --
 -- Replies:
---   {1, floor}        voted for the caller (or had already: a resend);
+--   {1, floor}        voted for the caller (or had already: a resend, or
+--                     an earlier attempt's vote; its lease set again);
 --                     floor = max(seq, server time in us), the least
 --                     token this primary lets the grant take
 --   {2, pttl, holder} the key is another owner id's; pttl its lease left (ms)
@@ -43,9 +44,11 @@ local holder = redis.call('GET', KEYS[1])
 if holder and holder ~= owner_id then
   return {2, redis.call('PTTL', KEYS[1]), holder}
 end
-if not holder then
-  redis.call('SET', KEYS[1], owner_id, 'PX', ARGV[2])
-end
+-- Set, or set again: a key of the caller's own is an earlier attempt's
+-- vote (its reply lost; the client keeps its owner id across the attempts
+-- of one acquire), and this attempt's validity counts from its own start,
+-- so the key must live a whole lease from now too.
+redis.call('SET', KEYS[1], owner_id, 'PX', ARGV[2])
 local now = now_us()
 local floor = math.max(read_seq(KEYS[2], now) or 0, now)
 return {1, digits(floor)}
