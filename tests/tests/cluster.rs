@@ -1021,8 +1021,10 @@ async fn every_primary_is_checked_and_replica_acks_are_refused() {
 async fn a_slots_heartbeat_goes_on_while_its_subscription_cannot_be_renewed() {
     let cluster = RedisCluster::start().expect("cluster");
     for node in cluster.nodes() {
-        node.cmd_ok(&["ACL", "SETUSER", "limited", "on", ">pw", "~*", "&*", "+@all"])
-            .expect("ACL SETUSER");
+        node.cmd_ok(&[
+            "ACL", "SETUSER", "limited", "on", ">pw", "~*", "&*", "+@all",
+        ])
+        .expect("ACL SETUSER");
     }
     let name = lock_names_on_every_primary(&cluster)
         .into_iter()
@@ -1041,7 +1043,9 @@ async fn a_slots_heartbeat_goes_on_while_its_subscription_cannot_be_renewed() {
         config.heartbeat_interval = Duration::from_millis(100);
         config.waiter_timeout = Duration::from_secs(1);
         config.watchdog_lease = Duration::from_secs(3);
-        LockClient::with_config(config).await.expect("connect as limited")
+        LockClient::with_config(config)
+            .await
+            .expect("connect as limited")
     };
     let held = holder.lock(&name).await.expect("lock");
     let order = Arc::new(Mutex::new(Vec::new()));

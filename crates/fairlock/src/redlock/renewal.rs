@@ -143,7 +143,10 @@ impl LeaseWatchdog {
                     mark_lost(&status, &telemetry);
                     return;
                 }
-                let round = renew(&shared, &keys, &owner_id, lease).await;
+                let round = in_time(
+                    renew(&shared, &keys, &owner_id, lease).await,
+                    &status.borrow(),
+                );
                 if status.borrow().released || shared.is_closed() {
                     // The round raced the guard's release or the client's
                     // close: not counted.
@@ -167,7 +170,7 @@ impl LeaseWatchdog {
                         lease_renewals("error", 1);
                         tracing::warn!(
                             lock = keys.owner(),
-                            "RedLock: a renewal was confirmed by a majority too late to leave any validity; the lease is lost"
+                            "RedLock: a renewal was confirmed by a majority too late (after the validity it was to extend ended, or leaving none); the lease is lost"
                         );
                         mark_lost(&status, &telemetry);
                         return;
@@ -187,7 +190,21 @@ impl LeaseWatchdog {
     }
 }
 
+/// A round as it stands once answered: a majority's confirmation counts
+/// only if it came while the validity it extends still held (`status`'s
+/// deadline not passed). One answered later may have reached primaries
+/// after their keys expired, and another client may have held a majority
+/// in between: the lease is lost (`Late`), never revived (the guard's
+/// `lost()` may have fired already).
+fn in_time(round: Round, status: &HoldStatus) -> Round {
+    match round {
+        Round::Confirmed(_) if status.is_lost() => Round::Late,
+        round => round,
+    }
+}
+
 /// What one renewal round found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Round {
     /// A majority confirmed in time: the new deadline.
     Confirmed(Instant),
@@ -247,5 +264,41 @@ async fn renew(
     match validity {
         Some(validity) => Round::Confirmed(started + validity),
         None => Round::Late,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::{in_time, HoldStatus, Round};
+
+    fn held_until(deadline: Instant) -> HoldStatus {
+        HoldStatus {
+            deadline,
+            lost: false,
+            released: false,
+            lost_counted: false,
+        }
+    }
+
+    /// A confirmation answered after the validity it was to extend ended
+    /// is a lost lease, not a renewed one: before, it moved the deadline
+    /// on, and a guard whose `lost()` had fired held again.
+    #[test]
+    fn a_confirmation_after_the_validity_ended_does_not_revive_the_lease() {
+        let now = Instant::now();
+        let new_deadline = now + Duration::from_secs(2);
+        let ended = held_until(now.checked_sub(Duration::from_millis(10)).expect("past"));
+        assert_eq!(in_time(Round::Confirmed(new_deadline), &ended), Round::Late);
+        let holding = held_until(now + Duration::from_secs(1));
+        assert_eq!(
+            in_time(Round::Confirmed(new_deadline), &holding),
+            Round::Confirmed(new_deadline)
+        );
+        let mut lost = holding;
+        lost.lost = true;
+        assert_eq!(in_time(Round::Confirmed(new_deadline), &lost), Round::Late);
+        assert_eq!(in_time(Round::Unanswered, &ended), Round::Unanswered);
     }
 }
