@@ -254,6 +254,16 @@ pub(crate) async fn release_everywhere(
             Err(failure) => failures.push(failure),
         }
     }
+    if !failures.is_empty() {
+        // Not retried: the key on those primaries ends with its lease, and
+        // until then a minority's key can split other callers' votes.
+        tracing::warn!(
+            lock = keys.owner(),
+            unreached = failures.len(),
+            primaries = shared.primaries.len(),
+            "RedLock: a release did not reach every primary; the key there expires with its lease"
+        );
+    }
     (answered, deleted, failures)
 }
 
