@@ -165,7 +165,13 @@ pub fn lock_names_on_every_primary(cluster: &fairlock_testkit::RedisCluster) -> 
 
 /// A client of a local Redis Cluster with fast test timings.
 pub async fn cluster_client(cluster: &fairlock_testkit::RedisCluster) -> LockClient {
-    let mut config = ClientConfig::new(cluster.url());
+    cluster_client_at(cluster.url()).await
+}
+
+/// A client of the cluster at `url` (a user's credentials in it, say)
+/// with fast test timings.
+pub async fn cluster_client_at(url: String) -> LockClient {
+    let mut config = ClientConfig::new(url);
     config.heartbeat_interval = Duration::from_millis(100);
     config.waiter_timeout = Duration::from_secs(1);
     config.watchdog_lease = Duration::from_secs(3);

@@ -11,8 +11,8 @@ use fairlock_core::{Acquire, AcquireMode, AcquireReply, Timings};
 use fairlock_examples::seckill::{swarm, SwarmConfig, Variant};
 use fairlock_testkit::RedisCluster;
 use fairlock_tests::{
-    assert_swarm_passed, cluster_client, hand_over, lock_names_on_every_primary, lock_slot,
-    pubsub_only_client, raw, wait_for_queue_len, within,
+    assert_swarm_passed, cluster_client, cluster_client_at, hand_over, lock_names_on_every_primary,
+    lock_slot, pubsub_only_client, raw, wait_for_queue_len, within,
 };
 
 /// Hang guard.
@@ -1035,18 +1035,12 @@ async fn a_slots_heartbeat_goes_on_while_its_subscription_cannot_be_renewed() {
         .expect("the slot's primary");
     let holder = cluster_client(&cluster).await;
     let other = cluster_client(&cluster).await;
-    let limited = {
-        let url = cluster
-            .url()
-            .replacen("redis-cluster://", "redis-cluster://limited:pw@", 1);
-        let mut config = ClientConfig::new(url);
-        config.heartbeat_interval = Duration::from_millis(100);
-        config.waiter_timeout = Duration::from_secs(1);
-        config.watchdog_lease = Duration::from_secs(3);
-        LockClient::with_config(config)
-            .await
-            .expect("connect as limited")
-    };
+    let limited = cluster_client_at(cluster.url().replacen(
+        "redis-cluster://",
+        "redis-cluster://limited:pw@",
+        1,
+    ))
+    .await;
     let held = holder.lock(&name).await.expect("lock");
     let order = Arc::new(Mutex::new(Vec::new()));
     let queue = |client: &LockClient, who: &'static str| {

@@ -304,19 +304,8 @@ async fn unheard_readers_keep_their_grants(name: &str, release_in_flight: bool) 
         let guard = readers_client.lock(busy).await.expect("lock");
         guard.release().await.expect("release");
     }
-    let writer = writer_client
-        .rw_lock(name)
-        .expect("rw lock")
-        .write()
-        .await
-        .expect("write");
-    let rw = readers_client.rw_lock(name).expect("rw lock");
-    let mut readers = Vec::new();
-    for _ in 0..READERS {
-        let rw = rw.clone();
-        readers.push(tokio::spawn(async move { rw.read().await }));
-    }
-    until_queued(&server, name, READERS as i64).await;
+    let (writer, readers) =
+        readers_behind_a_writer(&server, &writer_client, &readers_client, name, READERS).await;
     if let Some(proxy) = &proxy {
         let guard = readers_client.lock(busy).await.expect("lock");
         proxy.hold_reply_to(
@@ -346,11 +335,7 @@ async fn unheard_readers_keep_their_grants(name: &str, release_in_flight: bool) 
         .collect();
     let mut permits = Vec::new();
     for reader in readers {
-        let permit = tokio::time::timeout(LIVENESS, reader)
-            .await
-            .expect("granted")
-            .expect("task")
-            .expect("read");
+        let permit = granted_read(reader).await;
         assert_eq!(
             granted.get(permit.owner_id()).copied(),
             Some(permit.token().value()),
@@ -398,30 +383,14 @@ async fn readers_whose_grant_messages_were_lost_are_found_by_one_heartbeat() {
         .await
         .expect("connect");
     let writer_client = client(&server).await;
-    let writer = writer_client
-        .rw_lock(name)
-        .expect("rw lock")
-        .write()
-        .await
-        .expect("write");
-    let rw = readers_client.rw_lock(name).expect("rw lock");
-    let readers: Vec<_> = (0..READERS)
-        .map(|_| {
-            let rw = rw.clone();
-            tokio::spawn(async move { rw.read().await })
-        })
-        .collect();
-    until_queued(&server, name, READERS as i64).await;
+    let (writer, readers) =
+        readers_behind_a_writer(&server, &writer_client, &readers_client, name, READERS).await;
     proxy.silence_subscribers();
     log_every_command(&server);
     writer.release().await.expect("release");
     let mut permits = Vec::new();
     for reader in readers {
-        let permit = tokio::time::timeout(LIVENESS, reader)
-            .await
-            .expect("granted")
-            .expect("task")
-            .expect("read");
+        let permit = granted_read(reader).await;
         permits.push(permit);
     }
     let heartbeat = <fairlock_core::PermitHeartbeat as fairlock_core::ScriptCall>::SCRIPT.sha1();
@@ -451,6 +420,44 @@ async fn readers_whose_grant_messages_were_lost_are_found_by_one_heartbeat() {
     for permit in permits {
         permit.release().await.expect("release");
     }
+}
+
+/// The permit of a read task, which must be granted (bounded).
+async fn granted_read(reader: tokio::task::JoinHandle<fairlock::Result<Permit>>) -> Permit {
+    tokio::time::timeout(LIVENESS, reader)
+        .await
+        .expect("granted")
+        .expect("task")
+        .expect("read")
+}
+
+/// `writer_client` holds `name` for writing, and `readers` read tasks of
+/// `readers_client` queue behind it (all queued when this returns).
+async fn readers_behind_a_writer(
+    server: &RedisServer,
+    writer_client: &fairlock::LockClient,
+    readers_client: &fairlock::LockClient,
+    name: &str,
+    readers: usize,
+) -> (
+    Permit,
+    Vec<tokio::task::JoinHandle<fairlock::Result<Permit>>>,
+) {
+    let writer = writer_client
+        .rw_lock(name)
+        .expect("rw lock")
+        .write()
+        .await
+        .expect("write");
+    let rw = readers_client.rw_lock(name).expect("rw lock");
+    let tasks = (0..readers)
+        .map(|_| {
+            let rw = rw.clone();
+            tokio::spawn(async move { rw.read().await })
+        })
+        .collect();
+    until_queued(server, name, readers as i64).await;
+    (writer, tasks)
 }
 
 /// With `replica_acks`, a release whose reply is lost with its connection
