@@ -202,7 +202,7 @@ where
 /// failed otherwise (a timeout, a connection lost) says nothing about the
 /// lease the body ran under: the value is kept, so the caller does not
 /// redo finished work, and the lock is freed once Redis answers a retry
-/// of the release (`ClientState::release_later`), at the latest when its
+/// of the release (`ClientState::retry_as_cancel`), at the latest when its
 /// lease runs out (the watchdog stopped at the release).
 fn released_outcome<T>(value: T, lost: bool, released: Result<()>, name: String) -> Result<T> {
     match released {

@@ -2,7 +2,9 @@
 //! release (and its replica acknowledgement), the give-back of a grant the
 //! replicas did not acknowledge, a release whose caller stopped waiting
 //! (finished in a cleanup task), handing on a grant that arrived for
-//! nobody here, and a release that failed left to the heartbeat to retry. The file for "why did my release not hand the lock on?".
+//! nobody here, and a release that failed left to the heartbeat to retry
+//! (`ClientState::retry_as_cancel`). The file for "why did my release not
+//! hand the lock on?".
 //!
 //! Every release runs while the client closes too
 //! ([`ClientState::run_while_closing`]), so a guard dropped just before
@@ -18,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::heartbeat::beat_lock;
 use crate::held::HeldLock;
 use crate::redis::{Lane, Order, Via};
-use crate::state::{retry_may_cure, ClientState, Replication};
+use crate::state::{ClientState, Replication};
 use crate::waiters::Woke;
 
 impl ClientState {
@@ -99,7 +101,7 @@ impl ClientState {
             .await;
         unfinished.held = None;
         if let Err(error) = &result {
-            self.release_later(&held.keys, &held.owner_id, error);
+            self.retry_as_cancel(&held.keys, &held.owner_id, error, "release a grant");
         }
         self.held.forget(&held.owner_id);
         if delivered {
@@ -230,31 +232,9 @@ impl ClientState {
         drop(self.spawn_cleanup(async move {
             tracing::debug!(lock = keys.owner(), %owner_id, "fairlock handing back a grant nobody here waits for");
             if let Err(error) = state.release_owner_id(keys.owner(), &keys, &owner_id).await {
-                state.release_later(&keys, &owner_id, &error);
+                state.retry_as_cancel(&keys, &owner_id, &error, "hand back an orphaned grant");
             }
         }));
-    }
-
-    /// After a release of `owner_id`'s grant that failed with `error`
-    /// (it may not have run): if a retry may cure the failure (an outage,
-    /// a timeout), the heartbeat sends a cancel for `owner_id` with its
-    /// next round, and with every round after until one runs. A cancel
-    /// frees the lock, or gives back the permit, if `owner_id` still holds
-    /// it, and changes nothing if the release ran or the lease ended
-    /// (owner ids are never reused), so the lock is not left held for the
-    /// rest of its lease by a holder that gave it back. A closed client
-    /// has no heartbeat left: its grant ends with its lease.
-    fn release_later(&self, keys: &Arc<LockKeys>, owner_id: &str, error: &Error) {
-        match error {
-            Error::NotOwner { .. } => {}
-            error if !retry_may_cure(error) || matches!(error, Error::Closed) => {
-                tracing::warn!(lock = keys.owner(), %error, "fairlock could not release a grant; its lease will run out");
-            }
-            error => {
-                tracing::warn!(lock = keys.owner(), %error, "fairlock could not release a grant; the heartbeat retries");
-                self.waiters.cancel_later(keys, owner_id);
-            }
-        }
     }
 }
 
@@ -280,7 +260,12 @@ impl Drop for UnfinishedRelease<'_> {
             held.telemetry.held_for(held.granted_at);
             // NotOwner: the first release ran (or the lease ended).
             if let Err(error) = result {
-                state.release_later(&held.keys, &held.owner_id, &error);
+                state.retry_as_cancel(
+                    &held.keys,
+                    &held.owner_id,
+                    &error,
+                    "finish a release its caller stopped waiting for",
+                );
             }
             // If the first release ran and handed the lock to a waiter of
             // this process, its reply (that waiter's wake-up) was dropped:

@@ -635,16 +635,46 @@ impl ClientState {
                 self.after_purge(keys, purged);
                 return true;
             }
-            Err(Error::Closed) => {}
-            Err(error) if !retry_may_cure(&error) => {
-                tracing::warn!(%error, "fairlock could not leave the queue; the entry, if any, is dropped as dead once this process stops refreshing it");
+            Err(error) => self.retry_as_cancel(keys, owner_id, &error, "leave the queue"),
+        }
+        false
+    }
+
+    /// After a cancel or a release of `owner_id` that failed with `error`
+    /// (it may not have run; `what` it was for, for the log): if a retry
+    /// may cure the failure (an outage, a timeout), the heartbeat sends a
+    /// cancel for `owner_id` with its next round, and with every round
+    /// after until one runs. A cancel leaves the queue, frees the lock or
+    /// gives back the permit if `owner_id` still holds it, and changes
+    /// nothing if that already happened or the lease ended (owner ids are
+    /// never reused). Not retried otherwise: a queue entry left behind is
+    /// dropped as dead once this process stops refreshing it, a grant ends
+    /// with its lease; nor by a closed client, which has no heartbeat left.
+    pub(crate) fn retry_as_cancel(
+        &self,
+        keys: &Arc<LockKeys>,
+        owner_id: &str,
+        error: &Error,
+        what: &'static str,
+    ) {
+        match error {
+            // The release found the grant gone: nothing left to undo.
+            Error::NotOwner { .. } => {}
+            Error::Closed => {
+                tracing::debug!(
+                    lock = keys.owner(),
+                    what,
+                    "fairlock closed before it could finish"
+                );
             }
-            Err(error) => {
-                tracing::warn!(%error, "fairlock could not leave the queue; retrying with the next heartbeat");
+            error if !retry_may_cure(error) => {
+                tracing::warn!(lock = keys.owner(), %error, what, "fairlock failed and will not retry; the queue entry or grant ends with its deadline or lease");
+            }
+            error => {
+                tracing::warn!(lock = keys.owner(), %error, what, "fairlock failed; the heartbeat retries");
                 self.waiters.cancel_later(keys, owner_id);
             }
         }
-        false
     }
 
     /// Counts purged dead waiters and, if dead waiters are left at the head
@@ -697,14 +727,14 @@ impl ClientState {
     }
 }
 
-/// Whether retrying a failed cancel or hand-back with the heartbeat can
+/// Whether retrying a failed cancel or release with the heartbeat can
 /// succeed. A foreign key type, a missing ACL permission or a read-only
 /// replica refuse every retry the same way: retrying would cost one script
 /// call and one warning per heartbeat for as long as the cause lasts. Not
 /// retrying is safe: a queue entry left behind is dropped as dead once
 /// this process stops refreshing its deadline there, and a grant ends with
 /// its lease.
-pub(crate) fn retry_may_cure(error: &Error) -> bool {
+fn retry_may_cure(error: &Error) -> bool {
     !matches!(
         error,
         Error::WrongType(_) | Error::NoPermission(_) | Error::ReadOnly(_)
