@@ -1074,3 +1074,54 @@ async fn a_slots_heartbeat_goes_on_while_its_subscription_cannot_be_renewed() {
     assert_eq!(*order.lock().expect("order"), ["first", "second"]);
     limited.shutdown().await;
 }
+
+/// A try that never waits needs no grant message, so it subscribes
+/// nothing: it answers even while the slot's node refuses the process a
+/// new connection (its password changed after the command connections
+/// logged in). It used to subscribe the slot first and fail with
+/// `Error::Timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_that_never_waits_answers_while_no_grant_connection_can_be_opened() {
+    let cluster = RedisCluster::start().expect("cluster");
+    for node in cluster.nodes() {
+        node.cmd_ok(&[
+            "ACL", "SETUSER", "limited", "on", ">pw", "~*", "&*", "+@all",
+        ])
+        .expect("ACL SETUSER");
+    }
+    let limited = cluster_client_at(cluster.url().replacen(
+        "redis-cluster://",
+        "redis-cluster://limited:pw@",
+        1,
+    ))
+    .await;
+    let other = cluster_client(&cluster).await;
+    for node in cluster.nodes() {
+        node.cmd_ok(&["ACL", "SETUSER", "limited", "resetpass", ">other"])
+            .expect("ACL SETUSER");
+    }
+    for name in lock_names_on_every_primary(&cluster) {
+        let guard = within("a free lock's try", limited.try_lock(&name))
+            .await
+            .expect("try_lock")
+            .expect("a free lock is taken");
+        let busy = within("a held lock's try", other.try_lock(&name))
+            .await
+            .expect("try_lock");
+        assert!(busy.is_none(), "{name} is held");
+        let again = within(
+            "a held lock's try by its holder's process",
+            limited.try_lock(&name),
+        )
+        .await
+        .expect("try_lock");
+        assert!(again.is_none(), "{name} is held by the same process");
+        guard.release().await.expect("release");
+    }
+    assert!(
+        limited.grants_subscribed_at().is_empty(),
+        "a try subscribed {:?}",
+        limited.grants_subscribed_at()
+    );
+    limited.shutdown().await;
+}

@@ -195,10 +195,15 @@ fn acquire_validated<'a>(
         // waiter cannot make its deadline after all.
         let mut recheck: Option<Recheck<'_>> = None;
         // Subscribed before the first call that could make a grant for us.
+        // A try never queues, so no grant of it comes by message: it needs
+        // no subscription (and answers while none can be made, a node
+        // refusing this process a new connection).
         // The rare, larger futures below are boxed: every waiting task carries
         // its acquire future for its whole wait, so it stays small.
-        if let Err(error) = Box::pin(state.subscribe_slot(&keys, false)).await {
-            return Err(pending.failed(error));
+        if mode == Mode::Wait {
+            if let Err(error) = Box::pin(state.subscribe_slot(&keys, false)).await {
+                return Err(pending.failed(error));
+            }
         }
         let channel_prefix = state.channel_prefix(&keys);
         let grant = |token, ticket, lease_from| Grant {
