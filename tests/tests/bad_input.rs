@@ -172,6 +172,48 @@ async fn inconsistent_client_options_are_refused_before_connecting() {
     );
 }
 
+/// A URL whose scheme is not Redis's or Valkey's (a typo, `http://`,
+/// `tcp://`) is refused before anything connects, naming the schemes
+/// taken: fred reads every unknown scheme as a plain single server, so it
+/// connected, and `https://` to a TLS port failed only after the connect
+/// timeout as `Unreachable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_with_a_scheme_that_is_not_redis_is_refused_before_connecting() {
+    let server = fairlock_testkit::RedisServer::start().expect("redis");
+    let connections =
+        || server.info("stats").expect("INFO stats")["total_connections_received"].clone();
+    let before = connections();
+    for scheme in [
+        "http",
+        "https",
+        "tcp",
+        "redis+tcp",
+        "reddis",
+        "REDIS-CLUSTR",
+    ] {
+        let url = format!("{scheme}://127.0.0.1:{}", server.port());
+        match LockClient::connect(&url).await {
+            Err(Error::InvalidOptions(message)) => {
+                assert!(
+                    message.contains("redis://"),
+                    "names what is taken: {message}"
+                )
+            }
+            Ok(client) => {
+                client.shutdown().await;
+                panic!("{url} connected")
+            }
+            Err(other) => panic!("{url}: expected InvalidOptions, got {other:?}"),
+        }
+    }
+    assert_eq!(connections(), before, "nothing connected");
+    for scheme in ["redis", "REDIS", "valkey"] {
+        let url = format!("{scheme}://127.0.0.1:{}", server.port());
+        let client = LockClient::connect(&url).await.expect(&url);
+        client.shutdown().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_redis_is_a_typed_error_within_the_connect_timeout() {
     // A closed port: refused at once.

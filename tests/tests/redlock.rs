@@ -726,6 +726,8 @@ async fn a_primary_url_that_does_not_parse_is_refused_before_any_primary_is_cont
     let before = connections_received(&servers);
     for (bad, named) in [
         ("not a url at all", "not a url at all"),
+        // fred reads an unknown scheme as a single server.
+        ("http://127.0.0.1:6379", "http://127.0.0.1:6379"),
         (
             "redis://user:secret@127.0.0.1:notaport",
             "redis://user:***@127.0.0.1:notaport",
@@ -749,4 +751,88 @@ async fn a_primary_url_that_does_not_parse_is_refused_before_any_primary_is_cont
         before,
         "no primary was contacted"
     );
+}
+
+/// A drift allowance as long as the lease leaves no validity whatever the
+/// primaries answer. It used to be taken: every attempt voted on every
+/// primary, raised the fence counter, gave the votes back with a release
+/// notice and then failed with "lease too short". It is refused before any
+/// primary is touched: in the config (the watchdog lease) and per call (a
+/// fixed lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drift_allowance_that_uses_up_the_lease_is_refused_before_any_primary_is_touched() {
+    let servers = primaries(3);
+    let mut whole = config(&servers);
+    whole.drift_floor = whole.watchdog_lease;
+    match whole.validate() {
+        Err(Error::InvalidOptions(message)) => assert!(message.contains("drift"), "{message}"),
+        other => panic!("a drift floor as long as the watchdog lease was taken: {other:?}"),
+    }
+    let mut floor = config(&servers);
+    floor.drift_floor = Duration::from_millis(50);
+    let redlock = redlock_connect(floor).await;
+    let before = evalsha_calls(&servers);
+    for attempt in 0..2 {
+        let short = RedLockOptions::new().lease(Duration::from_millis(40));
+        let refused = if attempt == 0 {
+            redlock.lock_with("drifting", short).await.map(|_| ())
+        } else {
+            redlock.try_lock_with("drifting", short).await.map(|_| ())
+        };
+        match refused {
+            Err(Error::InvalidOptions(message)) => assert!(message.contains("drift"), "{message}"),
+            other => panic!("a 40 ms lease under a 50 ms drift floor: {other:?}"),
+        }
+    }
+    assert_eq!(evalsha_calls(&servers), before, "nothing reached a primary");
+    for server in servers.servers() {
+        let seq = server
+            .cmd(&["EXISTS", "fairlock:redlock:{drifting}:seq"])
+            .expect("EXISTS");
+        assert_eq!(seq.as_int(), Some(0), "no fence counter was made");
+    }
+    redlock.close().await;
+}
+
+/// A woken waiter's random pause before it tries (the wake jitter) ends at
+/// its wait timeout and at `close()`: with a long jitter a `lock_with`
+/// overran its wait timeout by up to the jitter, and `close()` waited it
+/// out, because the pause raced neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_woken_waiters_jitter_ends_at_its_wait_timeout_and_at_close() {
+    let servers = primaries(3);
+    let holder = redlock_connect(config(&servers)).await;
+    let mut long = config(&servers);
+    long.wake_jitter = Duration::from_secs(3600);
+    let waiters = redlock_connect(long).await;
+    let lease = RedLockOptions::new().lease(Duration::from_secs(30));
+    for ends in ["wait timeout", "close"] {
+        let held = holder.lock_with("jitter", lease).await.expect("lock");
+        let wait = match ends {
+            "wait timeout" => lease.wait_timeout(Duration::from_secs(2)),
+            _ => lease,
+        };
+        let waiter = {
+            let waiters = waiters.clone();
+            tokio::spawn(async move { waiters.lock_with("jitter", wait).await.map(|_| ()) })
+        };
+        // Subscribed and waiting for the lease, 30 s away.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        held.release().await.expect("release");
+        if ends == "close" {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            waiters.close().await;
+        }
+        let ended = tokio::time::timeout(HANG, waiter)
+            .await
+            .unwrap_or_else(|_| panic!("the woken waiter sat out its jitter past its {ends}"))
+            .expect("task");
+        match ends {
+            "wait timeout" => {
+                assert!(matches!(ended, Err(Error::WaitTimeout { .. })), "{ended:?}")
+            }
+            _ => assert!(matches!(ended, Err(Error::Closed)), "{ended:?}"),
+        }
+    }
+    holder.close().await;
 }

@@ -62,7 +62,7 @@ impl GrantPlace {
     /// server, a Sentinel-managed primary or the nodes of a cluster, over
     /// plain TCP or TLS. `None` if fred's TLS connector is not the rustls
     /// one [`grant_tls`] takes (not with fairlock's `tls` feature; a TLS URL
-    /// without it is refused by [`check_tls_scheme`]).
+    /// without it is refused by [`check_scheme`]).
     pub(super) fn of(config: &Config, tls: Option<&TlsSettings>) -> Option<Self> {
         if config.uses_tls() != tls.is_some() {
             return None;
@@ -96,16 +96,43 @@ pub(super) fn grant_tls(_: &Config) -> Option<TlsSettings> {
     None
 }
 
-/// A TLS URL (`rediss://`, `rediss-cluster://`, `rediss-sentinel://`, or
+/// The URL schemes fairlock connects with: Redis's and Valkey's spellings
+/// of a single server, a cluster and a Sentinel group, plain and TLS.
+const SCHEMES: [&str; 12] = [
+    "redis",
+    "rediss",
+    "valkey",
+    "valkeys",
+    "redis-cluster",
+    "rediss-cluster",
+    "valkey-cluster",
+    "valkeys-cluster",
+    "redis-sentinel",
+    "rediss-sentinel",
+    "valkey-sentinel",
+    "valkeys-sentinel",
+];
+
+/// Checks a URL's scheme before anything connects. fred reads any scheme
+/// it does not know as a plain single server, so a typo or an `http://`
+/// would connect (or, to a TLS port, fail only after the connect timeout
+/// as unreachable): such a scheme is refused here, naming those taken. A
+/// TLS URL (`rediss://`, `rediss-cluster://`, `rediss-sentinel://`, or
 /// Valkey's `valkeys` spellings) needs the `tls` feature: without it fred
 /// would speak plain TCP to a TLS port and the connect would fail with
 /// nothing that says why.
-pub(crate) fn check_tls_scheme(url: &str, redacted: &str) -> Result<()> {
-    let scheme = url
-        .split("://")
-        .next()
-        .unwrap_or_default()
-        .to_ascii_lowercase();
+pub(crate) fn check_scheme(url: &str, redacted: &str) -> Result<()> {
+    let scheme = match url.split_once("://") {
+        Some((scheme, _)) => scheme.to_ascii_lowercase(),
+        None => String::new(),
+    };
+    if !SCHEMES.contains(&scheme.as_str()) {
+        return Err(Error::InvalidOptions(format!(
+            "Redis URL {redacted} has scheme {scheme:?}, which is not Redis's or Valkey's: \
+             expected redis://host:port (or rediss://, redis-cluster://, \
+             redis-sentinel://, their TLS forms, or the valkey spellings)"
+        )));
+    }
     let tls = scheme.starts_with("rediss") || scheme.starts_with("valkeys");
     if tls && !cfg!(feature = "tls") {
         return Err(Error::InvalidOptions(format!(
@@ -301,7 +328,7 @@ mod tests {
             "rediss-sentinel://127.0.0.1:26379?sentinelServiceName=m",
             "valkeys://127.0.0.1:6380",
         ] {
-            let checked = super::check_tls_scheme(url, url);
+            let checked = super::check_scheme(url, url);
             if cfg!(feature = "tls") {
                 assert!(checked.is_ok(), "{url}: {checked:?}");
             } else {
@@ -315,8 +342,27 @@ mod tests {
             "redis://127.0.0.1:6379",
             "redis-cluster://h:1",
             "valkey://h:1",
+            "Redis-Sentinel://h:1?sentinelServiceName=m",
         ] {
-            assert!(super::check_tls_scheme(url, url).is_ok(), "{url}");
+            assert!(super::check_scheme(url, url).is_ok(), "{url}");
+        }
+    }
+
+    /// Schemes fred would read as a plain server are refused.
+    #[test]
+    fn a_scheme_that_is_not_redis_is_refused() {
+        for url in [
+            "http://h:1",
+            "tcp://h:1",
+            "redis+unix:///tmp/r.sock",
+            "h:1",
+            "reddis://h:1",
+        ] {
+            let checked = super::check_scheme(url, url);
+            assert!(
+                matches!(&checked, Err(crate::Error::InvalidOptions(why)) if why.contains("redis://host:port")),
+                "{url}: {checked:?}"
+            );
         }
     }
 }

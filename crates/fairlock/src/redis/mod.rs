@@ -77,7 +77,7 @@ use reconnect_count::ReconnectCount;
 
 pub(crate) use errors::redact;
 pub(crate) use fred_pubsub::{Messages, Reconnects};
-pub(crate) use grant_endpoint::{check_tls_scheme, GrantEndpoint};
+pub(crate) use grant_endpoint::{check_scheme, GrantEndpoint};
 pub(crate) use reconnect_count::ReconnectMark;
 pub(crate) use script_socket::Order;
 
@@ -176,13 +176,13 @@ impl RedisConnection {
     /// subscriber, all within the connect timeout.
     pub(crate) async fn connect(config: &ClientConfig, pubsub: PubSub) -> Result<Self> {
         let url = redact(&config.url);
+        check_scheme(&config.url, &url)?;
         let fred_config = Config::from_url(&config.url).map_err(|e| {
             Error::InvalidOptions(format!(
                 "Redis URL {url} is not valid: {}; expected redis://[user:password@]host:port[/db]",
                 e.details()
             ))
         })?;
-        check_tls_scheme(&config.url, &url)?;
         let resp3 = fred_config.version == fred::types::RespVersion::RESP3;
         let tls = grant_tls(&fred_config);
         let grant_place = match pubsub {

@@ -178,16 +178,24 @@ async fn acquire_checked(
                 None => std::future::pending().await,
             }
         };
-        tokio::select! {
-            () = waiting.notified() => {
-                tokio::time::sleep(jitter(shared.config.wake_jitter)).await;
-            }
-            () = tokio::time::sleep(pause) => {}
-            () = wait_over => {
-                return Err(Error::WaitTimeout {
-                    name: name.to_owned(),
-                    waited: began.elapsed(),
-                });
+        tokio::pin!(wait_over);
+        let timed_out = || Error::WaitTimeout {
+            name: name.to_owned(),
+            waited: began.elapsed(),
+        };
+        let woken = tokio::select! {
+            () = waiting.notified() => true,
+            () = tokio::time::sleep(pause) => false,
+            () = &mut wait_over => return Err(timed_out()),
+        };
+        // A release notice: a random pause first, so the woken waiters do
+        // not all reach the primaries in the same order. It ends at the
+        // wait timeout and at `close()` (the loop's top then ends the call).
+        if woken {
+            tokio::select! {
+                () = tokio::time::sleep(jitter(shared.config.wake_jitter)) => {}
+                () = shared.closed() => {}
+                () = &mut wait_over => return Err(timed_out()),
             }
         }
         if deadline.is_some_and(|deadline| Instant::now() >= deadline) {

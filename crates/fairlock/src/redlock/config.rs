@@ -10,7 +10,7 @@ use fred::types::config::ServerConfig;
 
 use crate::config::MAX_DURATION;
 use crate::error::{Error, Result};
-use crate::redis::{check_tls_scheme, redact};
+use crate::redis::{check_scheme, redact};
 use crate::telemetry::MetricsLockLabel;
 
 /// How a [`crate::redlock::RedLock`] reaches its primaries, and the timings
@@ -199,6 +199,21 @@ impl RedLockConfig {
                 self.drift_factor
             )));
         }
+        self.check_drift(self.watchdog_lease, "watchdog lease")?;
+        Ok(())
+    }
+
+    /// Refuses a lease the drift allowance uses up: no attempt could leave
+    /// it any validity, so none is made (each would vote on every primary,
+    /// raise the fence counter and give its votes back with a notice).
+    pub(crate) fn check_drift(&self, lease: Duration, what: &str) -> Result<()> {
+        let drift = self.drift(lease);
+        if drift >= lease {
+            return Err(Error::InvalidOptions(format!(
+                "{what} {lease:?} is used up by the drift allowance {drift:?} (drift factor {} of it plus the drift floor {:?}): no grant could be valid; lower the drift floor or ask for a longer lease",
+                self.drift_factor, self.drift_floor
+            )));
+        }
         Ok(())
     }
 
@@ -224,6 +239,7 @@ fn default_prefix() -> KeyPrefix {
 /// in the URL: `host:port` (without the db number or credentials) for a
 /// single server, the whole URL otherwise.
 fn check_url(index: usize, url: &str) -> Result<String> {
+    check_scheme(url, &format!("{} (RedLock primary {index})", redact(url)))?;
     let parsed = Config::from_url(url).map_err(|e| {
         Error::InvalidOptions(format!(
             "RedLock primary {index} ({}) is not a valid Redis URL: {}; expected redis://[user:password@]host:port[/db]",
@@ -231,7 +247,6 @@ fn check_url(index: usize, url: &str) -> Result<String> {
             e.details()
         ))
     })?;
-    check_tls_scheme(url, &format!("{} (RedLock primary {index})", redact(url)))?;
     match &parsed.server {
         ServerConfig::Centralized { server } => {
             Ok(format!("{}:{}", server.host.to_ascii_lowercase(), server.port))
@@ -301,6 +316,7 @@ impl RedLockOptions {
                 config.max_lease
             )));
         }
+        config.check_drift(lease, "lease")?;
         if let Some(timeout) = self.wait_timeout {
             if timeout > MAX_DURATION {
                 return Err(Error::InvalidOptions(format!(

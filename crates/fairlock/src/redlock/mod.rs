@@ -213,6 +213,7 @@ impl RedLock {
             primaries,
             wakeups,
             closed: AtomicBool::new(false),
+            closing: tokio::sync::Notify::new(),
         });
         let reconnector = (connected < shared.primaries.len())
             .then(|| spawn_reconnector(Arc::downgrade(&shared)));

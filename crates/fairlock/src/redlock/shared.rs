@@ -4,6 +4,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use tokio::sync::Notify;
+
 use crate::error::{Error, Result};
 
 use super::config::RedLockConfig;
@@ -17,12 +19,25 @@ pub(crate) struct Shared {
     pub(crate) wakeups: Wakeups,
     /// Set by `RedLock::close`: acquires end with `Error::Closed`.
     pub(crate) closed: AtomicBool,
+    /// Wakes the waiters pausing before an attempt when the client closes.
+    pub(crate) closing: Notify,
 }
 
 impl Shared {
     /// Whether `RedLock::close` was called.
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
+    }
+
+    /// Resolves once `RedLock::close` was called (at once if it was).
+    pub(crate) async fn closed(&self) {
+        let closing = self.closing.notified();
+        tokio::pin!(closing);
+        // Registered before the check: a close between them still wakes it.
+        closing.as_mut().enable();
+        if !self.is_closed() {
+            closing.await;
+        }
     }
 
     /// [`Error::Closed`] once `RedLock::close` was called.
@@ -37,6 +52,7 @@ impl Shared {
     /// `Error::Closed`.
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
+        self.closing.notify_waiters();
         self.wakeups.wake_everyone();
     }
 }
