@@ -178,7 +178,7 @@ impl LockOptions {
 ///     .is_err());
 /// # Ok::<(), fairlock::Error>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct ClientConfig {
     /// `redis://[user:password@]host:port[/db]` (or `rediss://` with the `tls` feature).
@@ -257,6 +257,27 @@ pub struct ClientConfig {
     /// sockets are not used.
     /// Off: every call goes through the Redis client.
     pub direct_calls: bool,
+}
+
+/// Printed with the URL's passwords masked (a configuration is often
+/// logged at startup).
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("url", &crate::redis::redact(&self.url))
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("waiter_timeout", &self.waiter_timeout)
+            .field("watchdog_lease", &self.watchdog_lease)
+            .field("replica_acks", &self.replica_acks)
+            .field("eviction_check", &self.eviction_check)
+            .field("metrics_lock_label", &self.metrics_lock_label)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("direct_calls", &self.direct_calls)
+            .finish()
+    }
 }
 
 impl ClientConfig {
@@ -531,5 +552,19 @@ mod tests {
         assert!(config.validate().is_ok());
         config.heartbeat_interval = config.waiter_timeout;
         assert!(config.validate().is_err());
+    }
+
+    /// A configuration printed with `{:?}` (a startup log) shows no
+    /// password of the URL.
+    #[test]
+    fn debug_output_shows_no_password() {
+        let config = ClientConfig::new(
+            "redis-sentinel://u:secret@h:1?sentinelServiceName=m&sentinelPassword=other",
+        );
+        let printed = format!("{config:?}");
+        assert!(!printed.contains("secret"), "{printed}");
+        assert!(!printed.contains("other"), "{printed}");
+        assert!(printed.contains("u:***@h:1"), "{printed}");
+        assert!(printed.contains("command_timeout"), "{printed}");
     }
 }

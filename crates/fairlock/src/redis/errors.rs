@@ -63,20 +63,62 @@ pub(super) fn redis_error(operation: &str, source: FredError) -> Error {
     }
 }
 
-/// The URL without its password, for error messages.
+/// The URL without its passwords, for error messages and `Debug`: the
+/// user info's and a `sentinelPassword` query parameter's.
 pub(crate) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            let user = userinfo.split(':').next().unwrap_or_default();
-            format!("{}{}:***{}", &url[..scheme + 3], user, &url[at..])
+    let Some(scheme_end) = url.find("://").map(|at| at + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    // The user info ends at the last `@` before the query (a password may
+    // hold a `/`; a query value may hold an `@`).
+    let query_at = rest.find('?').unwrap_or(rest.len());
+    let mut redacted = String::with_capacity(url.len());
+    redacted.push_str(&url[..scheme_end]);
+    let host_from = match rest[..query_at].rfind('@') {
+        Some(at) => {
+            let user = rest[..at].split(':').next().unwrap_or_default();
+            redacted.push_str(user);
+            redacted.push_str(":***");
+            at
         }
-        _ => url.to_owned(),
+        None => 0,
+    };
+    redacted.push_str(&rest[host_from..query_at]);
+    if let Some(query) = rest[query_at..].strip_prefix('?') {
+        redacted.push('?');
+        for (index, pair) in query.split('&').enumerate() {
+            if index > 0 {
+                redacted.push('&');
+            }
+            match pair.split_once('=') {
+                Some((key, _)) if key.eq_ignore_ascii_case("sentinelPassword") => {
+                    redacted.push_str(key);
+                    redacted.push_str("=***");
+                }
+                _ => redacted.push_str(pair),
+            }
+        }
     }
+    redacted
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_sentinel_password_in_the_query_is_redacted() {
+        assert_eq!(
+            super::redact(
+                "redis-sentinel://:pw@h:1?sentinelServiceName=m&sentinelPassword=spw&node=h:2"
+            ),
+            "redis-sentinel://:***@h:1?sentinelServiceName=m&sentinelPassword=***&node=h:2"
+        );
+        assert_eq!(
+            super::redact("redis-sentinel://h:1?sentinelPassword=s@w&sentinelServiceName=m"),
+            "redis-sentinel://h:1?sentinelPassword=***&sentinelServiceName=m"
+        );
+    }
+
     #[test]
     fn passwords_are_redacted() {
         assert_eq!(

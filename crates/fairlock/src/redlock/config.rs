@@ -31,7 +31,7 @@ use crate::telemetry::MetricsLockLabel;
 /// config.call_timeout = Duration::from_millis(100);
 /// assert!(config.validate().is_ok());
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct RedLockConfig {
     /// One `redis://` URL per independent primary (no replication between
@@ -84,6 +84,27 @@ pub struct RedLockConfig {
     /// names as [`crate::LockClient`]; a label is also how one process
     /// using both tells their series apart (docs/METRICS.md).
     pub metrics_lock_label: MetricsLockLabel,
+}
+
+/// Printed with the URLs' passwords masked.
+impl std::fmt::Debug for RedLockConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let urls: Vec<String> = self.urls.iter().map(|url| redact(url)).collect();
+        f.debug_struct("RedLockConfig")
+            .field("urls", &urls)
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("call_timeout", &self.call_timeout)
+            .field("watchdog_lease", &self.watchdog_lease)
+            .field("max_lease", &self.max_lease)
+            .field("restart_delay", &self.restart_delay)
+            .field("drift_factor", &self.drift_factor)
+            .field("drift_floor", &self.drift_floor)
+            .field("wake_jitter", &self.wake_jitter)
+            .field("split_backoff", &self.split_backoff)
+            .field("metrics_lock_label", &self.metrics_lock_label)
+            .finish()
+    }
 }
 
 impl RedLockConfig {
@@ -332,6 +353,14 @@ impl RedLockOptions {
 mod tests {
     use super::RedLockConfig;
     use crate::error::Error;
+
+    #[test]
+    fn debug_output_shows_no_password() {
+        let config = RedLockConfig::new(["redis://:secret@a:1", "redis://b:1", "redis://c:1"]);
+        let printed = format!("{config:?}");
+        assert!(!printed.contains("secret"), "{printed}");
+        assert!(printed.contains("redis://:***@a:1"), "{printed}");
+    }
 
     fn refused(urls: [&str; 3]) -> String {
         match RedLockConfig::new(urls).validate() {
