@@ -486,3 +486,79 @@ async fn a_wait_ended_by_the_server_is_not_replicated() {
     fairlock_tests::wait_for_owner(&server, "unblocked", false).await;
     client.shutdown().await;
 }
+
+/// Sends `signal` (`STOP`, `CONT`) to process `pid`.
+fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// A primary that stops answering without closing its connections (a
+/// stalled process, a frozen VM: here `SIGSTOP`) is replaced by the
+/// sentinels, and a client connected to it follows them to the promoted
+/// replica, where its next lock is granted. Before, nothing made the Redis
+/// client reconnect (it reconnects, asking the sentinels anew, only when a
+/// connection closes), so every call timed out for as long as the old
+/// primary stayed stalled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_follows_the_sentinels_away_from_a_stalled_primary() {
+    let group = SentinelGroup::start(1).expect("sentinel group");
+    let mut config = sentinel_config(&group, None);
+    config.command_timeout = Duration::from_secs(1);
+    let client = LockClient::with_config(config).await.expect("client");
+    let warm = client.lock("warm").await.expect("lock");
+    warm.release().await.expect("release");
+    let old = group.primary_addr().expect("primary");
+    let pid = group.node(&old).expect("the primary's node").pid();
+    signal(pid, "STOP");
+    let promoted = async {
+        loop {
+            match group.primary_addr() {
+                Ok(primary) if primary != old => return primary,
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    };
+    let new = match tokio::time::timeout(Duration::from_secs(60), promoted).await {
+        Ok(new) => new,
+        Err(_) => {
+            signal(pid, "CONT");
+            panic!("the sentinels promoted no replica");
+        }
+    };
+    // Bounded attempts: the client may need a command timeout or two to
+    // give the stalled connection up.
+    let mut granted = None;
+    let mut last = None;
+    for _ in 0..40 {
+        let options = fairlock::LockOptions::new().wait_timeout(Duration::from_secs(1));
+        match client.lock_with("after", options).await {
+            Ok(guard) => {
+                granted = Some(guard);
+                break;
+            }
+            Err(error) => {
+                last = Some(error);
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    }
+    let owner = fairlock_testkit::cmd_at(&new, &["GET", "fairlock:{after}:owner"]);
+    signal(pid, "CONT");
+    let guard = granted.unwrap_or_else(|| {
+        panic!("no lock while the old primary stayed stalled; last error: {last:?}")
+    });
+    let owner = owner.expect("GET owner");
+    assert!(
+        owner
+            .as_str()
+            .is_some_and(|value| value.starts_with(guard.owner_id())),
+        "granted on the promoted replica {new}: {owner:?}"
+    );
+    drop(guard);
+    group.wait_settled().expect("settled");
+    client.shutdown().await;
+}

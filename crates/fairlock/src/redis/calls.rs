@@ -459,7 +459,7 @@ impl RedisConnection {
         // Boxed, as in [`Self::bounded`].
         let call: FredCall<'_, Value> =
             Box::pin(connection.evalsha(sha, keys.to_vec(), args.to_vec()));
-        match tokio::time::timeout_at(deadline.into(), call).await {
+        let answer = match tokio::time::timeout_at(deadline.into(), call).await {
             Ok(Ok(value)) => Ok(to_reply(value)),
             Ok(Err(e)) if e.details().starts_with("NOSCRIPT") => Err(EvalError::NoScript),
             Ok(Err(e)) => Err(EvalError::Other(classify(&e, name, self.command_timeout))),
@@ -467,7 +467,11 @@ impl RedisConnection {
                 operation: format!("script {name}"),
                 timeout: self.command_timeout,
             })),
+        };
+        if matches!(answer, Err(EvalError::Other(Error::Timeout { .. }))) {
+            self.after_timeout();
         }
+        answer
     }
 
     /// One fred call within the command timeout. The call comes boxed:
@@ -486,14 +490,18 @@ impl RedisConnection {
         operation: &str,
         call: FredCall<'_, T>,
     ) -> Result<T> {
-        match tokio::time::timeout_at(deadline.into(), call).await {
+        let answer = match tokio::time::timeout_at(deadline.into(), call).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(classify(&e, operation, self.command_timeout)),
             Err(_) => Err(Error::Timeout {
                 operation: operation.to_owned(),
                 timeout: self.command_timeout,
             }),
+        };
+        if matches!(answer, Err(Error::Timeout { .. })) {
+            self.after_timeout();
         }
+        answer
     }
 
     /// Runs one batched waiter heartbeat (on a cluster, all locks in one

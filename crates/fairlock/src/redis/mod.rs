@@ -40,7 +40,9 @@
 //! takes (on a cluster, by the call's slot);
 //! `keeper.rs` restarts a fred connection task that ended;
 //! `moved_primary.rs` connects again when a single server answers
-//! `READONLY` (demoted, its name moved to a new primary); `errors.rs`
+//! `READONLY` (demoted, its name moved to a new primary);
+//! `stalled_primary.rs` connects again through the sentinels when a call
+//! times out behind Sentinel (a primary that stopped answering); `errors.rs`
 //! turns fred's errors into fairlock's; `reconnect_count.rs` tells a
 //! `WAIT` answered on the write's connection from one answered after a
 //! reconnect.
@@ -54,6 +56,7 @@ mod moved_primary;
 mod reconnect_count;
 mod script_socket;
 mod sockets;
+mod stalled_primary;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -62,7 +65,7 @@ use std::time::Duration;
 use fred::clients::SubscriberClient;
 use fred::prelude::{
     Builder, Client, ClientLike, ClusterInterface, Config, Error as FredError, EventInterface,
-    ReconnectPolicy,
+    ReconnectPolicy, ServerConfig,
 };
 use tokio::sync::Semaphore;
 
@@ -83,6 +86,7 @@ pub(crate) use script_socket::Order;
 
 use moved_primary::MovedPrimary;
 use sockets::Sockets;
+use stalled_primary::StalledPrimary;
 
 /// Which command connection a call goes on (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,6 +172,9 @@ pub(crate) struct RedisConnection {
     /// the server answers `READONLY` (`moved_primary.rs`); `None` where
     /// fred follows the primary itself or a client must not move.
     moved_primary: Option<MovedPrimary>,
+    /// Behind Sentinel: the command connections are opened again when a
+    /// call times out (`stalled_primary.rs`); `None` elsewhere.
+    stalled_primary: Option<StalledPrimary>,
 }
 
 impl RedisConnection {
@@ -194,6 +201,8 @@ impl RedisConnection {
         // `READONLY` answer (`moved_primary.rs`).
         let moved_primary =
             matches!(grant_place, Some(GrantPlace::Fixed(_))).then(MovedPrimary::default);
+        let stalled_primary = matches!(fred_config.server, ServerConfig::Sentinel { .. })
+            .then(StalledPrimary::default);
         // Where grants come on fairlock's own connections too (see
         // `script_socket/`), and without replica acknowledgement (a `WAIT`
         // covers fred's connections).
@@ -326,6 +335,7 @@ impl RedisConnection {
             reconnects,
             sockets,
             moved_primary,
+            stalled_primary,
         })
     }
 
