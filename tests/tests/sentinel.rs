@@ -562,3 +562,53 @@ async fn a_client_follows_the_sentinels_away_from_a_stalled_primary() {
     group.wait_settled().expect("settled");
     client.shutdown().await;
 }
+
+/// Sentinels keep their own credentials. Data nodes that need a login
+/// behind sentinels that need none (Redis's default for a sentinel) are
+/// reached with the URL's credentials, which go to the data nodes only;
+/// sentinels that need a login of their own get `sentinelUsername` and
+/// `sentinelPassword`. Before, the URL's credentials went to the sentinels
+/// too, which refused them, and the client could not connect
+/// (`Unreachable`); the sentinel parameters were ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_and_data_nodes_each_get_their_own_credentials() {
+    let group = SentinelGroup::start(1).expect("sentinel group");
+    for node in group.nodes() {
+        node.cmd_ok(&["ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all"])
+            .expect("ACL SETUSER on a data node");
+    }
+    let with_login = |url: String| url.replacen("redis-sentinel://", "redis-sentinel://app:pw@", 1);
+    let connect = |url: String| {
+        let mut config = sentinel_config(&group, None);
+        config.url = url;
+        LockClient::with_config(config)
+    };
+    let client = connect(with_login(group.url()))
+        .await
+        .expect("connects with the data nodes' login behind open sentinels");
+    let guard = client.lock("logged-in").await.expect("lock");
+    guard.release().await.expect("release");
+    client.shutdown().await;
+    // Now the sentinels need a login of their own (the last step: the test
+    // kit's own calls to them use none).
+    for sentinel in group.sentinels() {
+        sentinel
+            .cmd_ok(&["ACL", "SETUSER", "watcher", "on", ">spw", "+@all"])
+            .expect("ACL SETUSER on a sentinel");
+    }
+    for sentinel in group.sentinels() {
+        sentinel
+            .cmd_ok(&["ACL", "SETUSER", "default", "off"])
+            .expect("ACL SETUSER default off");
+    }
+    let url = format!(
+        "{}&sentinelUsername=watcher&sentinelPassword=spw",
+        with_login(group.url())
+    );
+    let client = connect(url)
+        .await
+        .expect("connects with the sentinels' own login");
+    let guard = client.lock("logged-in").await.expect("lock");
+    guard.release().await.expect("release");
+    client.shutdown().await;
+}
