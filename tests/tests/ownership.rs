@@ -852,3 +852,44 @@ async fn a_release_sent_again_after_the_next_holder_released_is_answered_release
     assert_eq!(owner_in_redis(&server, name), owner, "CC still holds");
     assert_ne!(after.1, before.1, "but writes, for a WAIT to cover");
 }
+
+/// A `LockOwner` keeps its client working, as a `Lock` handle does: with
+/// every `LockClient` clone dropped, the owner's queued waiter is still
+/// granted when the holder releases. Before, the owner kept only the
+/// client's inner state: dropping the last `LockClient` stopped the grant
+/// reader and the heartbeat and closed the connections without waking the
+/// waiter, which then waited for ever (neither granted nor `Closed`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_keeps_its_client_working_after_the_last_client_handle_is_dropped() {
+    let server = server();
+    let client = client(&server).await;
+    let holder = fairlock_tests::client(&server).await;
+    let held = holder.lock("orphan-owner").await.expect("lock");
+    let owner = client.owner();
+    let waiter = {
+        let owner = owner.clone();
+        tokio::spawn(async move { owner.lock("orphan-owner").await })
+    };
+    wait_for_queue_len(&holder, "orphan-owner", 1).await;
+    drop(client);
+    // Time for a dropped client to stop its tasks and close.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    held.release().await.expect("release");
+    let granted = within("the owner's waiter", waiter)
+        .await
+        .expect("task")
+        .expect("granted through the owner's client");
+    let again = owner
+        .try_lock("orphan-owner")
+        .await
+        .expect("try_lock")
+        .expect("re-entered");
+    assert_eq!(again.token(), granted.token());
+    again.release().await.expect("inner release");
+    granted.release().await.expect("release");
+    assert_eq!(
+        holder.inspect("orphan-owner").await.expect("inspect").owner,
+        None,
+        "released in Redis"
+    );
+}

@@ -18,7 +18,6 @@ use crate::grant_connection::{spawn_grant_reader, GrantConnection};
 use crate::grants::spawn_router;
 use crate::guard::{FencingToken, LockGuard};
 use crate::heartbeat::spawn_heartbeat;
-use crate::owner::LockOwner;
 use crate::redis::{Lane, PubSub, RedisConnection};
 use crate::sharded_grants::spawn_sharded_grants;
 use crate::state::ClientState;
@@ -360,11 +359,6 @@ impl LockClient {
     /// A read-only snapshot of lock `name`: holder, token, lease, queue length.
     pub async fn inspect(&self, name: impl AsRef<[u8]>) -> Result<LockState> {
         self.inspect_queue(name, 0).await
-    }
-
-    /// An owner handle for re-entrant locking (see [`LockOwner`]).
-    pub fn owner(&self) -> LockOwner {
-        LockOwner::new(Arc::clone(self.state()))
     }
 
     /// Releases every lock this client holds, handing each to its next

@@ -14,6 +14,7 @@ use std::time::Instant;
 use fairlock_core::LockName;
 
 use crate::acquire::{acquire, waited_grant, Mode};
+use crate::client::LockClient;
 use crate::config::LockOptions;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
@@ -33,18 +34,29 @@ use crate::state::ClientState;
 /// # Ok(())
 /// # }
 /// ```
+///
+/// The owner keeps its client working, as a [`crate::Lock`] handle does:
+/// its waiters are still granted after every [`LockClient`] clone is
+/// dropped.
 #[derive(Clone)]
 pub struct LockOwner {
-    state: Arc<ClientState>,
+    client: LockClient,
     shared: Arc<OwnerShared>,
 }
 
-impl LockOwner {
-    pub(crate) fn new(state: Arc<ClientState>) -> Self {
-        Self {
-            state,
+impl LockClient {
+    /// An owner handle for re-entrant locking (see [`LockOwner`]).
+    pub fn owner(&self) -> LockOwner {
+        LockOwner {
+            client: self.clone(),
             shared: Arc::default(),
         }
+    }
+}
+
+impl LockOwner {
+    fn state(&self) -> &Arc<ClientState> {
+        self.client.state()
     }
 
     /// Like [`crate::LockClient::lock`], but re-enters a lock this owner holds.
@@ -135,7 +147,7 @@ impl LockOwner {
     async fn reentered(&self, name: &LockName) -> Option<LockGuard> {
         match self.shared.reenter(name) {
             Reentry::Held(held) => Some(
-                LockGuard::new(Arc::clone(&self.state), held).with_owner(Arc::clone(&self.shared)),
+                LockGuard::new(Arc::clone(self.state()), held).with_owner(Arc::clone(&self.shared)),
             ),
             Reentry::Lost(lost) => {
                 self.give_back_lost(&lost).await;
@@ -149,7 +161,7 @@ impl LockOwner {
     /// holds it (its next waiter gets it), nothing otherwise. A failure is
     /// retried by the heartbeat (`ClientState::give_back`).
     async fn give_back_lost(&self, lost: &Arc<HeldLock>) {
-        match self.state.give_back(lost).await {
+        match self.state().give_back(lost).await {
             Ok(()) | Err(Error::NotOwner { .. }) => {}
             Err(error) => {
                 tracing::debug!(lock = %lost.name, %error, "fairlock could not give back a lost hold before taking the lock anew");
@@ -168,14 +180,14 @@ impl LockOwner {
         if let Some(guard) = self.reentered(name).await {
             return Ok(Some(guard));
         }
-        let Some(held) = acquire(&self.state, name, options, mode).await? else {
+        let Some(held) = acquire(self.state(), name, options, mode).await? else {
             return Ok(None);
         };
         self.shared
             .holds()
             .insert(name.clone(), (Arc::clone(&held), 1));
         Ok(Some(
-            LockGuard::new(Arc::clone(&self.state), held).with_owner(Arc::clone(&self.shared)),
+            LockGuard::new(Arc::clone(self.state()), held).with_owner(Arc::clone(&self.shared)),
         ))
     }
 }
