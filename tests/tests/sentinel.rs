@@ -128,12 +128,25 @@ async fn without_acknowledgement_a_failover_can_lose_a_grant_but_not_rewind_toke
 /// dead meanwhile queues again with its own ticket, in its old place).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_re_register_with_the_new_primary_and_are_granted() {
-    const WAITERS: usize = 4;
-    let group = SentinelGroup::start(2).expect("sentinel group");
     // Both replicas acknowledge: whichever the sentinels promote has the
     // holder's grant (with one, the other replica may be promoted without
     // it, and the lock is free there: see the test without acks).
-    let mut config = sentinel_config(&group, Some(2));
+    waiters_keep_ticket_order_across_a_failover(Some(2)).await;
+}
+
+/// The same with the default configuration: no acknowledgement, so the
+/// acquires and releases go on the script sockets, which must follow the
+/// fail-over too (the replicas are in sync before it, so the promoted one
+/// has the holder's grant).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_on_the_script_sockets_keep_ticket_order_across_a_failover() {
+    waiters_keep_ticket_order_across_a_failover(None).await;
+}
+
+async fn waiters_keep_ticket_order_across_a_failover(acks: Option<u32>) {
+    const WAITERS: usize = 4;
+    let group = SentinelGroup::start(2).expect("sentinel group");
+    let mut config = sentinel_config(&group, acks);
     config.waiter_timeout = Duration::from_secs(30);
     let clients = [
         LockClient::with_config(config.clone())
@@ -171,6 +184,19 @@ async fn waiters_re_register_with_the_new_primary_and_are_granted() {
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+    // Every replica has the holder's grant and the queue.
+    let old_primary = group.primary_addr().expect("primary");
+    let old_node = group.node(&old_primary).expect("primary node");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !group.replica_addrs().expect("replicas").iter().all(|addr| {
+        group
+            .node(addr)
+            .and_then(|node| node.caught_up_with(old_node))
+            .unwrap_or(false)
+    }) {
+        assert!(std::time::Instant::now() < deadline, "replicas in sync");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     group.failover().expect("failover");
     group.wait_settled().expect("settled");
