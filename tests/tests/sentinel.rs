@@ -638,3 +638,44 @@ async fn sentinels_and_data_nodes_each_get_their_own_credentials() {
     guard.release().await.expect("release");
     client.shutdown().await;
 }
+
+/// With acknowledgement on, a watchdog renewal no replica acknowledges
+/// ends the hold: the lease-lost signal fires and the renewal counts as
+/// `unreplicated`, though the primary itself renewed the lease (a
+/// fail-over to the replica would find it ending). Runs on this thread's
+/// own metrics recorder.
+#[tokio::test(flavor = "current_thread")]
+async fn an_unacknowledged_renewal_fires_the_lost_signal() {
+    let metrics = fairlock_tests::local_metrics::LocalMetrics::install();
+    let group = SentinelGroup::start(1).expect("sentinel group");
+    let mut config = sentinel_config(&group, None);
+    config.replica_acks = Some(ReplicaAcks::new(1, Duration::from_millis(500)));
+    let client = LockClient::with_config(config).await.expect("client");
+    let guard = client.lock("renewed").await.expect("lock, acknowledged");
+    let replica = group.replica_addrs().expect("replicas")[0].clone();
+    group.pause_replication(&replica).expect("pause");
+    tokio::time::timeout(Duration::from_secs(30), guard.lost())
+        .await
+        .expect("the lost signal fires after an unacknowledged renewal");
+    let unreplicated = metrics.value(
+        fairlock_metrics::LEASE_RENEWALS_TOTAL,
+        &[("result", "unreplicated")],
+    );
+    assert!(
+        unreplicated >= 1.0,
+        "renewals counted unreplicated: {unreplicated}"
+    );
+    // The primary still has the grant: the loss is the client's verdict.
+    let primary = group.primary_addr().expect("primary");
+    let owner = fairlock_testkit::cmd_at(&primary, &["GET", "fairlock:{renewed}:owner"])
+        .expect("GET owner");
+    assert!(
+        owner
+            .as_str()
+            .is_some_and(|v| v.starts_with(guard.owner_id())),
+        "{owner:?}"
+    );
+    group.resume_replication(&replica).expect("resume");
+    drop(guard);
+    client.shutdown().await;
+}
