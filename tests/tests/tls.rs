@@ -14,7 +14,8 @@ use fairlock_tests::hand_over;
 /// test's authority it locks over TLS; its grants arrive on fairlock's own
 /// pub/sub connection, over TLS too: a waiter of another client is granted
 /// at the holder's release although its heartbeat (the fallback that finds
-/// grants nobody heard) would only look after a minute.
+/// grants nobody heard) would only look after a minute. The lock's
+/// acquire and release go on the script sockets, over TLS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_and_grants_go_over_tls() {
     let files = TlsFiles::generate().expect("a CA and a server certificate");
@@ -51,6 +52,33 @@ async fn locks_and_grants_go_over_tls() {
     let holder_client = LockClient::with_config(config(&url))
         .await
         .expect("TLS client");
+    // The lock's acquire and release go on the script sockets over TLS
+    // too: a socket that cannot connect falls back to fred's connections
+    // without a word, so count the connections at the TLS port: fred's two
+    // command connections, the grant connection and the two sockets (3
+    // with the sockets off).
+    let guard = holder_client.lock("over-tls").await.expect("lock over TLS");
+    guard.release().await.expect("release over TLS");
+    let tls_port = format!(":{}", server.tls_port().expect("a TLS port"));
+    let at_tls_port = || {
+        let list = server.cmd(&["CLIENT", "LIST"]).expect("CLIENT LIST");
+        let list = list.as_str().unwrap_or_default().to_owned();
+        let count = list
+            .lines()
+            .filter(|line| {
+                line.split(' ')
+                    .any(|field| field.starts_with("laddr=") && field.ends_with(&tls_port))
+            })
+            .count();
+        (count, list)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut seen = at_tls_port();
+    while seen.0 != 5 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        seen = at_tls_port();
+    }
+    assert_eq!(seen.0, 5, "connections at the TLS port:\n{}", seen.1);
     let waiter_client = LockClient::with_config(config(&url))
         .await
         .expect("TLS client");
