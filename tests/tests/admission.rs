@@ -237,3 +237,63 @@ async fn a_permit_request_that_would_miss_its_deadline_is_refused_at_once() {
             .expect("granted and released");
     }
 }
+
+/// On a set of several permits a turn of the queue grants as many
+/// requests as fit at once, and admission counts turns, not places: with
+/// 5 permits held together for about 2 s, the four requests behind a
+/// waiter at the head are all served at the next turn, within a 7 s
+/// budget, and none is refused. Admission used to count one grant per
+/// place, as for a lock, and refused the ones at places 3 and 4 (8 and
+/// 10 s expected).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_on_a_set_of_several_permits_counts_turns_not_places() {
+    let server = server();
+    let client = client(&server).await;
+    let sem = client.semaphore("wide-line", 5).expect("semaphore");
+    let queue = permit_keys("wide-line", fairlock_core::PermitFamily::Semaphore)
+        .queue()
+        .to_owned();
+    let mut holders = Vec::new();
+    for _ in 0..5 {
+        holders.push(sem.acquire().await.expect("holder"));
+    }
+    let head = {
+        let sem = sem.clone();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    wait_for_zcard(&server, &queue, 1).await;
+    let mut behind = Vec::new();
+    for place in 1..=4 {
+        let sem = sem.clone();
+        behind.push(tokio::spawn(async move {
+            let budget = LockOptions::new().wait_timeout(Duration::from_secs(7));
+            sem.acquire_with(budget.admission(true))
+                .await?
+                .release()
+                .await
+        }));
+        wait_for_zcard(&server, &queue, place + 1).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The head is granted after about 2 s at place 0: the set's first
+    // sample, which every admission waiter then checks against.
+    holders.remove(0).release().await.expect("release");
+    let first = within("the head", head)
+        .await
+        .expect("task")
+        .expect("granted");
+    for holder in holders {
+        holder.release().await.expect("release");
+    }
+    for (place, task) in behind.into_iter().enumerate() {
+        let served = within("a request behind the head", task)
+            .await
+            .expect("task");
+        assert!(
+            served.is_ok(),
+            "place {} refused or not served: {served:?}",
+            place + 1
+        );
+    }
+    first.release().await.expect("release");
+}

@@ -73,6 +73,18 @@ pub(crate) enum Request {
     Permit(PermitRequest),
 }
 
+impl Request {
+    /// How many such requests one turn of the queue can grant together:
+    /// one for a lock or a writer, as many as share the set for a
+    /// semaphore permit or a reader (admission counts turns, not places).
+    fn per_turn(self) -> u64 {
+        match self {
+            Request::Lock | Request::Permit(PermitRequest::Exclusive) => 1,
+            Request::Permit(PermitRequest::Shared(permits)) => u64::from(permits.max(1)),
+        }
+    }
+}
+
 /// Takes lock `name`: the grant, or `None` if `mode` is try and the lock is
 /// busy.
 pub(crate) async fn acquire(
@@ -185,7 +197,8 @@ fn acquire_validated<'a>(
         // grant's lease is counted from here plus the server time between
         // ticket and token (see `handed_on_at`).
         let mut ticket_sent_at = started;
-        // Callers ahead when this waiter joined, and when: a grant rate sample.
+        // Turns of the queue ahead when this waiter joined, and when: a
+        // grant rate sample.
         let mut joined: Option<(u64, Instant)> = None;
         // Whether this waiter's grants may be heard where they are not
         // published (see `ClientState::grants_heard_elsewhere`): its grant
@@ -288,10 +301,10 @@ fn acquire_validated<'a>(
                             // nobody): handed over from the queue, as a
                             // grant told by message is.
                             telemetry.handoff();
-                            if let Some((position, at)) = joined {
+                            if let Some((turns_ahead, at)) = joined {
                                 state
                                     .grant_rates
-                                    .record(keys.owner(), position, at.elapsed());
+                                    .record(keys.owner(), turns_ahead, at.elapsed());
                             }
                         }
                         telemetry.granted(token);
@@ -339,9 +352,11 @@ fn acquire_validated<'a>(
                     // did join the queue (then left it), and an overload
                     // it sheds must still show as contention and depth.
                     telemetry.contended(position, queued_with);
-                    joined = Some((position, sent_at));
+                    let turns_ahead = position / request.per_turn();
+                    joined = Some((turns_ahead, sent_at));
                     let join = Join {
                         position,
+                        turns_ahead,
                         at: sent_at,
                     };
                     // The refusal is moved into the boxed cancel at once, so no
@@ -423,10 +438,10 @@ fn acquire_validated<'a>(
                 }
                 telemetry.handoff();
                 telemetry.granted(token);
-                if let Some((position, at)) = joined {
+                if let Some((turns_ahead, at)) = joined {
                     state
                         .grant_rates
-                        .record(keys.owner(), position, at.elapsed());
+                        .record(keys.owner(), turns_ahead, at.elapsed());
                 }
                 tracing::debug!(token, "fairlock lock handed on to this waiter");
                 let held = pending.granted(name, grant(token, ticket, lease_from));
@@ -505,18 +520,21 @@ pub(crate) fn waited_grant<T>(outcome: Option<T>) -> Result<T> {
     })
 }
 
-/// Where a waiter joined the queue: the callers ahead, and when.
+/// Where a waiter joined the queue: the callers ahead, the turns of the
+/// queue before its own (see [`Request::per_turn`]), and when.
 #[derive(Clone, Copy)]
 struct Join {
     position: u64,
+    turns_ahead: u64,
     at: Instant,
 }
 
 /// Deadline-aware admission (see [`LockOptions::admission`]): the error to
 /// fail with if the holder's turn and those of the callers ahead when this
 /// waiter joined cannot all pass, at the lock's current pace, before its
-/// wait timeout runs out. `position` counts the callers ahead, not the
-/// holder, so the expected wait is `(position + 1) × per_grant`, as each
+/// wait timeout runs out. The turns ahead count the callers ahead, not the
+/// holder, a turn granting as many requests as fit together (one on a
+/// lock), so the expected wait is `(turns ahead + 1) × per turn`, as each
 /// sample was taken (`GrantRates::record`).
 fn admission_refused(
     state: &ClientState,
@@ -528,7 +546,7 @@ fn admission_refused(
 ) -> Option<Error> {
     let timeout = options.wait_timeout.filter(|_| options.admission)?;
     let per_grant = state.grant_rates.per_grant(keys.owner())?;
-    let turns = u32::try_from(join.position.saturating_add(1)).unwrap_or(u32::MAX);
+    let turns = u32::try_from(join.turns_ahead.saturating_add(1)).unwrap_or(u32::MAX);
     let expected = per_grant.saturating_mul(turns);
     let budget = timeout.saturating_sub(join.at.saturating_duration_since(started));
     (expected > budget).then(|| Error::WouldMissDeadline {

@@ -1,13 +1,17 @@
-//! Deadline-aware admission: how long a place in a queue takes to reach
-//! the head, per lock, as this client has seen it.
+//! Deadline-aware admission: how long a turn of a queue takes, per lock,
+//! as this client has seen it.
 //!
-//! Every grant after a wait gives one sample: the waiter had `position`
-//! callers ahead when it joined and was granted `waited` later, so the lock
-//! went to the next caller about every `waited / (position + 1)`. The
-//! estimate is a moving average of those samples. With it, a caller that
-//! joins at position `p` (behind the holder and `p` callers) can be told
-//! at once that it would wait about `(p + 1) × per_grant`, instead of
-//! holding a place in line until its timeout.
+//! A turn grants the next caller of a lock, or as many callers as fit
+//! together in a permit set (a semaphore of `n` permits: `n` requests of
+//! one permit each; a writer alone). Every grant after a wait gives one
+//! sample: the waiter had `t` turns ahead when it joined (`position / n`
+//! for `position` callers ahead) and was granted `waited` later, so a turn
+//! took about `waited / (t + 1)`. The estimate is a moving average of
+//! those samples. With it, a caller that joins `t` turns behind the holder
+//! can be told at once that it would wait about `(t + 1) × per_turn`,
+//! instead of holding a place in line until its timeout. Counting places
+//! instead of turns, a set of 5 permits expected up to 5 times the real
+//! wait and refused callers it would have served in time.
 //!
 //! It is a guess from this process's own grants: one unusually long hold
 //! moves it by a fifth of the difference, the table starts again past
@@ -73,13 +77,14 @@ impl Default for GrantRates {
 }
 
 impl GrantRates {
-    /// A waiter that had `position` callers ahead was granted after `waited`.
-    pub(crate) fn record(&self, lock: &str, position: u64, waited: Duration) {
-        self.record_at(lock, position, waited, Instant::now());
+    /// A waiter that had `turns_ahead` turns of the queue ahead was
+    /// granted after `waited`.
+    pub(crate) fn record(&self, lock: &str, turns_ahead: u64, waited: Duration) {
+        self.record_at(lock, turns_ahead, waited, Instant::now());
     }
 
-    fn record_at(&self, lock: &str, position: u64, waited: Duration, now: Instant) {
-        let sample = waited.as_secs_f64() / (position as f64 + 1.0);
+    fn record_at(&self, lock: &str, turns_ahead: u64, waited: Duration, now: Instant) {
+        let sample = waited.as_secs_f64() / (turns_ahead as f64 + 1.0);
         let announce = {
             let mut table = self.per_grant.lock().unwrap_or_else(|p| p.into_inner());
             if table.len() >= MAX_LOCKS && !table.contains_key(lock) {
@@ -108,7 +113,7 @@ impl GrantRates {
         }
     }
 
-    /// The time between grants seen on `lock`, if any sample came within
+    /// The time a turn of the queue takes on `lock`, if any sample came within
     /// [`STALE_AFTER`].
     pub(crate) fn per_grant(&self, lock: &str) -> Option<Duration> {
         self.per_grant_at(lock, Instant::now())

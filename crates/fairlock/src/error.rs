@@ -41,9 +41,12 @@ pub enum Error {
         name: String,
         /// Callers ahead in the queue.
         position: u64,
-        /// The time between grants this client has seen on the lock.
+        /// The time a turn of the queue takes, as this client has seen it
+        /// on the lock (a turn grants one caller of a lock, or as many as
+        /// fit together in a permit set).
         per_grant: Duration,
-        /// The expected wait: the holder's turn and one per caller ahead.
+        /// The expected wait: the holder's turn and the turns of the
+        /// callers ahead.
         expected: Duration,
         /// What was left of the wait timeout.
         budget: Duration,

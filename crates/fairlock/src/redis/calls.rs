@@ -394,10 +394,14 @@ impl RedisConnection {
                 self.command_timeout,
             ))),
             Outcome::NotSent | Outcome::Lost => None,
-            Outcome::TimedOut => Some(Err(Error::Timeout {
-                operation: format!("script {}", script.name),
-                timeout: self.command_timeout,
-            })),
+            Outcome::TimedOut => {
+                // Behind Sentinel: perhaps a stalled primary.
+                self.after_timeout();
+                Some(Err(Error::Timeout {
+                    operation: format!("script {}", script.name),
+                    timeout: self.command_timeout,
+                }))
+            }
         }
     }
 

@@ -9,15 +9,15 @@
 //! guidance for Sentinel clients is to ask the sentinels again after a
 //! timeout.
 //!
-//! So behind Sentinel a call through fred that times out has the command
-//! connections opened again (at most once per command timeout, in the
-//! background): fred then asks the sentinels, and connects to the primary
-//! they name once it answers `ROLE` as one (while they still name the
-//! stalled one, that attempt times out and fred tries again, backing off
-//! to 2 s). The script sockets are closed with them; they, and the grant
-//! connection, follow fred's announcement of the new primary (see
-//! `grant_endpoint.rs`). A server that is only slow costs a reconnect per
-//! command timeout.
+//! So behind Sentinel a call that times out (through fred or on a script
+//! socket) has the command connections opened again (at most once per
+//! command timeout, in the background): fred then asks the sentinels, and
+//! connects to the primary they name once it answers `ROLE` as one (while
+//! they still name the stalled one, that attempt times out and fred tries
+//! again, backing off to 2 s). The script sockets are closed with them;
+//! they, and the grant connection, follow fred's announcement of the new
+//! primary (see `grant_endpoint.rs`). A server that is only slow costs a
+//! reconnect per command timeout.
 
 use std::sync::Mutex;
 use std::time::Instant;
