@@ -237,7 +237,9 @@ impl LockClient {
     /// Releases lock `name` on behalf of the holder `owner_id` (a
     /// [`LockGuard::owner_id`], e.g. passed from another process).
     /// Refused with [`Error::NotOwner`], changing nothing, unless that
-    /// holder has the lock.
+    /// holder has the lock, or released it last (a release is idempotent:
+    /// the lock remembers its last release for its idle TTL, 10 minutes by
+    /// default, and answers a second one released, changing nothing).
     pub async fn release_by_owner_id(&self, name: impl AsRef<[u8]>, owner_id: &str) -> Result<()> {
         let name = LockName::new(name)?;
         check_owner_id(owner_id)?;
@@ -398,7 +400,11 @@ impl LockClient {
     /// [`FencedOp::IncrBy`] is not idempotent if the connection drops and
     /// the command is resent (fred resends a command written but not
     /// answered when its connection dropped; fairlock itself never resends
-    /// a fenced call). Values are bytes and pass unchanged both
+    /// a fenced call). Such a resend can also answer [`Error::StaleToken`]
+    /// for a write that was applied: its first send ran, its reply was
+    /// lost, and a newer holder wrote before the resend, which the fence
+    /// then refuses; "changing nothing" is the resend's, not the first
+    /// send's. Values are bytes and pass unchanged both
     /// ways: a value read back that is not UTF-8 comes as [`Reply::Bytes`].
     ///
     /// ```no_run
