@@ -50,9 +50,10 @@ pub fn render(result: &RunResult) -> String {
     );
     let _ = writeln!(
         out,
-        "longest recovery {} (bound {} ms)",
+        "longest recovery {}; {} over {} ms (informational)",
         r.longest_recovery_ms
             .map_or_else(|| "n/a".to_owned(), |ms| format!("{ms} ms")),
+        r.slow_recoveries,
         RECOVERY_BOUND.as_millis()
     );
     let _ = writeln!(
