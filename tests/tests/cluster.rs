@@ -498,7 +498,8 @@ async fn core_cases_hold_on_the_cluster() {
     wait_for_queue_len(&clients[0], &names[2], 8).await;
     let kill_subscribers = || {
         for node in cluster.nodes() {
-            let _ = node.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+            node.cmd_ok(&["CLIENT", "KILL", "TYPE", "pubsub"])
+                .expect("CLIENT KILL");
         }
     };
     kill_subscribers();

@@ -126,8 +126,13 @@ async fn scraped_metrics_count_the_workload_exactly() {
         .await
         .expect("the watchdog reports the lost lease");
     assert!(watched.is_lost());
-    // Counted in the hold histogram whatever the release answers.
-    let _ = watched.release().await;
+    // Force-released: its release frees nothing, and still samples the
+    // hold.
+    let late = watched.release().await;
+    assert!(
+        matches!(late, Err(fairlock::Error::NotOwner { .. })),
+        "{late:?}"
+    );
 
     // 5. Handoffs: WAITERS queue one by one behind a holder, then each
     //    release hands the lock to the next. The last one queued had

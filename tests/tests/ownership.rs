@@ -628,28 +628,28 @@ async fn a_timed_out_waiter_leaves_the_queue_when_dropped_during_its_cancel() {
         .expect("lock");
     let queue = keys("give-up").queue().to_owned();
     let dropped = tokio::spawn(async move {
-        let options = LockOptions::new().wait_timeout(Duration::from_millis(1_500));
-        let outcome = tokio::time::timeout(
-            Duration::from_millis(2_000),
-            waiter.lock_with("give-up", options),
-        )
-        .await
-        .map(|r| r.map(drop));
+        let options = LockOptions::new().wait_timeout(Duration::from_secs(5));
+        let outcome =
+            tokio::time::timeout(Duration::from_secs(6), waiter.lock_with("give-up", options))
+                .await
+                .map(|r| r.map(drop));
         // The client lives on, as in a service whose one request gave up.
         (outcome, waiter)
     });
     wait_for_zcard(&server, &queue, 1).await;
     let last = spawn_lock(&behind, "give-up");
     wait_for_zcard(&server, &queue, 2).await;
+    // Paused well past both timeouts, and unpaused once the future is
+    // dropped: the path under test runs unless setting up took over 5 s.
     server
-        .cmd_ok(&["CLIENT", "PAUSE", "2500", "WRITE"])
+        .cmd_ok(&["CLIENT", "PAUSE", "15000", "WRITE"])
         .expect("pause writes");
     let (outcome, _waiter) = within("the dropped lock()", dropped).await.expect("task");
-    if outcome.is_ok() {
-        // The machine was too slow for the pause to come first: the
-        // cancel finished before the drop, which the check below passes.
-        eprintln!("the wait timed out before Redis was paused: {outcome:?}");
-    }
+    server.cmd_ok(&["CLIENT", "UNPAUSE"]).expect("unpause");
+    assert!(
+        outcome.is_err(),
+        "the wait ended before Redis was paused, so its cancel was not cut off: {outcome:?}"
+    );
     within("the dropped waiter's queue entry's removal", async {
         while zcard(&server, &queue) != 1 {
             tokio::time::sleep(Duration::from_millis(20)).await;

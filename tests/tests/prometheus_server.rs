@@ -138,7 +138,13 @@ async fn prometheus_answers_match_the_swarm_and_every_dashboard_query_has_data()
     tokio::time::timeout(Duration::from_secs(5), watched.lost())
         .await
         .expect("the watchdog reports the lost lease");
-    let _ = watched.release().await;
+    // Force-released: its release frees nothing, and still samples the
+    // hold.
+    let late = watched.release().await;
+    assert!(
+        matches!(late, Err(fairlock::Error::NotOwner { .. })),
+        "{late:?}"
+    );
 
     // 4. WAITERS queue one by one behind a holder: the last one to queue
     //    had WAITERS - 1 ahead, and that stays the gauge's value.
