@@ -231,9 +231,13 @@ async fn waiters_keep_ticket_order_across_a_failover(acks: Option<u32>) {
                     .and_then(|node| node.caught_up_with(primary_node))
                     .unwrap_or(false)
             });
-        if synced || std::time::Instant::now() > deadline {
+        if synced {
             break;
         }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "both replicas attached to the new primary and in sync"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
