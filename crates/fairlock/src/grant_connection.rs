@@ -536,12 +536,43 @@ mod tests {
         COUNT.with(|count| count.replace(None)).unwrap_or(0)
     }
 
+    /// Reads one pub/sub `message` frame off `stream` (subscribed) and
+    /// returns its payload.
+    async fn next_message(stream: &mut tokio::net::TcpStream) -> String {
+        use tokio::io::AsyncReadExt;
+        let mut bytes = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let text = String::from_utf8_lossy(&bytes).into_owned();
+            if let Some(at) = text.find("$7\r\nmessage\r\n") {
+                let lines: Vec<&str> = text[at..].split("\r\n").collect();
+                // $7, message, $n, channel, $m, payload, and the end.
+                if lines.len() >= 7 {
+                    return lines[5].to_owned();
+                }
+            }
+            let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk))
+                .await
+                .expect("a message within 10 s")
+                .expect("read");
+            assert!(read > 0, "the subscriber connection closed");
+            bytes.extend_from_slice(&chunk[..read]);
+        }
+    }
+
     /// A grant read off the socket reaches its waiting task with no
     /// allocation: the frame is parsed in place, the waiter found by its
     /// owner id and woken through its slot. The task then holds the lock
-    /// with the token the message carried.
+    /// with the token the message carried. The grant is Redis's own: the
+    /// release script runs by hand and publishes it on a side channel
+    /// (so the client's grant connection does not hear it first), where a
+    /// subscriber of the test reads the payload Redis wrote; the frame
+    /// given to the client carries that payload on the client's channel.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_grant_reaches_its_waiter_without_an_allocation() {
+        use fairlock_core::ScriptCall;
+        use tokio::io::AsyncWriteExt;
+
         let server = RedisServer::start().expect("redis-server");
         let client = LockClient::connect(&server.url()).await.expect("client");
         assert_eq!(client.grants_subscribed_at(), [server.addr()]);
@@ -553,18 +584,50 @@ mod tests {
         let state = client.state();
         let name = fairlock_core::LockName::new("routed").expect("name");
         let keys = state.keys_of(&name);
-        let owner_key = keys.owner();
-        let owner_id = loop {
-            let queue = server
-                .cmd(&["ZRANGE", keys.queue(), "0", "0"])
-                .expect("ZRANGE");
-            if let Some(first) = queue.as_array().and_then(|q| q.first()) {
-                break first.as_str().expect("an owner id").to_owned();
-            }
+        while server
+            .cmd(&["ZCARD", keys.queue()])
+            .expect("ZCARD")
+            .as_int()
+            != Some(1)
+        {
             tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The side channel: `capture:` and this process's tag.
+        let side = format!("capture:{}", state.tag);
+        let mut subscriber = tokio::net::TcpStream::connect(server.addr())
+            .await
+            .expect("connect");
+        let subscribe = format!("*2\r\n$9\r\nSUBSCRIBE\r\n${}\r\n{side}\r\n", side.len());
+        subscriber
+            .write_all(subscribe.as_bytes())
+            .await
+            .expect("SUBSCRIBE");
+        while server
+            .cmd(&["PUBSUB", "NUMSUB", &side])
+            .expect("NUMSUB")
+            .as_array()
+            .and_then(|reply| reply.get(1).and_then(|n| n.as_int()))
+            != Some(1)
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The holder's release, run by hand: Redis grants the waiter and
+        // publishes the grant on the side channel.
+        let release = fairlock_core::Release {
+            owner_id: holder.owner_id(),
+            timings: &state.timings,
+            channel_prefix: "capture:",
+            reply_to: "",
         };
-        let token = holder.token().value() + 1;
-        let payload = format!("{owner_id} {token} {owner_key}");
+        let args = release.args();
+        let numkeys = keys.all().len().to_string();
+        let mut eval = vec!["EVAL", fairlock_core::Release::SCRIPT.source(), &numkeys];
+        eval.extend(keys.all().iter().map(String::as_str));
+        eval.extend(args.iter().map(String::as_str));
+        server.cmd_ok(&eval).expect("the release script");
+        let payload = next_message(&mut subscriber).await;
+        let owner = server.cmd(&["GET", keys.owner()]).expect("GET owner");
+        let owner = owner.as_str().expect("the lock is held").to_owned();
         let frame = format!(
             "*3\r\n$7\r\nmessage\r\n${}\r\n{}\r\n${}\r\n{}\r\n",
             state.channel.len(),
@@ -583,8 +646,23 @@ mod tests {
             .expect("woken")
             .expect("task")
             .expect("granted");
-        assert_eq!(granted.token().value(), token);
-        drop(granted);
+        // The waiter holds what Redis granted: its owner id and token are
+        // the owner key's.
+        assert!(
+            owner.starts_with(granted.owner_id()),
+            "{owner} / {}",
+            granted.owner_id()
+        );
+        assert!(
+            owner.ends_with(&format!(" {}", granted.token().value())),
+            "{owner} / token {}",
+            granted.token().value()
+        );
+        assert!(granted.token().value() > holder.token().value());
+        granted
+            .release()
+            .await
+            .expect("the granted waiter releases");
         drop(holder);
         client.shutdown().await;
     }
