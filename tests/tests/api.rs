@@ -602,17 +602,20 @@ async fn stats_tell_waiting_from_queued() {
     let guard = holder.lock(name).await.expect("lock");
     // Scripts loaded on the waiter's connections before Redis is paused.
     assert!(waiter.try_lock(name).await.expect("try").is_none());
+    // Paused until the check below is done (ended by hand), however slow
+    // the machine, within the command timeout.
     server
-        .cmd_ok(&["CLIENT", "PAUSE", "1500", "ALL"])
+        .cmd_ok(&["CLIENT", "PAUSE", "30000", "WRITE"])
         .expect("pause");
     let task = spawn_lock(&waiter, name);
-    for _ in 0..100 {
+    for _ in 0..500 {
         if waiter.stats().waiters == 1 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let held_up = waiter.stats();
+    server.cmd_ok(&["CLIENT", "UNPAUSE"]).expect("unpause");
     assert_eq!(
         (held_up.waiters, held_up.queued),
         (1, 0),
