@@ -1009,6 +1009,25 @@ async fn every_primary_is_checked_and_replica_acks_are_refused() {
     }
 }
 
+/// A client logged in on every node as the ACL user `limited` (password
+/// `pw`), made for it; its password can then be changed on a node to
+/// keep the process from opening a new connection there, while the
+/// connections already logged in go on working.
+async fn limited_user_client(cluster: &RedisCluster) -> LockClient {
+    for node in cluster.nodes() {
+        node.cmd_ok(&[
+            "ACL", "SETUSER", "limited", "on", ">pw", "~*", "&*", "+@all",
+        ])
+        .expect("ACL SETUSER");
+    }
+    cluster_client_at(
+        cluster
+            .url()
+            .replacen("redis-cluster://", "redis-cluster://limited:pw@", 1),
+    )
+    .await
+}
+
 /// A slot's waiter heartbeat does not wait for the renewal of the
 /// process's sharded subscription there. When the grant connection to a
 /// node cannot be opened again (here the client's password was changed on
@@ -1021,12 +1040,6 @@ async fn every_primary_is_checked_and_replica_acks_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slots_heartbeat_goes_on_while_its_subscription_cannot_be_renewed() {
     let cluster = RedisCluster::start().expect("cluster");
-    for node in cluster.nodes() {
-        node.cmd_ok(&[
-            "ACL", "SETUSER", "limited", "on", ">pw", "~*", "&*", "+@all",
-        ])
-        .expect("ACL SETUSER");
-    }
     let name = lock_names_on_every_primary(&cluster)
         .into_iter()
         .next()
@@ -1036,12 +1049,7 @@ async fn a_slots_heartbeat_goes_on_while_its_subscription_cannot_be_renewed() {
         .expect("the slot's primary");
     let holder = cluster_client(&cluster).await;
     let other = cluster_client(&cluster).await;
-    let limited = cluster_client_at(cluster.url().replacen(
-        "redis-cluster://",
-        "redis-cluster://limited:pw@",
-        1,
-    ))
-    .await;
+    let limited = limited_user_client(&cluster).await;
     let held = holder.lock(&name).await.expect("lock");
     let order = Arc::new(Mutex::new(Vec::new()));
     let queue = |client: &LockClient, who: &'static str| {
@@ -1084,18 +1092,7 @@ async fn a_slots_heartbeat_goes_on_while_its_subscription_cannot_be_renewed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_try_that_never_waits_answers_while_no_grant_connection_can_be_opened() {
     let cluster = RedisCluster::start().expect("cluster");
-    for node in cluster.nodes() {
-        node.cmd_ok(&[
-            "ACL", "SETUSER", "limited", "on", ">pw", "~*", "&*", "+@all",
-        ])
-        .expect("ACL SETUSER");
-    }
-    let limited = cluster_client_at(cluster.url().replacen(
-        "redis-cluster://",
-        "redis-cluster://limited:pw@",
-        1,
-    ))
-    .await;
+    let limited = limited_user_client(&cluster).await;
     let other = cluster_client(&cluster).await;
     for node in cluster.nodes() {
         node.cmd_ok(&["ACL", "SETUSER", "limited", "resetpass", ">other"])
