@@ -17,6 +17,7 @@
 //! script sent, and run by Redis, before the new holder's first command,
 //! and every hold grew by that script's time.
 
+use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -48,68 +49,70 @@ fn release_overtakes_a_burst(direct_calls: bool) {
     const BURST: usize = 2_000;
     let server = server();
     // A script that keeps Redis from reading any socket for a while (a
-    // counted loop: Valkey freezes the time a script sees).
-    let busy = "local n = 0 for i = 1, tonumber(ARGV[1]) do n = n + i end return 1";
-    let busy_started = AtomicBool::new(false);
+    // counted loop: Valkey freezes the time a script sees). It writes a
+    // line to the server's log as it starts: no other client is answered
+    // while it runs, so the log is how the test sees that it is running.
+    let marker = "holder-lane busy script started";
+    let busy = format!(
+        "redis.log(redis.LOG_WARNING, '{marker}') \
+         local n = 0 for i = 1, tonumber(ARGV[1]) do n = n + i end return 1"
+    );
     // One thread: the burst's enqueues are all handed to the client before
     // the release is.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let grants = std::thread::scope(|scope| {
-        runtime.block_on(async {
-            let mut config = fast_config(&server);
-            config.direct_calls = direct_calls;
-            let client = LockClient::with_config(config).await.expect("client");
-            let holder = client.lock("burst").await.expect("holder");
-            // Scripts loaded and both sockets open: a release and an
-            // acquire of another lock.
-            client
-                .lock("warm")
-                .await
-                .expect("warm")
-                .release()
-                .await
-                .expect("release");
-            scope.spawn(|| {
-                busy_started.store(true, Ordering::SeqCst);
-                server
-                    .cmd_ok(&["EVAL", busy, "0", "30000000"])
-                    .expect("busy script");
-            });
-            while !busy_started.load(Ordering::SeqCst) {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            let grants = Arc::new(Mutex::new(Vec::new()));
-            let mut tasks = Vec::new();
-            for _ in 0..BURST {
-                let (client, grants) = (client.clone(), grants.clone());
-                tasks.push(tokio::spawn(async move {
-                    let guard = client.lock("burst").await.expect("granted");
-                    grants
-                        .lock()
-                        .expect("grants")
-                        .push((guard.ticket(), guard.token().value()));
-                    guard.release().await.expect("release");
-                }));
-            }
-            // Let every task run to its enqueue (each passes a few awaits
-            // on the way; with the release on the waiters' lane, both
-            // variants fail with this many rounds).
-            for _ in 0..40 {
-                tokio::task::yield_now().await;
-            }
-            holder.release().await.expect("release");
-            for task in tasks {
-                task.await.expect("task");
-            }
-            client.shutdown().await;
-            let grants = grants.lock().expect("grants").clone();
-            grants
-        })
+    let (grants, mut hog) = runtime.block_on(async {
+        let mut config = fast_config(&server);
+        config.direct_calls = direct_calls;
+        let client = LockClient::with_config(config).await.expect("client");
+        let holder = client.lock("burst").await.expect("holder");
+        // Scripts loaded and both sockets open: a release and an
+        // acquire of another lock.
+        client
+            .lock("warm")
+            .await
+            .expect("warm")
+            .release()
+            .await
+            .expect("release");
+        // The busy script is running before the burst starts. Before,
+        // a thread was told to send it and the burst followed 30 ms
+        // later: on a loaded machine the script could start after the
+        // burst had been read, and the release then ran after it.
+        let hog = start_busy_script(&server, &busy, marker).await;
+        let grants = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for _ in 0..BURST {
+            let (client, grants) = (client.clone(), grants.clone());
+            tasks.push(tokio::spawn(async move {
+                let guard = client.lock("burst").await.expect("granted");
+                grants
+                    .lock()
+                    .expect("grants")
+                    .push((guard.ticket(), guard.token().value()));
+                guard.release().await.expect("release");
+            }));
+        }
+        // Let every task run to its enqueue (each passes a few awaits
+        // on the way; with the release on the waiters' lane, both
+        // variants fail with this many rounds).
+        for _ in 0..40 {
+            tokio::task::yield_now().await;
+        }
+        holder.release().await.expect("release");
+        for task in tasks {
+            task.await.expect("task");
+        }
+        client.shutdown().await;
+        let grants = grants.lock().expect("grants").clone();
+        (grants, hog)
     });
+    // The busy script ran to its end (no error in its place).
+    let mut reply = [0u8; 4];
+    hog.read_exact(&mut reply).expect("the busy script's reply");
+    assert_eq!(&reply, b":1\r\n", "the busy script's reply");
     assert_eq!(grants.len(), BURST);
     let first_token = grants
         .iter()
@@ -133,6 +136,35 @@ fn release_overtakes_a_burst(direct_calls: bool) {
         "out of ticket order"
     );
     eprintln!("{enqueued_after_release} of {BURST} enqueues ran after the release");
+}
+
+/// Writes `EVAL script 0 30000000` on a connection of its own and returns
+/// (the connection, for the script's reply) once the script is running:
+/// once `marker`, which the script logs as it starts, is in the server's
+/// log (bounded: 20 s).
+async fn start_busy_script(
+    server: &RedisServer,
+    script: &str,
+    marker: &str,
+) -> std::net::TcpStream {
+    let mut hog = std::net::TcpStream::connect(server.addr()).expect("connect");
+    let mut command = Vec::new();
+    for arg in ["EVAL", script, "0", "30000000"] {
+        command.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
+    }
+    hog.write_all(&[b"*4\r\n".as_slice(), &command].concat())
+        .expect("send the busy script");
+    let log = server.dir().join("redis.log");
+    within("the busy script to start", async {
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains(marker)
+        {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    hog
 }
 
 /// Runs `body` on one thread: a task woken there runs only when the
