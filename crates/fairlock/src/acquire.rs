@@ -916,10 +916,12 @@ impl Drop for PendingAcquire<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
     use std::time::Duration;
 
     use fairlock_testkit::RedisServer;
 
+    use crate::test_waits::{connections, held_connections, wait_until};
     use crate::{ClientConfig, Error, LockClient, LockOptions};
 
     /// A waiter already queued outlives an outage of Redis: a re-check of
@@ -1000,13 +1002,19 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_late_grant_confirmed_after_a_newer_one_gets_the_newer_token() {
         let server = RedisServer::start().expect("redis-server");
-        let waiting = LockClient::connect(&server.url()).await.expect("client");
-        let holding = LockClient::connect(&server.url()).await.expect("client");
         // Scripts loaded and sockets open: nothing below waits on a load.
-        for client in [&waiting, &holding] {
+        let warm = |client: LockClient| async move {
             let guard = client.lock("warm").await.expect("lock");
             guard.release().await.expect("release");
-        }
+            client
+        };
+        let waiting = warm(LockClient::connect(&server.url()).await.expect("client")).await;
+        let before_holding = connections(&server);
+        let holding = warm(LockClient::connect(&server.url()).await.expect("client")).await;
+        let holdings: BTreeSet<u64> = connections(&server)
+            .difference(&before_holding)
+            .copied()
+            .collect();
         let holder = holding.lock("late").await.expect("holder");
         let waiter = {
             let client = waiting.clone();
@@ -1023,12 +1031,18 @@ mod tests {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
+        // Lifted by hand once the late grant is delivered.
         server
-            .cmd_ok(&["CLIENT", "PAUSE", "1500", "WRITE"])
+            .cmd_ok(&["CLIENT", "PAUSE", "30000", "WRITE"])
             .expect("CLIENT PAUSE");
         let release = tokio::spawn(async move { holder.release().await });
-        // The release is in Redis's paused clients before the confirmation.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The release is in Redis's paused clients before the confirmation
+        // (before, a 200 ms sleep stood for this, and a 1.5 s pause could
+        // end before the late grant was delivered).
+        wait_until("the release held by the pause", || {
+            !held_connections(&server).is_disjoint(&holdings)
+        })
+        .await;
         assert!(
             state.waiters.deliver(
                 &owner_id,
@@ -1039,6 +1053,9 @@ mod tests {
             ),
             "the waiter takes the late grant"
         );
+        server
+            .cmd_ok(&["CLIENT", "UNPAUSE"])
+            .expect("CLIENT UNPAUSE");
         let guard = tokio::time::timeout(Duration::from_secs(20), waiter)
             .await
             .expect("the waiter ends")
@@ -1094,8 +1111,9 @@ mod tests {
         state
             .cancel(&keys, &state.new_owner_id(30_000), false)
             .await;
+        // Lifted by hand once both calls and the cancel are on their way.
         server
-            .cmd_ok(&["CLIENT", "PAUSE", "1500", "WRITE"])
+            .cmd_ok(&["CLIENT", "PAUSE", "30000", "WRITE"])
             .expect("CLIENT PAUSE");
         let first = acquire().await;
         assert!(matches!(first, Err(Error::Timeout { .. })), "{first:?}");
@@ -1103,12 +1121,30 @@ mod tests {
             unanswered.load(Ordering::SeqCst),
             "its reply is owed on the socket"
         );
-        // The socket owes a reply: this one goes through fred.
+        let first_held = held_connections(&server);
+        // The socket owes a reply: this one goes through fred, and is held
+        // by the pause too before the cancel is sent (before, a 100 ms
+        // sleep stood for this).
         let second = tokio::spawn(acquire());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        state
-            .cancel(&keys, &owner_id, unanswered.load(Ordering::SeqCst))
-            .await;
+        wait_until("the call through fred held by the pause", || {
+            !held_connections(&server).is_subset(&first_held)
+        })
+        .await;
+        let written_after = state.redis.written_after_socket();
+        let cancel = {
+            let (state, keys, owner_id) = (state.clone(), keys.clone(), owner_id.clone());
+            let after_socket = unanswered.load(Ordering::SeqCst);
+            tokio::spawn(async move { state.cancel(&keys, &owner_id, after_socket).await })
+        };
+        // Its first call is written behind the socket's owed reply.
+        wait_until("the cancel written behind the owed call", || {
+            state.redis.written_after_socket() > written_after
+        })
+        .await;
+        server
+            .cmd_ok(&["CLIENT", "UNPAUSE"])
+            .expect("CLIENT UNPAUSE");
+        cancel.await.expect("cancel");
         let _ = second.await.expect("task");
         let queued = server
             .cmd_ok(&["ZSCORE", keys.queue(), &owner_id])

@@ -62,6 +62,8 @@ mod sharded_grants;
 mod state;
 mod task;
 mod telemetry;
+#[cfg(test)]
+mod test_waits;
 mod waiters;
 mod watchdog;
 
