@@ -696,8 +696,9 @@ mod tests {
         let client = LockClient::with_config(config).await.expect("client");
         let state = client.state().clone();
         let holder = client.lock("window").await.expect("holder");
+        // Lifted by hand once the window is seen full.
         server
-            .cmd_ok(&["CLIENT", "PAUSE", "3000", "WRITE"])
+            .cmd_ok(&["CLIENT", "PAUSE", "30000", "WRITE"])
             .expect("pause writes");
         let callers: Vec<_> = (0..CALLERS)
             .map(|_| {
@@ -708,10 +709,14 @@ mod tests {
                 })
             })
             .collect();
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        let in_flight = state.redis.in_flight(Lane::Waiters, WINDOW);
+        // The window fills up (bounded): before, a 500 ms sleep under a
+        // 3 s pause stood for this, and on a loaded machine the window
+        // could be read before it filled, or after the pause had ended.
+        crate::test_waits::wait_until("the window full of calls in flight", || {
+            state.redis.in_flight(Lane::Waiters, WINDOW) == WINDOW
+        })
+        .await;
         server.cmd_ok(&["CLIENT", "UNPAUSE"]).expect("unpause");
-        assert_eq!(in_flight, WINDOW, "script calls in flight during the burst");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             let queued = client.inspect("window").await.expect("inspect").queue_len;
