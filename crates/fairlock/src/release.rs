@@ -277,10 +277,9 @@ impl Drop for UnfinishedRelease<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use fairlock_testkit::RedisServer;
 
+    use crate::test_waits::{held_connections, wait_until};
     use crate::LockClient;
 
     /// A hold stays tracked until its release has run in Redis. A grant
@@ -302,7 +301,13 @@ mod tests {
             .cmd_ok(&["CLIENT", "PAUSE", "5000", "WRITE"])
             .expect("pause writes");
         let release = tokio::spawn(async move { guard.release().await });
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The release is in Redis, held by the pause (before, a 300 ms
+        // sleep stood for this: a release not yet sent by then left the
+        // hold tracked whatever the code does).
+        wait_until("the release held by the pause", || {
+            !held_connections(&server).is_empty()
+        })
+        .await;
         assert!(!release.is_finished(), "the release waits in Redis");
         let tracked_in_flight = state.held.contains(&owner_id);
         server.cmd_ok(&["CLIENT", "UNPAUSE"]).expect("unpause");

@@ -762,10 +762,9 @@ impl Drop for InFlight<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use fairlock_testkit::RedisServer;
 
+    use crate::test_waits::{held_connections, wait_until};
     use crate::LockClient;
 
     /// A `try_lock` caller is known to the waiter registry from before its
@@ -785,7 +784,13 @@ mod tests {
             let client = client.clone();
             tokio::spawn(async move { client.try_lock("trying").await })
         };
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Its script is in Redis, held by the pause (before, a 300 ms
+        // sleep stood for this: a try not yet registered by then failed
+        // the test, one not yet sent passed it without the case).
+        wait_until("the try's script held by the pause", || {
+            !held_connections(&server).is_empty()
+        })
+        .await;
         assert!(!attempt.is_finished(), "the try waits in Redis");
         let known_in_flight = state.waiters.len();
         server.cmd_ok(&["CLIENT", "UNPAUSE"]).expect("unpause");
