@@ -5,9 +5,9 @@
 //! same address and reaches the new server. It can also let one command
 //! through and drop its reply, closing that connection: a call that ran
 //! but whose answer was lost with its connection, or hold back that one
-//! reply for a while: a call that ran and is still in flight; and hold
-//! back every reply for a while: a slow network, or a server slow to
-//! answer.
+//! reply for a while, or until the test lets it go: a call that ran and
+//! is still in flight; and hold back every reply for a while: a slow
+//! network, or a server slow to answer.
 
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,11 +20,15 @@ use tokio::task::JoinHandle;
 
 use crate::silent_proxy::sends_subscribe;
 
+/// The hold of [`SwitchProxy::hold_reply_until_passed`], in ms: until
+/// [`SwitchProxy::pass_held_reply`].
+const UNTIL_PASSED: u64 = u64::MAX;
+
 /// What happens to the reply of the next command that carries a needle.
 struct Armed {
     needle: Vec<u8>,
     /// `None`: the reply is dropped and its connection closed; otherwise
-    /// the reply is held back this long.
+    /// the reply is held back this long (`Duration::MAX`: until passed).
     hold: Option<Duration>,
 }
 
@@ -45,6 +49,8 @@ pub struct SwitchProxy {
     /// its connection closed ([`SwitchProxy::drop_reply_to`]), or held back
     /// ([`SwitchProxy::hold_reply_to`]).
     armed: Arc<Mutex<Option<Armed>>>,
+    /// Set by [`SwitchProxy::pass_held_reply`].
+    passed: Arc<AtomicBool>,
     accept: JoinHandle<()>,
 }
 
@@ -57,9 +63,11 @@ impl SwitchProxy {
         let reply_delay_ms = Arc::new(AtomicU64::new(0));
         let flows: Arc<Mutex<Vec<Flow>>> = Arc::default();
         let armed: Arc<Mutex<Option<Armed>>> = Arc::default();
+        let passed = Arc::new(AtomicBool::new(false));
         let accept = tokio::spawn({
             let (target, flows) = (Arc::clone(&target), Arc::clone(&flows));
             let armed = Arc::clone(&armed);
+            let passed = Arc::clone(&passed);
             let reply_delay_ms = Arc::clone(&reply_delay_ms);
             async move {
                 while let Ok((client, _)) = listener.accept().await {
@@ -71,23 +79,27 @@ impl SwitchProxy {
                     let noted = Arc::clone(&subscribed);
                     let armed = Arc::clone(&armed);
                     let delay = Arc::clone(&reply_delay_ms);
+                    let passed = Arc::clone(&passed);
                     let task = tokio::spawn(async move {
                         let (from_client, to_client) = client.into_split();
                         let (from_server, mut to_server) = server.into_split();
                         let mut to_client = to_client;
                         let cut = AtomicBool::new(false);
-                        let hold_ms = AtomicU64::new(0);
+                        let hold = Hold {
+                            ms: AtomicU64::new(0),
+                            passed: &passed,
+                        };
                         let forward = Forward {
                             subscribed: &noted,
                             armed: &armed,
                             cut: &cut,
-                            hold_ms: &hold_ms,
+                            hold_ms: &hold.ms,
                         };
                         // Either direction ending ends the flow; dropping
                         // the halves closes both sockets.
                         tokio::select! {
                             () = forward.run(from_client, &mut to_server) => {}
-                            () = backward(from_server, &mut to_client, &cut, &hold_ms, &delay) => {}
+                            () = backward(from_server, &mut to_client, &cut, &hold, &delay) => {}
                         }
                     });
                     flows.lock().expect("flows").push(Flow { task, subscribed });
@@ -100,6 +112,7 @@ impl SwitchProxy {
             reply_delay_ms,
             flows,
             armed,
+            passed,
             accept,
         }
     }
@@ -119,6 +132,20 @@ impl SwitchProxy {
     /// connection wait too. Once only.
     pub fn hold_reply_to(&self, needle: &str, hold: Duration) {
         self.arm(needle, Some(hold));
+    }
+
+    /// As [`SwitchProxy::hold_reply_to`], but the reply is held until
+    /// [`SwitchProxy::pass_held_reply`]: a call that ran and stays in
+    /// flight until the test has checked what it needs meanwhile.
+    pub fn hold_reply_until_passed(&self, needle: &str) {
+        self.passed.store(false, Ordering::SeqCst);
+        self.arm(needle, Some(Duration::MAX));
+    }
+
+    /// Lets the reply [`SwitchProxy::hold_reply_until_passed`] holds go
+    /// on to the client.
+    pub fn pass_held_reply(&self) {
+        self.passed.store(true, Ordering::SeqCst);
     }
 
     fn arm(&self, needle: &str, hold: Option<Duration>) {
@@ -241,15 +268,23 @@ impl Forward<'_> {
     }
 }
 
+/// The hold of one flow: set when it carried a needle to hold the reply
+/// to, in ms ([`UNTIL_PASSED`]: until `passed` is set).
+struct Hold<'a> {
+    ms: AtomicU64,
+    passed: &'a AtomicBool,
+}
+
 /// Copies the server's bytes to the client, each read held back by the
 /// delay set then, until the flow is to be cut: then the bytes read (the
 /// reply to the marked command) are dropped and the flow ends. The first
-/// read after a command marked to hold its reply is held back that long.
+/// read after a command marked to hold its reply is held back that long,
+/// or until passed.
 async fn backward(
     mut from: OwnedReadHalf,
     to: &mut OwnedWriteHalf,
     cut: &AtomicBool,
-    hold_ms: &AtomicU64,
+    hold: &Hold<'_>,
     delay_ms: &AtomicU64,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
@@ -261,7 +296,14 @@ async fn backward(
         if cut.load(Ordering::SeqCst) {
             return;
         }
-        let delay = delay_ms.load(Ordering::SeqCst) + hold_ms.swap(0, Ordering::SeqCst);
+        let mut held = hold.ms.swap(0, Ordering::SeqCst);
+        if held == UNTIL_PASSED {
+            while !hold.passed.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            held = 0;
+        }
+        let delay = delay_ms.load(Ordering::SeqCst) + held;
         if delay > 0 {
             tokio::time::sleep(Duration::from_millis(delay)).await;
         }

@@ -250,8 +250,8 @@ async fn readers_whose_grants_went_unheard_all_keep_them() {
 }
 
 /// The same while a release of the readers' process (of another lock) is
-/// in flight all along: its reply is held back 6 s by a proxy, longer than
-/// the unheard grants' 2 s leases. The check of the oldest waiter's grant
+/// in flight all along: its reply is held back by a proxy until every
+/// reader has its grant, longer than the unheard grants' 2 s leases. The check of the oldest waiter's grant
 /// once waited for the process to have no release on its way (21 of 40
 /// readers kept their grants with one held in flight); it must not depend
 /// on releases at all, or a busy process's readers lose theirs.
@@ -264,12 +264,11 @@ async fn readers_keep_their_unheard_grants_while_a_release_of_their_process_is_i
 /// writer releases while the readers' process hears no message, and each
 /// reader must get the very grant (token) the release gave it. With
 /// `release_in_flight`, the readers' process reaches Redis through a proxy
-/// that holds back the reply to its release of another lock, for longer
-/// than the readers' unheard leases, and that release is checked to be
-/// still in flight once every reader has its grant.
+/// that holds back the reply to its release of another lock until every
+/// reader has its grant (longer than the readers' unheard leases), and
+/// that release is checked to be still in flight then.
 async fn unheard_readers_keep_their_grants(name: &str, release_in_flight: bool) {
     const READERS: usize = 40;
-    const HOLD: Duration = Duration::from_secs(6);
     let server = server();
     // Only a release held in flight needs the proxy in between.
     let proxy = if release_in_flight {
@@ -308,9 +307,10 @@ async fn unheard_readers_keep_their_grants(name: &str, release_in_flight: bool) 
         readers_behind_a_writer(&server, &writer_client, &readers_client, name, READERS).await;
     if let Some(proxy) = &proxy {
         let guard = readers_client.lock(busy).await.expect("lock");
-        proxy.hold_reply_to(
+        // Held until the readers are found (before, for a fixed 6 s, which
+        // a loaded machine finding 40 readers could overrun).
+        proxy.hold_reply_until_passed(
             <fairlock_core::Release as fairlock_core::ScriptCall>::SCRIPT.sha1(),
-            HOLD,
         );
         releasing = Some(tokio::spawn(guard.release()));
         // It ran in Redis; its reply is held back.
@@ -343,11 +343,12 @@ async fn unheard_readers_keep_their_grants(name: &str, release_in_flight: bool) 
         );
         permits.push(permit);
     }
-    if let Some(releasing) = releasing {
+    if let (Some(releasing), Some(proxy)) = (releasing, &proxy) {
         assert!(
             !releasing.is_finished(),
             "the other release was in flight while the readers were found"
         );
+        proxy.pass_held_reply();
         within("the held release", releasing)
             .await
             .expect("task")
