@@ -619,25 +619,35 @@ async fn one_server_listed_under_two_urls_is_refused() {
 }
 
 /// Forwards `127.0.0.1:port` to `127.0.0.1:target` until aborted; counts the
-/// connections it accepted.
-async fn forward(port: u16, target: u16) -> (tokio::task::JoinHandle<()>, Arc<AtomicUsize>) {
+/// connections it accepted, and those that have ended since.
+async fn forward(
+    port: u16,
+    target: u16,
+) -> (
+    tokio::task::JoinHandle<()>,
+    Arc<AtomicUsize>,
+    Arc<AtomicUsize>,
+) {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
         .expect("bind the alias port");
     let accepted = Arc::new(AtomicUsize::new(0));
-    let counter = Arc::clone(&accepted);
+    let ended = Arc::new(AtomicUsize::new(0));
+    let (counter, ends) = (Arc::clone(&accepted), Arc::clone(&ended));
     let task = tokio::spawn(async move {
         while let Ok((mut client, _)) = listener.accept().await {
             counter.fetch_add(1, Ordering::SeqCst);
+            let ends = Arc::clone(&ends);
             tokio::spawn(async move {
                 if let Ok(mut server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
                 {
                     let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
                 }
+                ends.fetch_add(1, Ordering::SeqCst);
             });
         }
     });
-    (task, accepted)
+    (task, accepted, ended)
 }
 
 /// A primary down at connect is checked when it first answers: here the
@@ -656,18 +666,36 @@ async fn a_late_primary_that_is_another_listed_server_does_not_vote() {
     urls.push(format!("redis://127.0.0.1:{port}"));
     let redlock = redlock_connect(redlock_config(urls)).await;
     assert_eq!(redlock.connected(), 2);
+    let asked_primary_1 = || {
+        let stats = servers.servers()[1].commandstats().expect("commandstats");
+        ["evalsha", "eval"]
+            .iter()
+            .map(|command| stats.get(*command).copied().unwrap_or(0))
+            .sum::<u64>()
+    };
+    let asked_before = asked_primary_1();
 
-    let (forwarder, accepted) = forward(port, servers.servers()[0].port()).await;
+    let (forwarder, accepted, ended) = forward(port, servers.servers()[0].port()).await;
+    // The reconnect task connects the alias, reads its run_id, asks the
+    // other primaries theirs (primary 1 among them), and refuses the
+    // alias: it records it as primary 0's server, then closes the
+    // connection. Wait (bounded) for both, not for a fixed 3 s, which a
+    // loaded machine could overrun and leave the alias merely
+    // disconnected when try_lock ran. (A connect that failed closes its
+    // connection too, but asks no other primary.)
     let deadline = Instant::now() + HANG;
-    while accepted.load(Ordering::SeqCst) == 0 {
+    while accepted.load(Ordering::SeqCst) == 0
+        || ended.load(Ordering::SeqCst) == 0
+        || asked_primary_1() == asked_before
+    {
         assert!(
             Instant::now() < deadline,
-            "the client never tried the alias"
+            "the client never identified the alias (connections {} accepted, {} ended)",
+            accepted.load(Ordering::SeqCst),
+            ended.load(Ordering::SeqCst)
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Time for the reconnect task to connect the alias and ask who it is.
-    tokio::time::sleep(Duration::from_secs(3)).await;
 
     servers.kill(&[1]);
     let attempt = tokio::time::timeout(HANG, redlock.try_lock("probe"))
