@@ -100,6 +100,52 @@ pub fn subscribed_connections(server: &RedisServer) -> usize {
         .count()
 }
 
+/// Whether everything `server` has sent its subscribers (pub/sub
+/// messages) has reached their sockets, read or not: nothing waits in
+/// Redis's output buffer of a subscribed connection (`omem=0` in `CLIENT
+/// LIST TYPE pubsub`), and, where `/proc/net/tcp` tells, nothing sent on
+/// such a connection is unacknowledged by the subscriber's kernel (loopback
+/// delivery can lag behind Redis's write on a loaded machine).
+pub fn subscribers_have_everything(server: &RedisServer) -> bool {
+    let list = server
+        .cmd_ok(&["CLIENT", "LIST", "TYPE", "pubsub"])
+        .expect("CLIENT LIST");
+    let text = list.as_str().expect("CLIENT LIST text").to_owned();
+    text.lines().all(|line| {
+        let field = |name: &str| {
+            line.split(' ')
+                .find_map(|field| field.strip_prefix(name))
+                .unwrap_or_default()
+        };
+        let port = field("addr=")
+            .rsplit(':')
+            .next()
+            .and_then(|port| port.parse().ok());
+        field("omem=") == "0"
+            && port.is_none_or(|port| unacknowledged(server.port(), port).is_none_or(|n| n == 0))
+    })
+}
+
+/// Bytes sent on the connection from `127.0.0.1:local_port` to
+/// `127.0.0.1:remote_port` that the other end has not acknowledged yet
+/// (`tx_queue` in `/proc/net/tcp`); `None` when `/proc` does not tell.
+fn unacknowledged(local_port: u16, remote_port: u16) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let (local, remote) = (
+        format!("0100007F:{local_port:04X}"),
+        format!("0100007F:{remote_port:04X}"),
+    );
+    // Columns: sl local_address rem_address st tx_queue:rx_queue ...
+    table.lines().skip(1).find_map(|line| {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        if cols.get(1) != Some(&local.as_str()) || cols.get(2) != Some(&remote.as_str()) {
+            return None;
+        }
+        let tx_queue = cols.get(4)?.split(':').next()?;
+        u64::from_str_radix(tx_queue, 16).ok()
+    })
+}
+
 /// A setting of `server` as `CONFIG GET` gives it.
 pub fn config_value(server: &RedisServer, name: &str) -> String {
     let reply = server.cmd_ok(&["CONFIG", "GET", name]).expect("CONFIG GET");

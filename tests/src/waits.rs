@@ -8,7 +8,9 @@ use fairlock::{LockClient, LockGuard};
 use fairlock_testkit::RedisServer;
 use tokio::task::JoinHandle;
 
-use crate::redis_state::{owner_in_redis, pttl, queue_entries, subscribed_connections, zcard};
+use crate::redis_state::{
+    owner_in_redis, pttl, queue_entries, subscribed_connections, subscribers_have_everything, zcard,
+};
 
 /// Awaits `future`, failing the test if it takes longer than 20 s: a
 /// liveness bound for waits that end unless a grant was lost, not a
@@ -110,6 +112,19 @@ pub async fn wait_for_subscribed_connections(server: &RedisServer, count: usize)
     within("the subscribed connections", async {
         while subscribed_connections(server) != count {
             tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
+/// Waits (bounded, 20 s) until everything `server` has published has
+/// reached its subscribers' sockets ([`subscribers_have_everything`]):
+/// a process that does not read (a blocked runtime) then finds it all
+/// there when it does.
+pub async fn wait_for_subscribers_to_have_everything(server: &RedisServer) {
+    within("the published messages to reach the subscribers", async {
+        while !subscribers_have_everything(server) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })
     .await;

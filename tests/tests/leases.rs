@@ -559,13 +559,12 @@ async fn a_forced_release_before_the_grant_is_taken_marks_the_guard_lost() {
             .expect("force release"),
         "the waiter was granted, then evicted"
     );
-    // Both messages in the blocked process's socket before it reads: a
-    // PING answered means Redis has written out what the forced release
-    // published, and the pause lets loopback deliver it on a loaded
-    // machine (once, in CI, the revocation came after the task had taken
-    // the grant, where the held lock's own check handles it).
-    server.cmd_ok(&["PING"]).expect("PING");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Both messages in the blocked process's socket before it reads:
+    // Redis has written out what the forced release published, and the
+    // subscriber's kernel has acknowledged it (once, in CI, the revocation
+    // came after the task had taken the grant, where the held lock's own
+    // check handles it; a PING and a 300 ms pause stood for this before).
+    wait_for_subscribers_to_have_everything(&server).await;
     let (lost, _) = waiter.take_grant().await;
     assert!(
         lost,
