@@ -624,7 +624,9 @@ async fn a_revocation_of_an_earlier_grant_does_not_mark_the_next_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_message_naming_another_process_is_ignored() {
     let server = server();
-    let bystander = client(&server).await;
+    // Grants reach the bystander by pub/sub only (its heartbeat runs once
+    // a minute): one it gets came on its channel, in publishing order.
+    let bystander = pubsub_only_client(&server.url()).await;
     let holder_client = client(&server).await;
     let mine = bystander.lock("bystander-own").await.expect("lock");
     let tag = fairlock_core::OwnerId::tag_of(mine.owner_id())
@@ -632,6 +634,11 @@ async fn a_grant_message_naming_another_process_is_ignored() {
         .to_owned();
     mine.release().await.expect("release");
     let holder = holder_client.lock("not-yours").await.expect("holder");
+    // A lock the bystander waits for: its grant, published after the
+    // foreign message on the same channel, shows that message was read.
+    let gate = holder_client.lock("after").await.expect("gate");
+    let follower = spawn_lock(&bystander, "after");
+    wait_for_queue_len(&holder_client, "after", 1).await;
     let lock_keys = keys("not-yours");
     let foreign = format!(
         "{} {} {}",
@@ -642,8 +649,13 @@ async fn a_grant_message_naming_another_process_is_ignored() {
     server
         .cmd_ok(&["PUBLISH", &format!("fairlock:notify:{tag}"), &foreign])
         .expect("PUBLISH");
-    // Read and acted on (or not) well within this.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The foreign message has been acted on (or not) once the grant sent
+    // after it is taken (before, a 300 ms sleep stood for this), and a
+    // release handed back for it would have been sent before the
+    // follower's own release.
+    gate.release().await.expect("release");
+    let followed = granted(follower, "the bystander's waiter").await;
+    followed.release().await.expect("release");
     assert!(
         bystander
             .try_lock("not-yours")
