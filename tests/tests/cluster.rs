@@ -219,16 +219,18 @@ async fn a_client_survives_an_ask_redirect_and_its_waiters_are_granted() {
 
     // The lock has no keys on the source: it answers ASK, which fred 10.1
     // does not follow. The call is sent again until the migration is done
-    // and then takes the free lock. (It normally runs in a few ms; the
-    // pause below only makes it meet the ASK before the migration ends.)
+    // and then takes the free lock. The migration ends only once the
+    // source has answered ASK (before, a 300 ms head start stood for this:
+    // a call that ran after the migration never met the ASK).
     let from = cluster
         .begin_slot_migration(slot, &to)
         .expect("begin migration");
+    let asked_before = answered(&cluster, &from, "ASK");
     let during = {
         let (client, name) = (clients[1].clone(), migrating.clone());
         tokio::spawn(async move { client.try_lock(&name).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_answered(&cluster, &from, "ASK", asked_before + 1).await;
     cluster
         .finish_slot_migration(slot, &from, &to)
         .expect("finish migration");
@@ -270,10 +272,44 @@ async fn a_lock_to_migrate() -> (RedisCluster, [LockClient; 2], String, u16, Str
     (cluster, clients, name, slot, to)
 }
 
-/// After 300 ms, moves the slot's keys and ends the migration (calls sent
-/// meanwhile met it).
-async fn finish_the_migration_soon(cluster: &RedisCluster, slot: u16, from: &str, to: &str) {
-    tokio::time::sleep(Duration::from_millis(300)).await;
+/// How many times the node at `addr` has answered with error `code`
+/// (`ASK`, `TRYAGAIN`), from its `INFO errorstats`.
+fn answered(cluster: &RedisCluster, addr: &str, code: &str) -> u64 {
+    let stats = cluster
+        .node(addr)
+        .expect("node")
+        .info("errorstats")
+        .expect("INFO errorstats");
+    stats
+        .get(&format!("errorstat_{code}"))
+        .and_then(|value| value.strip_prefix("count="))
+        .map_or(0, |count| count.parse().expect("a count"))
+}
+
+/// Waits (bounded) until the node at `addr` has answered `code` `count`
+/// times in all.
+async fn until_answered(cluster: &RedisCluster, addr: &str, code: &str, count: u64) {
+    within(&format!("{addr} to answer {code} {count} times"), async {
+        while answered(cluster, addr, code) < count {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+/// Once the source `from` has answered `TRYAGAIN` `count` times in all
+/// (the calls spawned before met the migration; bounded), moves the
+/// slot's keys and ends the migration. Before, a 300 ms head start stood
+/// for this: a call that ran after the migration never met it, and the
+/// test passed without its case.
+async fn finish_the_migration_once_met(
+    cluster: &RedisCluster,
+    slot: u16,
+    from: &str,
+    to: &str,
+    count: u64,
+) {
+    until_answered(cluster, from, "TRYAGAIN", count).await;
     cluster
         .move_slot_keys(slot, from, to)
         .expect("move the lock's keys");
@@ -302,8 +338,9 @@ async fn a_release_that_meets_a_slot_migration_frees_the_lock() {
     let from = cluster
         .begin_slot_migration(slot, &to)
         .expect("begin migration");
+    let before = answered(&cluster, &from, "TRYAGAIN");
     let release = tokio::spawn(holder.release());
-    finish_the_migration_soon(&cluster, slot, &from, &to).await;
+    finish_the_migration_once_met(&cluster, slot, &from, &to, before + 1).await;
     release
         .await
         .expect("task")
@@ -337,6 +374,7 @@ async fn calls_on_a_held_lock_are_sent_again_across_a_slot_migration() {
     let from = cluster
         .begin_slot_migration(slot, &to)
         .expect("begin migration");
+    let before = answered(&cluster, &from, "TRYAGAIN");
     let held = {
         let holder = Arc::clone(&holder);
         tokio::spawn(async move { holder.is_held().await })
@@ -345,7 +383,9 @@ async fn calls_on_a_held_lock_are_sent_again_across_a_slot_migration() {
         let (client, name) = (clients[1].clone(), name.clone());
         tokio::spawn(async move { client.try_lock(&name).await })
     };
-    finish_the_migration_soon(&cluster, slot, &from, &to).await;
+    // One TRYAGAIN per call (both are sent again every 50 ms: counts do
+    // not tell whose an answer was, but both were spawned together).
+    finish_the_migration_once_met(&cluster, slot, &from, &to, before + 2).await;
     let (held, other) = (held.await.expect("task"), other.await.expect("task"));
     assert!(
         matches!((&held, &other), (Ok(true), Ok(None))),
