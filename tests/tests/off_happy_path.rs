@@ -36,7 +36,10 @@ async fn a_handoff_grants_the_waiters_own_lease() {
     holder.release().await.expect("release");
     let guard = granted(waiter, "granted").await;
     let left = pttl(&server, keys("lease").owner());
-    assert!(left > 55_000, "handed-on lease is {left} ms, asked 60 s");
+    // Halfway between the 60 s asked and the 5 s grant lease this rules
+    // out: a loaded machine may take seconds from the grant to this read
+    // (the bound was 55 s, 5 s of slack).
+    assert!(left > 30_000, "handed-on lease is {left} ms, asked 60 s");
     guard.release().await.expect("release");
 }
 

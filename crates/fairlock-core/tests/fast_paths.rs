@@ -156,7 +156,10 @@ fn an_uncontended_cycle_takes_the_fast_paths() {
         Some(format!("{} {first}", owner(1, 30_000)))
     );
     let lease = pttl(&server, k.owner());
-    assert!(lease > 25_000 && lease <= 30_000, "own lease, {lease} ms");
+    // Above halfway between the owner's own 30 s and the 5 s waiter TTL,
+    // the lease this rules out: a loaded machine may take seconds from the
+    // grant to this read (the bound was 25 s, 5 s of slack).
+    assert!(lease > 15_000 && lease <= 30_000, "own lease, {lease} ms");
 
     reset();
     assert_eq!(release(&server, &k, &owner(1, 30_000)), Ok(released()));
