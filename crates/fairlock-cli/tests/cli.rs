@@ -732,15 +732,30 @@ async fn watch_ends_on_ctrl_c_during_a_stalled_call() {
         .expect("a first snapshot")
         .expect("read stdout");
     assert!(first.is_some(), "no snapshot");
-    // Every call stalls for 3 s; the watch's next snapshot is caught in it.
-    server.cmd_ok(&["CLIENT", "PAUSE", "3000", "ALL"]).unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Every call stalls (the snapshot's script, which Redis counts as a
+    // write, is held by a pause of writes; lifted by hand at the end), and
+    // the watch's next snapshot is caught in it: wait (bounded) until Redis
+    // holds a call. Before, a 500 ms sleep under a 3 s pause of all
+    // commands stood for this; a loaded machine could signal before the
+    // call was sent, or after the pause had ended, and the test passed
+    // without its case.
+    server
+        .cmd_ok(&["CLIENT", "PAUSE", "30000", "WRITE"])
+        .unwrap();
+    tokio::time::timeout(RUN_LIMIT, async {
+        while held_calls(&server) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the watch's next snapshot is held by the pause");
     let pid = child.id().expect("running") as libc::pid_t;
     // SAFETY: signals a child process this test started and still owns.
     unsafe {
         libc::kill(pid, libc::SIGINT);
     }
-    // Drain the rest of its output while waiting for it to exit.
+    // Drain the rest of its output while waiting for it to exit (its
+    // client's shutdown waits out the held call's 10 s timeout).
     let drain = tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     let status = tokio::time::timeout(RUN_LIMIT, child.wait())
         .await
@@ -748,6 +763,22 @@ async fn watch_ends_on_ctrl_c_during_a_stalled_call() {
         .expect("status");
     assert_eq!(status.code(), Some(0));
     let _ = drain.await;
+    server.cmd_ok(&["CLIENT", "UNPAUSE"]).unwrap();
+}
+
+/// How many connections of `server` have a command held by `CLIENT
+/// PAUSE` (postponed: flag `b` in `CLIENT LIST`).
+fn held_calls(server: &RedisServer) -> usize {
+    let list = server.cmd_ok(&["CLIENT", "LIST"]).unwrap();
+    list.as_str()
+        .expect("CLIENT LIST text")
+        .lines()
+        .filter(|line| {
+            line.split(' ')
+                .find_map(|field| field.strip_prefix("flags="))
+                .is_some_and(|flags| flags.contains('b'))
+        })
+        .count()
 }
 
 #[tokio::test(flavor = "multi_thread")]
