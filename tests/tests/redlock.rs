@@ -666,13 +666,7 @@ async fn a_late_primary_that_is_another_listed_server_does_not_vote() {
     urls.push(format!("redis://127.0.0.1:{port}"));
     let redlock = redlock_connect(redlock_config(urls)).await;
     assert_eq!(redlock.connected(), 2);
-    let asked_primary_1 = || {
-        let stats = servers.servers()[1].commandstats().expect("commandstats");
-        ["evalsha", "eval"]
-            .iter()
-            .map(|command| stats.get(*command).copied().unwrap_or(0))
-            .sum::<u64>()
-    };
+    let asked_primary_1 = || script_calls_on(&servers.servers()[1]);
     let asked_before = asked_primary_1();
 
     let (forwarder, accepted, ended) = forward(port, servers.servers()[0].port()).await;
@@ -724,6 +718,29 @@ async fn a_late_primary_that_is_another_listed_server_does_not_vote() {
         "the alias of primary 0 is not counted"
     );
     forwarder.abort();
+}
+
+/// Subscribers of `channel` on `server` (`PUBSUB NUMSUB`).
+fn numsub(server: &RedisServer, channel: &str) -> i64 {
+    server
+        .cmd(&["PUBSUB", "NUMSUB", channel])
+        .ok()
+        .and_then(|r| r.as_array().and_then(|a| a.get(1)).and_then(|n| n.as_int()))
+        .unwrap_or(0)
+}
+
+/// Script calls (`EVALSHA` and `EVAL`) `server` has run so far.
+fn script_calls_on(server: &RedisServer) -> u64 {
+    let stats = server.commandstats().expect("commandstats");
+    ["evalsha", "eval"]
+        .iter()
+        .map(|command| stats.get(*command).copied().unwrap_or(0))
+        .sum()
+}
+
+/// [`script_calls_on`] each primary.
+fn script_calls(servers: &IndependentPrimaries) -> Vec<u64> {
+    servers.servers().iter().map(script_calls_on).collect()
 }
 
 /// Connections each server has accepted so far.
@@ -838,15 +855,29 @@ async fn a_woken_waiters_jitter_ends_at_its_wait_timeout_and_at_close() {
             "wait timeout" => lease.wait_timeout(Duration::from_secs(2)),
             _ => lease,
         };
+        let before = script_calls(&servers);
         let waiter = {
             let waiters = waiters.clone();
             tokio::spawn(async move { waiters.lock_with("jitter", wait).await.map(|_| ()) })
         };
-        // Subscribed and waiting for the lease, 30 s away.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Subscribed and waiting for the lease, 30 s away: subscribed on
+        // every primary, and past the attempt that follows the subscribing
+        // (two attempts on each primary). Before, a 500 ms sleep stood for
+        // this; a waiter slower than that took the lock once released.
+        let deadline = Instant::now() + HANG;
+        while !servers.servers().iter().zip(&before).all(|(s, &calls)| {
+            numsub(s, "fairlock:redlock:{jitter}:released") == 1 && script_calls_on(s) >= calls + 2
+        }) {
+            assert!(Instant::now() < deadline, "the waiter never waited");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         held.release().await.expect("release");
         if ends == "close" {
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // The release notice is in the waiter's process (before, a
+            // 200 ms sleep): it is woken and sits out its jitter.
+            for server in servers.servers() {
+                fairlock_tests::wait_for_subscribers_to_have_everything(server).await;
+            }
             waiters.close().await;
         }
         let ended = tokio::time::timeout(HANG, waiter)
