@@ -27,7 +27,7 @@ use clap::Parser as _;
 
 use crate::args::{Cli, Command};
 use crate::connect::lock_client;
-use crate::exit::{Failure, OK};
+use crate::exit::{Failure, INTERRUPTED, OK, TERMINATED};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
@@ -45,6 +45,8 @@ async fn main() -> ExitCode {
 async fn execute(cli: Cli) -> Result<u8, Failure> {
     let global = &cli.global;
     let client = lock_client(global).await?;
+    // Set when Ctrl-C ended a watch (a success, but a call may be in flight).
+    let mut watch_interrupted = false;
     let outcome = match &cli.command {
         Command::Inspect { name, limit } => {
             inspect::inspect(&client, name.as_bytes(), *limit, global.json)
@@ -85,7 +87,7 @@ async fn execute(cli: Cli) -> Result<u8, Failure> {
             interval,
             limit,
             count,
-        } => watch::watch(
+        } => match watch::watch(
             &client,
             name.as_bytes(),
             *interval,
@@ -94,8 +96,26 @@ async fn execute(cli: Cli) -> Result<u8, Failure> {
             global.json,
         )
         .await
-        .map(|()| OK),
+        {
+            Ok(stopped) => {
+                watch_interrupted = stopped;
+                Ok(OK)
+            }
+            Err(failure) => Err(failure),
+        },
     };
-    client.shutdown().await;
+    let interrupted = watch_interrupted
+        || matches!(&outcome, Err(failure) if failure.code == INTERRUPTED || failure.code == TERMINATED);
+    if interrupted {
+        // A call may still be held by a stalled server, and the shutdown
+        // would wait out its timeout: the user asked to stop now. What is
+        // left (a cancel, the connections) ends with the process.
+        let _ = tokio::time::timeout(INTERRUPTED_SHUTDOWN, client.shutdown()).await;
+    } else {
+        client.shutdown().await;
+    }
     outcome
 }
+
+/// How long the client's shutdown may take after Ctrl-C or SIGTERM.
+const INTERRUPTED_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(1);

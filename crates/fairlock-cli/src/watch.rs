@@ -17,7 +17,8 @@ use crate::snapshot::LockView;
 /// Clears the terminal and moves the cursor home.
 const CLEAR: &str = "\x1b[2J\x1b[H";
 
-/// Redraws the snapshot of `name` every `interval`.
+/// Redraws the snapshot of `name` every `interval`. `true` if Ctrl-C
+/// ended it (perhaps with a call still in flight).
 pub async fn watch(
     client: &LockClient,
     name: &[u8],
@@ -25,7 +26,7 @@ pub async fn watch(
     limit: u64,
     count: Option<u64>,
     json: bool,
-) -> Result<(), Failure> {
+) -> Result<bool, Failure> {
     // Redraw in place only on a terminal; in a pipe or a file, snapshots
     // follow each other, separated by a blank line.
     let redraw = !json && std::io::stdout().is_terminal();
@@ -39,11 +40,11 @@ pub async fn watch(
     while count.is_none_or(|count| shown < count) {
         tokio::select! {
             _ = ticker.tick() => {}
-            _ = &mut interrupted => break,
+            _ = &mut interrupted => return Ok(true),
         }
         let snapshot = tokio::select! {
             snapshot = client.inspect_queue(name, limit) => snapshot?,
-            _ = &mut interrupted => break,
+            _ = &mut interrupted => return Ok(true),
         };
         let view = LockView::new(name, snapshot);
         emit(json, &view, || {
@@ -59,5 +60,5 @@ pub async fn watch(
         })?;
         shown += 1;
     }
-    Ok(())
+    Ok(false)
 }

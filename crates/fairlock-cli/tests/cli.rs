@@ -705,7 +705,9 @@ async fn racing_processes_never_interleave_and_all_exit_0() {
 /// Ctrl-C while a snapshot's call is in flight (a stalled server) ends
 /// `fairlock watch` too, with exit 0. It was lost before: the signal was
 /// only listened for between snapshots, so the watch went on after the
-/// stall and a second Ctrl-C was needed.
+/// stall and a second Ctrl-C was needed. And it ends at once: the
+/// client's shutdown after Ctrl-C is bounded (1 s); it used to wait out
+/// the held call's timeout, here 10 minutes, far past the hang guard.
 #[tokio::test(flavor = "multi_thread")]
 async fn watch_ends_on_ctrl_c_during_a_stalled_call() {
     use tokio::io::AsyncBufReadExt;
@@ -718,7 +720,7 @@ async fn watch_ends_on_ctrl_c_during_a_stalled_call() {
             "50ms",
             "--json",
             "--timeout",
-            "10s",
+            "600s",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -754,8 +756,9 @@ async fn watch_ends_on_ctrl_c_during_a_stalled_call() {
     unsafe {
         libc::kill(pid, libc::SIGINT);
     }
-    // Drain the rest of its output while waiting for it to exit (its
-    // client's shutdown waits out the held call's 10 s timeout).
+    // Drain the rest of its output while waiting for it to exit (the
+    // pause lasts 30 s, the held call's timeout 10 minutes: only the
+    // bounded shutdown ends it within the hang guard).
     let drain = tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     let status = tokio::time::timeout(RUN_LIMIT, child.wait())
         .await
