@@ -135,9 +135,11 @@ async fn waiters_re_register_with_the_new_primary_and_are_granted() {
 }
 
 /// The same with the default configuration: no acknowledgement, so the
-/// acquires and releases go on the script sockets, which must follow the
-/// fail-over too (the replicas are in sync before it, so the promoted one
-/// has the holder's grant).
+/// acquires and releases go on the script sockets (the replicas are in
+/// sync before the fail-over, so the promoted one has the holder's grant).
+/// It checks the order, not where the calls went: a socket left on the
+/// demoted primary hands its calls to fred on `READONLY`; that the
+/// sockets move is `script_socket/sentinel_tests.rs`'s to show.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_on_the_script_sockets_keep_ticket_order_across_a_failover() {
     waiters_keep_ticket_order_across_a_failover(None).await;

@@ -40,6 +40,11 @@ impl RedisConnection {
         let Some(stalled) = &self.stalled_primary else {
             return;
         };
+        // A client being closed is not connected again: a call timing out
+        // while `quit` runs would otherwise reopen what it closes.
+        if self.closing.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         {
             let mut last = stalled.last.lock().unwrap_or_else(|p| p.into_inner());
             if last.is_some_and(|at| at.elapsed() < self.command_timeout) {
