@@ -812,49 +812,80 @@ async fn a_release_dropped_midway_still_releases() {
     assert!(again.is_some(), "the lock is free");
 }
 
-/// A release the client sends again after a reconnect (with replica
-/// acknowledgement on: the first send was answered released, but its
-/// connection was replaced before the `WAIT` answered) may come after the
-/// next holder has released too, which replaced the record of the first
-/// release. Sent as a plain release it is refused (NotOwner: "your lease
-/// ran out"), though it ran; sent as what it is, a release sent again, it
-/// is answered released, writes (so the `WAIT` after it covers this
-/// server's state) and changes nobody's grant. The Sentinel test
+/// A release sent again after its first send ran (its reply lost with its
+/// connection: fred resends it after the reconnect, and so does the
+/// client when its script socket failed before the reply) may come after
+/// the waiters that first send woke have released too. The lock remembers
+/// its last 8 releases: sent again after 7 later ones, the release is
+/// recognised, answered released, and changes no key's value. Before
+/// (2026-11-29), the lock remembered its last release only and such a
+/// resend was refused (`NotOwner`: "your lease ran out") though it ran;
+/// the cluster test `waiters_are_granted_in_order_across_a_primary_crash`
+/// met that in CI, its holder's release sent again across the fail-over.
+/// After an 8th later release a plain resend is refused (the stated
+/// limit), while the client's own resend of a release already answered
+/// released (with replica acknowledgement on: its connection was replaced
+/// before the `WAIT` answered) is sent as what it is and answered released,
+/// writing (so the `WAIT` after it covers this server's state) and changing
+/// nobody's grant; the Sentinel test
 /// `waiters_re_register_with_the_new_primary_and_are_granted` met the
-/// plain refusal about once in 18 runs.
+/// plain refusal about once in 18 runs before that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_sent_again_after_the_next_holder_released_is_answered_released() {
+async fn a_release_sent_again_after_later_holders_released_is_answered_released() {
     let server = server();
     let timings = Timings::default();
     let name = "again";
+    // AA, then nine waiters of other processes, each with a 40 s lease.
     const AA: &str = "aa000000000000000000000000000000.00000000000000a1.30000";
-    const BB: &str = "bb000000000000000000000000000000.00000000000000b2.40000";
-    const CC: &str = "cc000000000000000000000000000000.00000000000000c3.40000";
+    let waiters: Vec<String> = (1..=9u32)
+        .map(|i| format!("{i:032x}.{:016x}.40000", 0xb0 + i))
+        .collect();
     raw(&server, name, &waiting_acquire(AA, &timings));
-    raw(&server, name, &waiting_acquire(BB, &timings));
-    raw(&server, name, &waiting_acquire(CC, &timings));
-    let release = |owner_id| Release {
-        owner_id,
-        timings: &timings,
-        channel_prefix: "test:nobody:",
-        reply_to: "",
-    };
-    // AA hands the lock to BB, BB to CC: the record of a release now
-    // names BB.
-    for (owner_id, next) in [(AA, BB), (BB, CC)] {
-        match raw(&server, name, &release(owner_id)) {
+    for waiter in &waiters {
+        raw(&server, name, &waiting_acquire(waiter, &timings));
+    }
+    fn release<'a>(owner_id: &'a str, timings: &'a Timings) -> Release<'a> {
+        Release {
+            owner_id,
+            timings,
+            channel_prefix: "test:nobody:",
+            reply_to: "",
+        }
+    }
+    let hand_on =
+        |owner_id: &str, next: &str| match raw(&server, name, &release(owner_id, &timings)) {
             ReleaseReply::Released {
                 handed_to: Some(handoff),
                 ..
             } => assert_eq!(handoff.owner_id, next),
             other => panic!("{owner_id} hands on to {next}: {other:?}"),
-        }
+        };
+    // AA hands the lock on, and seven later holders release after it.
+    hand_on(AA, &waiters[0]);
+    for pair in waiters[..8].windows(2) {
+        hand_on(&pair[0], &pair[1]);
     }
+    let released = ReleaseReply::Released {
+        handed_to: None,
+        purged: Default::default(),
+    };
+    let owner = owner_in_redis(&server, name);
+    let before = dump(&server);
+    assert_eq!(
+        raw(&server, name, &release(AA, &timings)),
+        released,
+        "AA's release, sent again after 7 later releases, is recognised"
+    );
+    assert_eq!(dump(&server), before, "and changes no key's value");
+    assert_eq!(owner_in_redis(&server, name), owner, "the 8th waiter holds");
+
+    // An 8th later release: AA's is no longer remembered.
+    hand_on(&waiters[7], &waiters[8]);
     let owner = owner_in_redis(&server, name);
     assert_eq!(
-        raw(&server, name, &release(AA)),
+        raw(&server, name, &release(AA, &timings)),
         ReleaseReply::NotOwner,
-        "a plain release of AA is refused: it does not own the lock"
+        "a plain release of AA is refused after 8 later releases"
     );
     // Redis's count of writes (what replication would carry).
     let offset = |server: &fairlock_testkit::RedisServer| {
@@ -866,16 +897,13 @@ async fn a_release_sent_again_after_the_next_holder_released_is_answered_release
     };
     let before = (dump(&server), offset(&server));
     assert_eq!(
-        raw(&server, name, &ReleaseAgain(release(AA))),
-        ReleaseReply::Released {
-            handed_to: None,
-            purged: Default::default()
-        },
-        "sent again, AA's release is recognised"
+        raw(&server, name, &ReleaseAgain(release(AA, &timings))),
+        released,
+        "sent again as a release already answered, AA's release is recognised"
     );
     let after = (dump(&server), offset(&server));
     assert_eq!(after.0, before.0, "and changes no key's value");
-    assert_eq!(owner_in_redis(&server, name), owner, "CC still holds");
+    assert_eq!(owner_in_redis(&server, name), owner, "the 9th waiter holds");
     assert_ne!(after.1, before.1, "but writes, for a WAIT to cover");
 }
 

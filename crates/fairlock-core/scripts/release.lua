@@ -34,26 +34,28 @@
 --                            the oldest live waiter is made the owner and
 --                            woken by message, as a heartbeat would
 --
--- Cost: 4 commands with nobody waiting (GET, ZRANGE, DEL, SET freed); 9
--- for a handoff to a live head in another process (GET, ZRANGE, TIME,
--- ZSCORE alive, SET seq, ZREM, SET owner, PUBLISH, SET freed), 8 in the
--- caller's. Both are answered by fast_paths/release.lua, which runs first;
+-- Cost: 5 commands with nobody waiting (GET, ZRANGE, DEL, GET and SET
+-- freed); 10 for a handoff to a live head in another process (GET,
+-- ZRANGE, TIME, ZSCORE alive, SET seq, ZREM, SET owner, PUBLISH, GET and
+-- SET freed), 9 in the caller's. Both are answered by fast_paths/release.lua, which runs first;
 -- this script answers the rest (a dead or malformed head, a caller that
 -- is not the owner, a resend).
 -- Owner-only: anyone but the owner changes nothing but what a heartbeat
 -- would (a free lock goes to its oldest live waiter). Idempotent: a resent
--- release by the owner id that freed the lock last answers {1, 0, 0, "", 0, 0}
--- and changes nothing but the TTL of the record of that release.
+-- release by an owner id among the lock's last 8 releases
+-- (includes/releases.lua) answers {1, 0, 0, "", 0, 0} and changes nothing
+-- but the TTL of the record of those releases.
 
 -- `owner_id`, `value` (the owner key's value) and `first` (the queue's
 -- oldest entry, if the caller owns the lock) are read by the fast path.
 local holder = parse_owner(value)
 if holder ~= owner_id then
-  if redis.call('GET', KEYS[5]) == owner_id then
+  local resent, kept = released_lately(KEYS[5], owner_id)
+  if resent then
     -- A resend. The record is written again (same value, a fresh TTL),
     -- so that a WAIT on the resending connection, which may be a new one
     -- after a reconnect, covers the release it stands for.
-    redis.call('SET', KEYS[5], owner_id, 'PX', ARGV[2])
+    redis.call('SET', KEYS[5], kept, 'PX', ARGV[2])
     return {1, 0, 0, '', 0, 0}
   end
   if ARGV[6] == 'again' then
@@ -62,7 +64,7 @@ if holder ~= owner_id then
     -- (the counter, renewed at every grant, gets its idle TTL again), so
     -- that a WAIT after this covers the state this server is in.
     if redis.call('PEXPIRE', KEYS[4], ARGV[2]) == 0 then
-      redis.call('SET', KEYS[5], owner_id, 'PX', ARGV[2])
+      record_release(KEYS[5], owner_id, ARGV[2])
     end
     return {1, 0, 0, '', 0, 0}
   end

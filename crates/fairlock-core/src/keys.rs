@@ -255,7 +255,7 @@ impl Default for KeyPrefix {
 /// | `<prefix>{<name>}:queue` | zset | waiter owner id → ticket |
 /// | `<prefix>{<name>}:alive` | zset | client tag → heartbeat deadline of that process (server ms) |
 /// | `<prefix>{<name>}:seq` | string | the last token or ticket issued; expires when idle |
-/// | `<prefix>{<name>}:freed` | string | the owner id of the last release; expires when idle |
+/// | `<prefix>{<name>}:freed` | string | the owner ids of the last 8 releases, newest first, space-separated; expires when idle |
 ///
 /// The name inside the braces is escaped (`%` → `%25`, `}` → `%7D`, and
 /// each byte that is not part of valid UTF-8 → `%XX`), so every name,
@@ -332,7 +332,7 @@ impl LockKeys {
         &self.keys[3]
     }
 
-    /// The owner id of the last release.
+    /// The owner ids of the last 8 releases, newest first.
     pub fn freed(&self) -> &str {
         &self.keys[4]
     }

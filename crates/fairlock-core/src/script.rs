@@ -67,11 +67,13 @@ impl Script {
 /// the order given: the includes its body uses first, then the body. Lock
 /// and permit scripts start with `includes/key_family.lua` (each refuses
 /// the other family's keys first) and `includes/publish.lua` (the one way
-/// they send a message), then `includes/common.lua`; acquire and
-/// release put their fast path (`fast_paths/draw.lua`, then
+/// they send a message), then `includes/releases.lua` (a lock's record of
+/// its last releases, which `common.lua` writes) and `includes/common.lua`;
+/// acquire and release put their fast path (`fast_paths/draw.lua`, then
 /// `fast_paths/<name>.lua`) before `common.lua`, so that it answers the
 /// common cases before the shared helpers are defined (Redis defines them
-/// again on every call).
+/// again on every call); release's writes the record, so `releases.lua`
+/// comes before it.
 macro_rules! assembled {
     ($name:literal: $first:literal $(, $rest:literal)*) => {
         Script::new(
@@ -86,25 +88,25 @@ macro_rules! assembled {
 pub(crate) use assembled;
 
 /// `acquire.lua`: take a free lock or join the queue.
-pub static ACQUIRE: Script = assembled!("acquire": "includes/key_family.lua", "includes/publish.lua", "fast_paths/draw.lua", "fast_paths/acquire.lua", "includes/common.lua", "acquire.lua");
+pub static ACQUIRE: Script = assembled!("acquire": "includes/key_family.lua", "includes/publish.lua", "fast_paths/draw.lua", "fast_paths/acquire.lua", "includes/releases.lua", "includes/common.lua", "acquire.lua");
 /// `release.lua`: free the lock and hand it to the next live waiter.
-pub static RELEASE: Script = assembled!("release": "includes/key_family.lua", "includes/publish.lua", "fast_paths/draw.lua", "fast_paths/release.lua", "includes/common.lua", "release.lua");
+pub static RELEASE: Script = assembled!("release": "includes/key_family.lua", "includes/publish.lua", "fast_paths/draw.lua", "includes/releases.lua", "fast_paths/release.lua", "includes/common.lua", "release.lua");
 /// `renew.lua`: set the owner's lease.
-pub static RENEW: Script = assembled!("renew": "includes/key_family.lua", "includes/publish.lua", "includes/common.lua", "renew.lua");
+pub static RENEW: Script = assembled!("renew": "includes/key_family.lua", "includes/publish.lua", "includes/releases.lua", "includes/common.lua", "renew.lua");
 /// `heartbeat.lua`: keep one process's waiters alive on a batch of locks.
-pub static HEARTBEAT: Script = assembled!("heartbeat": "includes/key_family.lua", "includes/publish.lua", "includes/common.lua", "heartbeat.lua");
+pub static HEARTBEAT: Script = assembled!("heartbeat": "includes/key_family.lua", "includes/publish.lua", "includes/releases.lua", "includes/common.lua", "heartbeat.lua");
 /// `cancel.lua`: leave the queue, passing on a grant that raced the cancel.
-pub static CANCEL: Script = assembled!("cancel": "includes/key_family.lua", "includes/publish.lua", "includes/common.lua", "cancel.lua");
+pub static CANCEL: Script = assembled!("cancel": "includes/key_family.lua", "includes/publish.lua", "includes/releases.lua", "includes/common.lua", "cancel.lua");
 /// `force_release.lua`: admin release, whoever holds the lock.
-pub static FORCE_RELEASE: Script = assembled!("force_release": "includes/key_family.lua", "includes/publish.lua", "includes/common.lua", "force_release.lua");
+pub static FORCE_RELEASE: Script = assembled!("force_release": "includes/key_family.lua", "includes/publish.lua", "includes/releases.lua", "includes/common.lua", "force_release.lua");
 /// `inspect.lua`: read-only snapshot of a lock.
-pub static INSPECT: Script = assembled!("inspect": "includes/key_family.lua", "includes/publish.lua", "includes/common.lua", "inspect.lua");
+pub static INSPECT: Script = assembled!("inspect": "includes/key_family.lua", "includes/publish.lua", "includes/releases.lua", "includes/common.lua", "inspect.lua");
 
 /// A permit script: key_family.lua, publish.lua, common.lua, then
 /// includes/permits.lua, then its body.
 macro_rules! permit_script {
     ($name:literal, $body:literal) => {
-        assembled!($name: "includes/key_family.lua", "includes/publish.lua", "includes/common.lua", "includes/permits.lua", $body)
+        assembled!($name: "includes/key_family.lua", "includes/publish.lua", "includes/releases.lua", "includes/common.lua", "includes/permits.lua", $body)
     };
 }
 

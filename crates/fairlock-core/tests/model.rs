@@ -60,6 +60,8 @@ const RENEW_LEASE_MS: u64 = 33_000;
 /// How far below the lease just set a PTTL read right after may be.
 const PTTL_SLACK_MS: i64 = 2_000;
 const CHANNEL_PREFIX: &str = "model:notify:";
+/// How many releases a lock remembers (includes/releases.lua).
+const RELEASES_KEPT: usize = 8;
 /// The scan bounds of `pop_live_head` in `includes/common.lua`.
 const SCAN_WINDOW: usize = 64;
 const SCAN_ROUNDS: usize = 2;
@@ -364,7 +366,9 @@ struct State {
     /// Client tag → whether its deadline is still ahead, by tag.
     alive: BTreeMap<String, bool>,
     seq: Option<u64>,
-    freed: Option<String>,
+    /// The owner ids of the last releases, newest first (at most
+    /// [`RELEASES_KEPT`]; includes/releases.lua).
+    freed: Vec<String>,
     /// The owner value of the second lock, which only renewals touch.
     other_owner: Option<String>,
 }
@@ -504,7 +508,8 @@ impl Model {
         if next.0.is_none() {
             self.state.owner = None;
         }
-        self.state.freed = Some(owner_id.to_owned());
+        self.state.freed.insert(0, owner_id.to_owned());
+        self.state.freed.truncate(RELEASES_KEPT);
         next
     }
 
@@ -606,7 +611,7 @@ impl Model {
 
     fn release(&mut self, owner_id: &str) -> Reply {
         if self.holder() != Some(owner_id) {
-            if self.state.freed.as_deref() == Some(owner_id) {
+            if self.state.freed.iter().any(|freed| freed == owner_id) {
                 // A resend: answered as released, nothing changes.
                 return Reply::Array(vec![int(1), int(0), int(0), text(""), int(0), int(0)]);
             }
@@ -840,7 +845,7 @@ fn observe(server: &RedisServer, keys: &LockKeys, other: &LockKeys) -> Observed 
             queue,
             alive,
             seq: (!seq.is_empty()).then(|| seq.parse().unwrap()),
-            freed: (!freed.is_empty()).then_some(freed),
+            freed: freed.split_whitespace().map(str::to_owned).collect(),
             other_owner: (!other_owner.is_empty()).then_some(other_owner),
         },
         pttl,
@@ -1121,7 +1126,7 @@ impl<'a> Case<'a> {
                         self.keys.seq()
                     }
                     Key::Freed => {
-                        state.freed = None;
+                        state.freed.clear();
                         self.keys.freed()
                     }
                 };

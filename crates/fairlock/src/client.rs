@@ -237,9 +237,10 @@ impl LockClient {
     /// Releases lock `name` on behalf of the holder `owner_id` (a
     /// [`LockGuard::owner_id`], e.g. passed from another process).
     /// Refused with [`Error::NotOwner`], changing nothing, unless that
-    /// holder has the lock, or released it last (a release is idempotent:
-    /// the lock remembers its last release for its idle TTL, 10 minutes by
-    /// default, and answers a second one released, changing nothing).
+    /// holder has the lock, or is among its last 8 releases (a release is
+    /// idempotent: the lock remembers its last 8 releases for its idle TTL,
+    /// 10 minutes by default, and answers a second one released, changing
+    /// nothing).
     pub async fn release_by_owner_id(&self, name: impl AsRef<[u8]>, owner_id: &str) -> Result<()> {
         let name = LockName::new(name)?;
         check_owner_id(owner_id)?;

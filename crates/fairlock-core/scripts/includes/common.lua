@@ -6,8 +6,8 @@
 --   KEYS[2] queue  zset   owner id -> ticket (FIFO order)
 --   KEYS[3] alive  zset   client tag -> heartbeat deadline, ms of server time
 --   KEYS[4] seq    string the last token or ticket issued (one counter for both)
---   KEYS[5] freed  string the owner id of the last release, so a resent
---                         release is recognised
+--   KEYS[5] freed  string the owner ids of the last 8 releases, so a
+--                         resent release is recognised (includes/releases.lua)
 -- Every key expires: owner with the lease, queue and alive with the queue
 -- TTL that heartbeats refresh, seq and freed with the idle TTL. An idle
 -- lock leaves nothing behind.
@@ -341,13 +341,14 @@ local function grant_next(idle_ms, channel_prefix, unheard_ms, reply_to, known_f
 end
 
 -- Free the lock held by `owner_id` (its owner) and hand it on. `freed`
--- remembers the releaser, so a resent release is answered the same way.
+-- records the releaser (includes/releases.lua, included before this
+-- file), so a resent release is answered the same way.
 local function release_and_hand_on(owner_id, idle_ms, channel_prefix, unheard_ms, reply_to, known_first)
   local next_owner, token, dropped, more, unheard =
     grant_next(idle_ms, channel_prefix, unheard_ms, reply_to, known_first)
   if not next_owner then
     redis.call('DEL', K[1])
   end
-  redis.call('SET', K[5], owner_id, 'PX', idle_ms)
+  record_release(K[5], owner_id, idle_ms)
   return next_owner, token, dropped, more, unheard
 end
