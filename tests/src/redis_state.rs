@@ -51,6 +51,17 @@ pub fn calls(server: &RedisServer, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// How many times `server` has answered with error `code` (`WRONGTYPE`,
+/// `ASK`, ...), from its `INFO errorstats`.
+pub fn errors_answered(server: &RedisServer, code: &str) -> u64 {
+    server
+        .info("errorstats")
+        .expect("INFO errorstats")
+        .get(&format!("errorstat_{code}"))
+        .and_then(|value| value.strip_prefix("count="))
+        .map_or(0, |count| count.parse().expect("a count"))
+}
+
 /// Script calls (`EVALSHA`) the server ran during a window of about
 /// `window`, and how many 100 ms intervals (the fast config's heartbeat)
 /// the window really lasted: a loaded machine sleeps longer, so a bound

@@ -11,8 +11,8 @@ use fairlock_core::{Acquire, AcquireMode, AcquireReply, Timings};
 use fairlock_examples::seckill::{swarm, SwarmConfig, Variant};
 use fairlock_testkit::RedisCluster;
 use fairlock_tests::{
-    assert_swarm_passed, cluster_client, cluster_client_at, hand_over, lock_names_on_every_primary,
-    lock_slot, pubsub_only_client, raw, wait_for_queue_len, within,
+    assert_swarm_passed, cluster_client, cluster_client_at, errors_answered, hand_over,
+    lock_names_on_every_primary, lock_slot, pubsub_only_client, raw, wait_for_queue_len, within,
 };
 
 /// Hang guard.
@@ -273,17 +273,9 @@ async fn a_lock_to_migrate() -> (RedisCluster, [LockClient; 2], String, u16, Str
 }
 
 /// How many times the node at `addr` has answered with error `code`
-/// (`ASK`, `TRYAGAIN`), from its `INFO errorstats`.
+/// (`ASK`, `TRYAGAIN`).
 fn answered(cluster: &RedisCluster, addr: &str, code: &str) -> u64 {
-    let stats = cluster
-        .node(addr)
-        .expect("node")
-        .info("errorstats")
-        .expect("INFO errorstats");
-    stats
-        .get(&format!("errorstat_{code}"))
-        .and_then(|value| value.strip_prefix("count="))
-        .map_or(0, |count| count.parse().expect("a count"))
+    errors_answered(cluster.node(addr).expect("node"), code)
 }
 
 /// Waits (bounded) until the node at `addr` has answered `code` `count`
@@ -732,7 +724,10 @@ async fn assert_keeps_its_minute(
         .expect("PTTL")
         .as_int()
         .expect("int");
-    assert!(left > 45_000, "the grant's lease is {left} ms, asked 60 s");
+    // Above halfway between the 60 s asked and the releasing client's 1 s
+    // waiter TTL, the lease this rules out: a loaded machine may take
+    // seconds from the grant to this read.
+    assert!(left > 32_500, "the grant's lease is {left} ms, asked 60 s");
     granted.release().await.expect("release");
 }
 

@@ -1022,8 +1022,14 @@ async fn a_wrong_type_refusal_leaves_no_retries_behind() {
     plant(&server, &role_key("retry", "queue"), "string");
     let refused = bounded("lock", client.lock("retry")).await;
     assert!(matches!(refused, Err(Error::WrongType(_))), "{refused:?}");
-    // Let the cancel the refused acquire left run, then count.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Once the cancel the refused acquire left has run, refused the same
+    // way (a second WRONGTYPE; a 300 ms sleep stood here), count.
+    within("the acquire's cancel to be refused", async {
+        while errors_answered(&server, "WRONGTYPE") < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
     let before = calls(&server, "evalsha");
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     let during = calls(&server, "evalsha") - before;

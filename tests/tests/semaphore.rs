@@ -428,8 +428,11 @@ async fn an_unheard_permit_woken_in_process_keeps_the_waiters_own_lease() {
         .expect("a holder's deadline") as i64
         - server_ms(&server);
     drop(cut_off);
+    // Above halfway between the 60 s asked and the waiter TTL this rules
+    // out (5 s at most here): a loaded machine may take seconds from the
+    // grant to this read.
     assert!(
-        left > 55_000,
+        left > 32_500,
         "the unheard permit's lease is {left} ms, asked 60 s"
     );
     permit.release().await.expect("release");

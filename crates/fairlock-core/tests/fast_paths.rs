@@ -528,8 +528,10 @@ fn a_join_and_a_handoff_are_answered_by_the_fast_paths_alone() {
         Some(format!("{first} {next_token}"))
     );
     let lease = pttl(&server, k.owner());
+    // Halfway between the waiter's own 45 s and the holder's 30 s, the
+    // lease this rules out.
     assert!(
-        lease > 40_000 && lease <= 45_000,
+        lease > 37_500 && lease <= 45_000,
         "the waiter's own lease: {lease} ms"
     );
     assert_eq!(get(&server, k.freed()), Some(holder.clone()));
