@@ -905,6 +905,24 @@ async fn a_release_sent_again_after_later_holders_released_is_answered_released(
     assert_eq!(after.0, before.0, "and changes no key's value");
     assert_eq!(owner_in_redis(&server, name), owner, "the 9th waiter holds");
     assert_ne!(after.1, before.1, "but writes, for a WAIT to cover");
+
+    // With the counter gone (its write to cover is missing), the release
+    // sent again is recorded as the newest, the oldest record pushed out:
+    // the record stays the last 8.
+    server.cmd(&["DEL", keys(name).seq()]).expect("DEL seq");
+    assert_eq!(
+        raw(&server, name, &ReleaseAgain(release(AA, &timings))),
+        released
+    );
+    let mut record = vec![AA.to_owned()];
+    record.extend(waiters[1..8].iter().rev().cloned());
+    let freed = server.cmd(&["GET", keys(name).freed()]).expect("GET freed");
+    assert_eq!(freed.as_str(), Some(record.join(" ").as_str()));
+    assert_eq!(
+        raw(&server, name, &release(AA, &timings)),
+        released,
+        "recorded again, a plain resend of AA is recognised"
+    );
 }
 
 /// A `LockOwner` keeps its client working, as a `Lock` handle does: with

@@ -83,6 +83,49 @@ fn an_owner_id_over_128_bytes_is_refused_before_any_write() {
     }
 }
 
+/// A release sent again as one already answered (`ReleaseAgain`) with an
+/// owner id no lock could ever have had (empty, with a space, over 128
+/// bytes: a program on `fairlock-core` could send one; the client never
+/// does) records nothing when the counter it would renew is missing: such
+/// an id would have split or emptied the lock's record of its last
+/// releases (found by a review of that record on 2026-11-29).
+#[test]
+fn a_release_sent_again_records_no_malformed_owner_id() {
+    let server = RedisServer::start().expect("redis-server");
+    load_scripts(&server);
+    let timings = Timings::default();
+    let k = keys("record");
+    let holder = OwnerId::new(&"cd".repeat(16), "00000000000000aa", 30_000);
+    acquire(&server, &k, holder.as_str()).expect("held");
+    let release = |owner_id: &str, again: bool| {
+        let call = Release {
+            owner_id,
+            timings: &timings,
+            channel_prefix: CHANNEL_PREFIX,
+            reply_to: "",
+        };
+        let args = match again {
+            true => fairlock_core::ReleaseAgain(call).args(),
+            false => call.args(),
+        };
+        run_script(&server, Release::SCRIPT, &key_list(&k), &args)
+    };
+    release(holder.as_str(), false).expect("released");
+    let long = "ab".repeat(70);
+    for bad in ["", "a b", long.as_str()] {
+        server.cmd(&["DEL", k.seq()]).expect("DEL seq");
+        let before = dump(&server, &[k.freed()]);
+        release(bad, true).expect("answered released");
+        assert_eq!(
+            dump(&server, &[k.freed()]),
+            before,
+            "{bad:?} left the record as it was"
+        );
+    }
+    let freed = server.cmd(&["GET", k.freed()]).expect("GET freed");
+    assert_eq!(freed.as_str(), Some(holder.as_str()));
+}
+
 fn fenced(server: &RedisServer, fence: &str, target: &str, token: u64, value: &[u8]) -> Resp {
     let call = FencedWrite {
         token,

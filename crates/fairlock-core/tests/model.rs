@@ -390,6 +390,9 @@ struct Model {
     notes: Vec<(String, String)>,
     /// Numbers drawn in the current step.
     draws: u64,
+    /// Whether the current step was a resent release recognised behind a
+    /// later release in the record.
+    resend_behind_a_later_release: bool,
 }
 
 fn int(n: u64) -> Reply {
@@ -611,7 +614,8 @@ impl Model {
 
     fn release(&mut self, owner_id: &str) -> Reply {
         if self.holder() != Some(owner_id) {
-            if self.state.freed.iter().any(|freed| freed == owner_id) {
+            if let Some(place) = self.state.freed.iter().position(|freed| freed == owner_id) {
+                self.resend_behind_a_later_release = place > 0;
                 // A resend: answered as released, nothing changes.
                 return Reply::Array(vec![int(1), int(0), int(0), text(""), int(0), int(0)]);
             }
@@ -845,7 +849,12 @@ fn observe(server: &RedisServer, keys: &LockKeys, other: &LockKeys) -> Observed 
             queue,
             alive,
             seq: (!seq.is_empty()).then(|| seq.parse().unwrap()),
-            freed: freed.split_whitespace().map(str::to_owned).collect(),
+            // Split on single spaces, as the scripts join: a doubled,
+            // leading or trailing space would show as an empty entry.
+            freed: match freed.is_empty() {
+                true => Vec::new(),
+                false => freed.split(' ').map(str::to_owned).collect(),
+            },
             other_owner: (!other_owner.is_empty()).then_some(other_owner),
         },
         pttl,
@@ -968,6 +977,8 @@ struct Coverage {
     draws_after_seq_loss: AtomicU64,
     /// A batch renewed the second lock.
     batches_over_two_locks: AtomicU64,
+    /// A resent release recognised with later releases recorded after it.
+    resends_behind_a_later_release: AtomicU64,
 }
 
 impl Coverage {
@@ -1050,6 +1061,7 @@ impl<'a> Case<'a> {
         self.model.draws = 0;
         self.model.lease_set = false;
         self.model.other_lease_set = false;
+        self.model.resend_behind_a_later_release = false;
         self.model.refreshed.clear();
         self.model.notes.clear();
         let before = self.model.state.clone();
@@ -1210,6 +1222,9 @@ impl<'a> Case<'a> {
         }
         if self.model.other_lease_set {
             Coverage::count(&self.coverage.batches_over_two_locks);
+        }
+        if self.model.resend_behind_a_later_release {
+            Coverage::count(&self.coverage.resends_behind_a_later_release);
         }
         self.max_seq = floor;
         let state = &mut self.model.state;
@@ -1531,6 +1546,10 @@ fn scripts_follow_the_model() {
             &coverage.draws_after_seq_loss,
         ),
         ("batches over two locks", &coverage.batches_over_two_locks),
+        (
+            "a resent release behind a later one",
+            &coverage.resends_behind_a_later_release,
+        ),
     ] {
         // A short run (FAIRLOCK_MODEL_CASES below the default) may miss one.
         assert!(

@@ -38,9 +38,19 @@ local function released_lately(key, owner_id)
 end
 
 -- Records the release of `owner_id` as the newest, keeping the
--- RELEASES_KEPT - 1 newest of the earlier ones, with the idle TTL.
+-- RELEASES_KEPT - 1 newest of the earlier ones, with the idle TTL. An
+-- owner id that could never be found again (empty, with a space, over 128
+-- bytes: only a client of one's own could send one, as a release already
+-- answered) is not recorded. A record longer than RELEASES_KEPT owner ids
+-- of 128 bytes can hold (a string fairlock did not write) starts again.
 local function record_release(key, owner_id, idle_ms)
+  if owner_id == '' or #owner_id > 128 or string.find(owner_id, ' ', 1, true) then
+    return
+  end
   local kept = releases_recorded(key)
+  if #kept > RELEASES_KEPT * 129 then
+    kept = ''
+  end
   local record = owner_id
   if kept ~= '' then
     -- The end of the (RELEASES_KEPT - 1)-th entry, if there are more.
