@@ -247,23 +247,16 @@ async fn waiters_keep_ticket_order_across_a_failover(acks: Option<u32>) {
     let released = tokio::time::timeout(Duration::from_secs(30), holder.release())
         .await
         .expect("release does not hang");
-    // Seen about once in 18 runs: NotOwner, though the holder's grant was
-    // on the new primary and both replicas just before the release (read
-    // there by hand). A release sent again after a reconnect, after the
-    // next holder (a waiter of the same process, woken from the reply)
-    // had released too, which replaced the record of the first release.
-    // A resend by the client after its WAIT met a reconnect is now sent
-    // as one (`ReleaseAgain`, `ownership.rs`); one by fred of a release
-    // written but unanswered when its connection dropped can still meet
-    // this. That the grant survives is
-    // `an_acknowledged_lock_survives_a_failover`'s to prove; here every
-    // waiter must be granted either way.
-    match released {
-        Ok(()) => {}
-        Err(Error::NotOwner { .. }) => {
-            eprintln!("the holder's release was resent by fred after a later release (known)")
-        }
-        Err(error) => panic!("release on the new primary: {error:?}"),
+    // Once seen about once in 18 runs: NotOwner, though the holder's grant
+    // was on the new primary and both replicas just before the release
+    // (read there by hand): the release sent again after a reconnect came
+    // after the next holder (a waiter of the same process, woken from the
+    // reply) had released too, which replaced the record of the first
+    // release. A lock now remembers its last 8 releases (2026-11-29), more
+    // than this test's waiters, so the release, sent again or not, must
+    // answer Ok (before, NotOwner was let pass here as known).
+    if let Err(error) = released {
+        panic!("release on the new primary: {error:?}");
     }
     for waiter in waiters {
         tokio::time::timeout(Duration::from_secs(30), waiter)

@@ -59,8 +59,8 @@ if holder ~= owner_id then
     return {1, 0, 0, '', 0, 0}
   end
   if ARGV[6] == 'again' then
-    -- Answered released once already: the next holders may have released
-    -- since and replaced the record above. A write that changes no value
+    -- Answered released once already: 8 or more later releases may have
+    -- pushed it out of the record above. A write that changes no value
     -- (the counter, renewed at every grant, gets its idle TTL again), so
     -- that a WAIT after this covers the state this server is in.
     if redis.call('PEXPIRE', KEYS[4], ARGV[2]) == 0 then

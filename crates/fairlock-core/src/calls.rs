@@ -189,8 +189,8 @@ pub struct Release<'a> {
 /// acknowledgement on, the `WAIT` that followed it counts nothing of a new
 /// connection). The release ran where it was answered; sent again, it
 /// releases the grant if the server now written to still has it, and
-/// otherwise answers released (not [`ReleaseReply::NotOwner`]: the next
-/// holders may have released since, replacing the record of this release)
+/// otherwise answers released (not [`ReleaseReply::NotOwner`]: 8 or more
+/// later releases may have pushed this one out of the lock's record)
 /// after a write that changes no value (the lock's counter gets its idle
 /// TTL again), so a `WAIT` after it covers this server's state. Use it
 /// only for a release already answered released: for any other it would

@@ -102,8 +102,8 @@ pub static FORCE_RELEASE: Script = assembled!("force_release": "includes/key_fam
 /// `inspect.lua`: read-only snapshot of a lock.
 pub static INSPECT: Script = assembled!("inspect": "includes/key_family.lua", "includes/publish.lua", "includes/releases.lua", "includes/common.lua", "inspect.lua");
 
-/// A permit script: key_family.lua, publish.lua, common.lua, then
-/// includes/permits.lua, then its body.
+/// A permit script: key_family.lua, publish.lua, releases.lua, common.lua,
+/// then includes/permits.lua, then its body.
 macro_rules! permit_script {
     ($name:literal, $body:literal) => {
         assembled!($name: "includes/key_family.lua", "includes/publish.lua", "includes/releases.lua", "includes/common.lua", "includes/permits.lua", $body)

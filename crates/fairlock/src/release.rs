@@ -37,8 +37,9 @@ impl ClientState {
                 // as a release already answered released. That server
                 // releases the grant if it still has it, or makes a write
                 // that changes no value (release.lua; sent as a plain
-                // release, a lock's was refused once the next holders had
-                // released too: NotOwner for a release that ran), or, for
+                // release, a lock's is refused once 8 later releases have
+                // pushed it out of the lock's record: NotOwner for a
+                // release that ran), or, for
                 // a permit, writes its record of this release again
                 // (permit_release.lua's entry in `alive`); WAIT then
                 // covers either.
