@@ -26,25 +26,30 @@ local function releases_recorded(key)
   return ''
 end
 
+-- Whether `owner_id` can stand in the record: an owner id no lock could
+-- have had (empty, with a space, over 128 bytes: only a client of one's
+-- own could send one) is never recorded, so never found there either.
+local function recordable(owner_id)
+  return owner_id ~= '' and #owner_id <= 128 and not string.find(owner_id, ' ', 1, true)
+end
+
 -- Whether `owner_id` released the lock lately (one of the last
--- RELEASES_KEPT releases), and the record as read. An empty owner id, or
--- one with a space, never released anything.
+-- RELEASES_KEPT releases), and the record as read.
 local function released_lately(key, owner_id)
   local kept = releases_recorded(key)
-  if owner_id == '' or string.find(owner_id, ' ', 1, true) then
+  if not recordable(owner_id) then
     return false, kept
   end
   return string.find(' ' .. kept .. ' ', ' ' .. owner_id .. ' ', 1, true) ~= nil, kept
 end
 
 -- Records the release of `owner_id` as the newest, keeping the
--- RELEASES_KEPT - 1 newest of the earlier ones, with the idle TTL. An
--- owner id that could never be found again (empty, with a space, over 128
--- bytes: only a client of one's own could send one, as a release already
--- answered) is not recorded. A record longer than RELEASES_KEPT owner ids
--- of 128 bytes can hold (a string fairlock did not write) starts again.
+-- RELEASES_KEPT - 1 newest of the earlier ones, with the idle TTL; an
+-- owner id that is not `recordable` (sent as a release already answered)
+-- records nothing. A record longer than RELEASES_KEPT owner ids of 128
+-- bytes can hold (a string fairlock did not write) starts again.
 local function record_release(key, owner_id, idle_ms)
-  if owner_id == '' or #owner_id > 128 or string.find(owner_id, ' ', 1, true) then
+  if not recordable(owner_id) then
     return
   end
   local kept = releases_recorded(key)
