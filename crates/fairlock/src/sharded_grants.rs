@@ -26,7 +26,9 @@
 //! waited in again. A node whose connections keep failing (refused, or
 //! closed at once: a node at its `maxclients`) is connected to again with
 //! a backoff, 50 ms doubling to 2 s, per node; a connection that lived 2 s
-//! or more resets it. Each connection is kept alive as on a single server:
+//! or more resets it; a node's backoff and lost mark are forgotten once
+//! fred's slot map no longer names it (nodes that come and go leave no
+//! entry behind). Each connection is kept alive as on a single server:
 //! after a heartbeat interval in which the node sent nothing it gets a
 //! `PING`, and one unanswered for the command timeout closes it (so an idle
 //! connection to a node that vanished without closing it, or stalled, does
@@ -81,6 +83,49 @@ struct Backoff {
     next_open: Instant,
 }
 
+/// What the task remembers of nodes whose connections failed or were
+/// lost; at most one entry a node, and (see
+/// [`Troubles::forget_departed`]) only for nodes still in the cluster.
+#[derive(Default)]
+struct Troubles {
+    /// Nodes whose connection was lost and not opened again yet (the next
+    /// connection opened to one counts as a reconnect).
+    lost: HashSet<String>,
+    /// Nodes whose last connections failed (see [`Troubles::failed`]).
+    backoff: HashMap<String, Backoff>,
+}
+
+impl Troubles {
+    /// Counts a failed connection to `address` (not opened, or lost within
+    /// [`MAX_PAUSE`] of opening): the next waits [`FIRST_PAUSE`], doubled
+    /// for each failure in a row, at most [`MAX_PAUSE`].
+    fn failed(&mut self, address: &str) {
+        let backoff = self
+            .backoff
+            .entry(address.to_owned())
+            .or_insert_with(|| Backoff {
+                failures: 0,
+                next_open: Instant::now(),
+            });
+        backoff.failures = backoff.failures.saturating_add(1);
+        let doublings = backoff.failures.saturating_sub(1).min(16);
+        let pause: Duration = FIRST_PAUSE.saturating_mul(1 << doublings).min(MAX_PAUSE);
+        backoff.next_open = Instant::now() + pause;
+    }
+
+    /// Forgets every node that `primaries` (fred's slot map) does not name
+    /// and that is not `connected` (open or opening). An empty slot map (not
+    /// read yet) forgets nothing.
+    fn forget_departed(&mut self, primaries: &[String], connected: impl Fn(&str) -> bool) {
+        if primaries.is_empty() {
+            return;
+        }
+        let keep = |address: &str| connected(address) || primaries.iter().any(|p| p == address);
+        self.lost.retain(|address| keep(address));
+        self.backoff.retain(|address, _| keep(address));
+    }
+}
+
 /// A subscription waiting for its node's connection to open.
 struct Pending {
     channel: String,
@@ -100,10 +145,8 @@ struct Nodes {
     /// timeout, or shutdown).
     opens: JoinSet<(String, Result<GrantConnection, ConnectionError>)>,
     next_id: u64,
-    /// Nodes whose connection was lost and not opened again yet.
-    lost: HashSet<String>,
-    /// Nodes whose last connections failed (see [`Nodes::failed`]).
-    backoff: HashMap<String, Backoff>,
+    /// What is remembered of nodes' failed and lost connections.
+    troubles: Troubles,
     /// Readers report here that their connection ended: `(id, address)`.
     ended: mpsc::UnboundedSender<(u64, String)>,
 }
@@ -126,8 +169,7 @@ pub(crate) fn spawn_sharded_grants(
                 opening: HashMap::new(),
                 opens: JoinSet::new(),
                 next_id: 0,
-                lost: HashSet::new(),
-                backoff: HashMap::new(),
+                troubles: Troubles::default(),
                 ended,
             };
             loop {
@@ -143,7 +185,10 @@ pub(crate) fn spawn_sharded_grants(
                         Some(request) => nodes.handle(request, &shutdown).await,
                         None => break,
                     },
-                    _ = keepalive.tick() => nodes.keep_alive().await,
+                    _ = keepalive.tick() => {
+                        nodes.keep_alive().await;
+                        nodes.forget_departed_nodes();
+                    }
                 }
             }
             // Opening connections see the shutdown too and end.
@@ -181,7 +226,11 @@ impl Nodes {
                 }
                 self.opening.insert(address.clone(), vec![pending]);
                 let (state, mut shutdown) = (Arc::clone(&self.state), shutdown.clone());
-                let not_before = self.backoff.get(&address).map(|backoff| backoff.next_open);
+                let not_before = self
+                    .troubles
+                    .backoff
+                    .get(&address)
+                    .map(|backoff| backoff.next_open);
                 self.opens.spawn(async move {
                     let open = async {
                         if let Some(not_before) = not_before {
@@ -225,7 +274,7 @@ impl Nodes {
                 }
             }
             Err(error) => {
-                self.failed(&address);
+                self.troubles.failed(&address);
                 for pending in waiting {
                     let why = format!("the connection to {address} failed: {error}");
                     let reply = Err(ShardRefusal::NoConnection(why));
@@ -268,7 +317,7 @@ impl Nodes {
     /// Starts the reader of a connection just opened.
     fn start(&mut self, connection: GrantConnection) {
         let (address, stream, buf) = connection.into_parts();
-        if self.lost.remove(&address) {
+        if self.troubles.lost.remove(&address) {
             resubscribed(&self.state);
         }
         let (reader, writer) = tokio::io::split(stream);
@@ -314,13 +363,13 @@ impl Nodes {
         }
         if let Some(link) = self.links.remove(address) {
             if link.opened.elapsed() >= MAX_PAUSE {
-                self.backoff.remove(address);
+                self.troubles.backoff.remove(address);
             } else {
-                self.failed(address);
+                self.troubles.failed(address);
             }
         }
         self.state.forget_slots(self.state.slots_on_node(address));
-        self.lost.insert(address.to_owned());
+        self.troubles.lost.insert(address.to_owned());
         self.publish_addresses();
         self.state.heartbeat_now.notify_one();
     }
@@ -364,21 +413,16 @@ impl Nodes {
         }
     }
 
-    /// Counts a failed connection to `address` (not opened, or lost within
-    /// [`MAX_PAUSE`] of opening): the next waits [`FIRST_PAUSE`], doubled
-    /// for each failure in a row, at most [`MAX_PAUSE`].
-    fn failed(&mut self, address: &str) {
-        let backoff = self
-            .backoff
-            .entry(address.to_owned())
-            .or_insert_with(|| Backoff {
-                failures: 0,
-                next_open: Instant::now(),
-            });
-        backoff.failures = backoff.failures.saturating_add(1);
-        let doublings = backoff.failures.saturating_sub(1).min(16);
-        let pause: Duration = FIRST_PAUSE.saturating_mul(1 << doublings).min(MAX_PAUSE);
-        backoff.next_open = Instant::now() + pause;
+    /// Forgets what is remembered of nodes that fred's slot map no longer
+    /// names and that have no connection, open or opening: a cluster whose
+    /// nodes come and go (new addresses after a restart, nodes removed)
+    /// would otherwise leave an entry per address for the client's life.
+    fn forget_departed_nodes(&mut self) {
+        let primaries = self.state.redis.cluster_primaries();
+        let (links, opening) = (&self.links, &self.opening);
+        self.troubles.forget_departed(&primaries, |address| {
+            links.contains_key(address) || opening.contains_key(address)
+        });
     }
 
     /// Records the nodes connected to (see [`ClientState::grants_at`]).
@@ -492,4 +536,57 @@ fn resubscribe_where_slots_are(state: &Arc<ClientState>) {
         refreshing.refreshing_slot_map.store(false, Ordering::SeqCst);
         refreshing.heartbeat_now.notify_one();
     }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names<'a>(addresses: impl Iterator<Item = &'a String>) -> Vec<&'a str> {
+        let mut names: Vec<&str> = addresses.map(String::as_str).collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// A node that left fred's slot map and has no connection is forgotten;
+    /// one the map still names, or that is connected (or connecting), keeps
+    /// its lost mark and its backoff; before the map is read, all do.
+    #[tokio::test]
+    async fn nodes_gone_from_the_slot_map_are_forgotten() {
+        let mut troubles = Troubles::default();
+        for address in [
+            "10.0.0.1:7000",
+            "10.0.0.2:7000",
+            "10.0.0.3:7000",
+            "10.0.0.4:7000",
+        ] {
+            troubles.failed(address);
+            troubles.failed(address);
+            troubles.lost.insert(address.to_owned());
+        }
+        troubles.forget_departed(&[], |_| false);
+        assert_eq!(
+            troubles.lost.len(),
+            4,
+            "a slot map not read yet forgot nodes"
+        );
+        assert_eq!(
+            troubles.backoff.len(),
+            4,
+            "a slot map not read yet forgot backoffs"
+        );
+
+        let primaries = ["10.0.0.1:7000".to_owned(), "10.0.0.9:7000".to_owned()];
+        troubles.forget_departed(&primaries, |address| address == "10.0.0.3:7000");
+        assert_eq!(
+            names(troubles.lost.iter()),
+            ["10.0.0.1:7000", "10.0.0.3:7000"]
+        );
+        assert_eq!(
+            names(troubles.backoff.keys()),
+            ["10.0.0.1:7000", "10.0.0.3:7000"]
+        );
+        let kept = &troubles.backoff["10.0.0.1:7000"];
+        assert_eq!(kept.failures, 2, "a node still in the map lost its backoff");
+    }
 }
