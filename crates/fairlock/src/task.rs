@@ -52,6 +52,13 @@ impl BackgroundTask {
         }
     }
 
+    /// Whether the task has not ended yet.
+    pub(crate) fn is_running(&self) -> bool {
+        self.handle
+            .as_ref()
+            .is_some_and(|handle| !handle.is_finished())
+    }
+
     /// Asks the task to stop and waits until it has (aborting it after a
     /// grace period if it does not).
     pub(crate) async fn shutdown(&mut self) {

@@ -455,7 +455,11 @@ impl RedisConnection {
     /// Closes every connection.
     pub(crate) async fn quit(&self) {
         self.closing.store(true, Ordering::SeqCst);
-        // The keepers first, so none connects again what is being closed.
+        // The keepers and a reconnect under way first, so none connects
+        // again what is being closed.
+        if let Some(stalled) = &self.stalled_primary {
+            stalled.stop().await;
+        }
         let keepers = std::mem::take(&mut *self.keepers.lock().unwrap_or_else(|p| p.into_inner()));
         for mut keeper in keepers {
             keeper.shutdown().await;

@@ -25,17 +25,47 @@ use std::time::Instant;
 use fred::prelude::ClientLike;
 
 use super::RedisConnection;
+use crate::task::{BackgroundTask, ShutdownSignal};
 
-/// When the connections were last opened again for a timeout.
+/// When the connections were last opened again for a timeout, and the
+/// reconnect under way.
 #[derive(Default)]
 pub(super) struct StalledPrimary {
     last: Mutex<Option<Instant>>,
+    /// The task opening the command connections again: owned here, one at
+    /// a time, and stopped by [`StalledPrimary::stop`] when the client
+    /// closes, so none reopens what `quit` closes.
+    reconnect: Mutex<Option<BackgroundTask>>,
+}
+
+impl StalledPrimary {
+    /// Stops the reconnect under way, if any, and waits until it has.
+    pub(super) async fn stop(&self) {
+        let task = self
+            .reconnect
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(mut task) = task {
+            task.shutdown().await;
+        }
+    }
+
+    /// Whether a reconnect is under way.
+    #[cfg(test)]
+    pub(super) fn reconnecting(&self) -> bool {
+        self.reconnect
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(BackgroundTask::is_running)
+    }
 }
 
 impl RedisConnection {
     /// A call through fred timed out: behind Sentinel, opens the command
     /// connections again in the background, unless that was done within
-    /// the last command timeout. Nothing elsewhere.
+    /// the last command timeout or is still under way. Nothing elsewhere.
     pub(super) fn after_timeout(&self) {
         let Some(stalled) = &self.stalled_primary else {
             return;
@@ -45,6 +75,9 @@ impl RedisConnection {
         if self.closing.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
         {
             let mut last = stalled.last.lock().unwrap_or_else(|p| p.into_inner());
             if last.is_some_and(|at| at.elapsed() < self.command_timeout) {
@@ -52,9 +85,14 @@ impl RedisConnection {
             }
             *last = Some(Instant::now());
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        let mut reconnect = stalled.reconnect.lock().unwrap_or_else(|p| p.into_inner());
+        // One at a time: a reconnect under way already asks the sentinels.
+        // `closing` is read again under the lock, which `quit` takes after
+        // setting it: a reconnect started here is one `quit` stops.
+        let closing = self.closing.load(std::sync::atomic::Ordering::SeqCst);
+        if closing || reconnect.as_ref().is_some_and(BackgroundTask::is_running) {
             return;
-        };
+        }
         tracing::warn!(
             "a call to fairlock's primary timed out: connecting again through the sentinels, \
              in case they promoted another"
@@ -70,14 +108,61 @@ impl RedisConnection {
         // Bounded: a reconnect to a primary that does not answer ends at
         // fred's own timeouts; fred goes on trying after this gives up.
         let bound = self.command_timeout * 2;
-        // Ends on its own within `bound`.
-        drop(runtime.spawn(async move {
-            for client in clients {
-                let reconnected = tokio::time::timeout(bound, client.force_reconnection()).await;
-                if !matches!(reconnected, Ok(Ok(()))) {
-                    tracing::debug!("fairlock's reconnect after a timeout: {reconnected:?}");
+        *reconnect = Some(BackgroundTask::spawn(
+            "reconnect through the sentinels",
+            move |mut shutdown: ShutdownSignal| async move {
+                for client in clients {
+                    let reconnected = tokio::select! {
+                        biased;
+                        () = shutdown.requested() => return,
+                        reconnected = tokio::time::timeout(bound, client.force_reconnection()) => reconnected,
+                    };
+                    if !matches!(reconnected, Ok(Ok(()))) {
+                        tracing::debug!("fairlock's reconnect after a timeout: {reconnected:?}");
+                    }
                 }
-            }
-        }));
+            },
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use fairlock_testkit::SentinelGroup;
+
+    /// The reconnect a timeout starts behind Sentinel is the connection's
+    /// own task, under way while the primary does not answer, and shutting
+    /// the client down stops it, so nothing is left reconnecting what
+    /// `quit` closed (before, it ran detached for up to two command
+    /// timeouts a connection).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutting_down_stops_a_reconnect_under_way() {
+        let group = SentinelGroup::start(1).expect("sentinel group");
+        let mut config = crate::ClientConfig::new(group.url());
+        config.command_timeout = Duration::from_secs(5);
+        let client = crate::LockClient::with_config(config)
+            .await
+            .expect("client");
+        let redis = &client.state().redis;
+        let stalled = redis.stalled_primary.as_ref().expect("behind Sentinel");
+        let primary = group.primary_addr().expect("primary");
+        let node = group.node(&primary).expect("the primary's node");
+        // Every client of the primary waits, for less than the sentinels'
+        // down-after time: fred's reconnect waits for its role check.
+        node.cmd_ok(&["CLIENT", "PAUSE", "1500", "ALL"])
+            .expect("pause");
+        redis.after_timeout();
+        assert!(stalled.reconnecting(), "a reconnect started");
+        client.shutdown().await;
+        assert!(
+            !stalled.reconnecting(),
+            "the reconnect ran on after the client shut down"
+        );
+        assert!(
+            stalled.reconnect.lock().expect("lock").is_none(),
+            "the shut-down client still owns a reconnect"
+        );
     }
 }
