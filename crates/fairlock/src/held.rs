@@ -28,15 +28,8 @@ pub(crate) struct HeldLock {
     pub(crate) ticket: Option<u64>,
     pub(crate) lease: Lease,
     pub(crate) granted_at: Instant,
-    /// The start of the call that last set the lease (the granting call,
-    /// a renewal or an extend): counted from before Redis set it, so local
-    /// expiry is early, never late. A grant handed over from the queue is
-    /// counted from the call that drew its ticket plus the server time
-    /// from ticket to token (`acquire::handed_on_at`), early too while
-    /// the server clock runs steadily.
-    lease_from: Mutex<Instant>,
-    /// The current lease length (changed by `extend` for fixed leases).
-    lease_len: Mutex<Duration>,
+    /// When the lease runs out by the local clock (see [`LeaseClock`]).
+    lease_clock: Mutex<LeaseClock>,
     lost: watch::Sender<bool>,
     released: AtomicBool,
     /// Set when the client shut down with this grant held: its lease then
@@ -44,6 +37,45 @@ pub(crate) struct HeldLock {
     /// signalled but not counted.
     client_closed: AtomicBool,
     pub(crate) telemetry: LockTelemetry,
+}
+
+/// A grant's lease by the local monotonic clock: the start of the call
+/// that set it (the granting call, a renewal or an extend) and its length.
+/// Counted from before Redis set it, so local expiry is early, never late.
+/// A grant handed over from the queue is counted from the call that drew
+/// its ticket plus the server time from ticket to token
+/// (`acquire::handed_on_at`), early too while the server clock runs
+/// steadily.
+#[derive(Clone, Copy, Debug)]
+struct LeaseClock {
+    from: Instant,
+    len: Duration,
+}
+
+impl LeaseClock {
+    /// A call sent at `at` that set the lease to `len` was answered held.
+    /// A later call's answer replaces the lease. An earlier call answered
+    /// after a later one (one sent again after its connection was lost,
+    /// or on another connection) may have run last in Redis, leaving its
+    /// lease, which ends no earlier than `at + len`: the deadline moves
+    /// there if that is earlier, never later. Before, such an answer was
+    /// ignored, and an `extend` to a long lease overtaken in Redis by an
+    /// older, shorter renewal left the holder counting on the long one.
+    fn set(&mut self, at: Instant, len: Duration) {
+        let replaces = at >= self.from
+            || match (at.checked_add(len), self.deadline()) {
+                (Some(older), Some(current)) => older < current,
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
+        if replaces {
+            *self = Self { from: at, len };
+        }
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.from.checked_add(self.len)
+    }
 }
 
 /// What a script's grant told us.
@@ -74,8 +106,10 @@ impl HeldLock {
             ticket: grant.ticket,
             lease: grant.lease,
             granted_at: Instant::now(),
-            lease_from: Mutex::new(grant.lease_from),
-            lease_len: Mutex::new(grant.lease_len),
+            lease_clock: Mutex::new(LeaseClock {
+                from: grant.lease_from,
+                len: grant.lease_len,
+            }),
             lost: watch::Sender::new(false),
             released: AtomicBool::new(false),
             client_closed: AtomicBool::new(false),
@@ -83,33 +117,29 @@ impl HeldLock {
         }
     }
 
-    /// A renewal or extend that started at `at` set the lease to `len`.
+    /// A renewal or extend that started at `at` set the lease to `len`
+    /// (see [`LeaseClock::set`]).
     pub(crate) fn lease_set(&self, at: Instant, len: Duration) {
-        let mut from = self.lease_from.lock().unwrap_or_else(|p| p.into_inner());
-        if at >= *from {
-            *from = at;
-            *self.lease_len.lock().unwrap_or_else(|p| p.into_inner()) = len;
-        }
+        self.lease_clock().set(at, len);
     }
 
     /// When the lease runs out by the local monotonic clock.
     pub(crate) fn lease_deadline(&self) -> Option<Instant> {
-        let from = *self.lease_from.lock().unwrap_or_else(|p| p.into_inner());
-        let len = *self.lease_len.lock().unwrap_or_else(|p| p.into_inner());
-        from.checked_add(len)
+        self.lease_clock().deadline()
     }
 
     /// The lease last set (by the grant, a renewal or `extend`).
     pub(crate) fn current_lease(&self) -> Duration {
-        *self.lease_len.lock().unwrap_or_else(|p| p.into_inner())
+        self.lease_clock().len
     }
 
     /// Since the lease was last set.
     pub(crate) fn since_lease_set(&self) -> Duration {
-        self.lease_from
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .elapsed()
+        self.lease_clock().from.elapsed()
+    }
+
+    fn lease_clock(&self) -> MutexGuard<'_, LeaseClock> {
+        self.lease_clock.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Fires the lease-lost signal (once).
@@ -388,5 +418,45 @@ impl OwnerShared {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::LeaseClock;
+
+    /// Answers out of order: a later call's answer replaces the lease; an
+    /// earlier call's answered after it (Redis may have run it last) moves
+    /// the deadline earlier, to where its own lease would end, and never
+    /// later.
+    #[test]
+    fn an_earlier_call_answered_last_moves_the_deadline_only_earlier() {
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        let mut clock = LeaseClock {
+            from: t0,
+            len: ms(30_000),
+        };
+        // An extend to a minute, sent at 1 s.
+        clock.set(t0 + ms(1_000), ms(60_000));
+        assert_eq!(clock.deadline(), Some(t0 + ms(61_000)));
+        // A watchdog renewal of 30 s sent at 0.5 s, answered after it.
+        clock.set(t0 + ms(500), ms(30_000));
+        assert_eq!(
+            clock.deadline(),
+            Some(t0 + ms(30_500)),
+            "an older, shorter renewal answered last left the longer lease"
+        );
+        assert_eq!(clock.len, ms(30_000));
+        // An older call whose lease would end later changes nothing.
+        clock.set(t0 + ms(200), ms(90_000));
+        assert_eq!(clock.deadline(), Some(t0 + ms(30_500)));
+        // A later call's answer replaces the lease, shorter or longer.
+        clock.set(t0 + ms(2_000), ms(10_000));
+        assert_eq!(clock.deadline(), Some(t0 + ms(12_000)));
+        clock.set(t0 + ms(3_000), ms(60_000));
+        assert_eq!(clock.deadline(), Some(t0 + ms(63_000)));
     }
 }
