@@ -40,41 +40,67 @@ pub(crate) struct HeldLock {
 }
 
 /// A grant's lease by the local monotonic clock: the start of the call
-/// that set it (the granting call, a renewal or an extend) and its length.
-/// Counted from before Redis set it, so local expiry is early, never late.
-/// A grant handed over from the queue is counted from the call that drew
-/// its ticket plus the server time from ticket to token
-/// (`acquire::handed_on_at`), early too while the server clock runs
-/// steadily.
+/// that set it last (the granting call, a renewal or an extend) and the
+/// length it set, which the watchdog renews from. Counted from before
+/// Redis set it, so local expiry is early, never late. A grant handed over
+/// from the queue is counted from the call that drew its ticket plus the
+/// server time from ticket to token (`acquire::handed_on_at`), early too
+/// while the server clock runs steadily.
 #[derive(Clone, Copy, Debug)]
 struct LeaseClock {
     from: Instant,
     len: Duration,
+    /// An earlier deadline left by a call sent before `from` but answered
+    /// after the call of `from` (see [`LeaseClock::set`]), and when its
+    /// answer came.
+    cap: Option<(Instant, Instant)>,
 }
 
 impl LeaseClock {
+    fn new(from: Instant, len: Duration) -> Self {
+        Self {
+            from,
+            len,
+            cap: None,
+        }
+    }
+
     /// A call sent at `at` that set the lease to `len` was answered held.
-    /// A later call's answer replaces the lease. An earlier call answered
-    /// after a later one (one sent again after its connection was lost,
-    /// or on another connection) may have run last in Redis, leaving its
-    /// lease, which ends no earlier than `at + len`: the deadline moves
-    /// there if that is earlier, never later. Before, such an answer was
-    /// ignored, and an `extend` to a long lease overtaken in Redis by an
-    /// older, shorter renewal left the holder counting on the long one.
+    /// A call sent later than the last one replaces the lease. One sent
+    /// earlier but answered after it (sent again after its connection was
+    /// lost, or on another connection) may have run last in Redis, leaving
+    /// its own lease, which ends no earlier than `at + len`: the deadline
+    /// is capped there if that is earlier, never moved later, while the
+    /// length the watchdog renews from stays the later call's (an `extend`
+    /// to a longer lease keeps its length). A call sent after such an
+    /// answer came ran after it in Redis and lifts the cap. Before, the
+    /// earlier call's answer was ignored, and an `extend` to a long lease
+    /// overtaken in Redis by an older, shorter renewal left the holder
+    /// counting on the long one.
     fn set(&mut self, at: Instant, len: Duration) {
-        let replaces = at >= self.from
-            || match (at.checked_add(len), self.deadline()) {
-                (Some(older), Some(current)) => older < current,
-                (Some(_), None) => true,
-                (None, _) => false,
-            };
-        if replaces {
-            *self = Self { from: at, len };
+        if at >= self.from {
+            self.from = at;
+            self.len = len;
+            if self.cap.is_some_and(|(_, answered)| at >= answered) {
+                self.cap = None;
+            }
+            return;
+        }
+        let Some(end) = at.checked_add(len) else {
+            return;
+        };
+        if self.deadline().is_none_or(|deadline| end < deadline) {
+            self.cap = Some((end, Instant::now()));
         }
     }
 
     fn deadline(&self) -> Option<Instant> {
-        self.from.checked_add(self.len)
+        let set = self.from.checked_add(self.len);
+        match (set, self.cap) {
+            (Some(set), Some((cap, _))) => Some(set.min(cap)),
+            (None, Some((cap, _))) => Some(cap),
+            (set, None) => set,
+        }
     }
 }
 
@@ -106,10 +132,7 @@ impl HeldLock {
             ticket: grant.ticket,
             lease: grant.lease,
             granted_at: Instant::now(),
-            lease_clock: Mutex::new(LeaseClock {
-                from: grant.lease_from,
-                len: grant.lease_len,
-            }),
+            lease_clock: Mutex::new(LeaseClock::new(grant.lease_from, grant.lease_len)),
             lost: watch::Sender::new(false),
             released: AtomicBool::new(false),
             client_closed: AtomicBool::new(false),
@@ -119,8 +142,22 @@ impl HeldLock {
 
     /// A renewal or extend that started at `at` set the lease to `len`
     /// (see [`LeaseClock::set`]).
+    /// A deadline moved earlier wakes whoever waits on [`Self::lost`],
+    /// which sleeps until the deadline it last read.
     pub(crate) fn lease_set(&self, at: Instant, len: Duration) {
-        self.lease_clock().set(at, len);
+        let earlier = {
+            let mut clock = self.lease_clock();
+            let before = clock.deadline();
+            clock.set(at, len);
+            match (clock.deadline(), before) {
+                (Some(now), Some(before)) => now < before,
+                (Some(_), None) => true,
+                (None, _) => false,
+            }
+        };
+        if earlier {
+            self.lost.send_modify(|_| {});
+        }
     }
 
     /// When the lease runs out by the local monotonic clock.
@@ -423,25 +460,32 @@ impl OwnerShared {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use super::LeaseClock;
+    use fairlock_core::{KeyPrefix, LockKeys, LockName};
+
+    use super::{Grant, HeldLock, LeaseClock};
+    use crate::config::Lease;
+    use crate::telemetry::LockTelemetry;
 
     /// Answers out of order: a later call's answer replaces the lease; an
-    /// earlier call's answered after it (Redis may have run it last) moves
-    /// the deadline earlier, to where its own lease would end, and never
-    /// later.
+    /// earlier call's answered after it (Redis may have run it last) caps
+    /// the deadline where its own lease would end, never later, and leaves
+    /// the length the watchdog renews from as the later call set it; a
+    /// call sent after that answer lifts the cap.
     #[test]
     fn an_earlier_call_answered_last_moves_the_deadline_only_earlier() {
         let ms = Duration::from_millis;
-        let t0 = Instant::now();
-        let mut clock = LeaseClock {
-            from: t0,
-            len: ms(30_000),
-        };
-        // An extend to a minute, sent at 1 s.
-        clock.set(t0 + ms(1_000), ms(60_000));
-        assert_eq!(clock.deadline(), Some(t0 + ms(61_000)));
+        // Every call below but the last two was sent before the answers
+        // came, which is now.
+        let t0 = Instant::now()
+            .checked_sub(ms(10_000))
+            .expect("an instant in the past");
+        let mut clock = LeaseClock::new(t0, ms(30_000));
+        // An extend to two minutes, sent at 1 s.
+        clock.set(t0 + ms(1_000), ms(120_000));
+        assert_eq!(clock.deadline(), Some(t0 + ms(121_000)));
         // A watchdog renewal of 30 s sent at 0.5 s, answered after it.
         clock.set(t0 + ms(500), ms(30_000));
         assert_eq!(
@@ -449,14 +493,59 @@ mod tests {
             Some(t0 + ms(30_500)),
             "an older, shorter renewal answered last left the longer lease"
         );
-        assert_eq!(clock.len, ms(30_000));
+        assert_eq!(clock.len, ms(120_000), "the extend's length was lost");
         // An older call whose lease would end later changes nothing.
         clock.set(t0 + ms(200), ms(90_000));
         assert_eq!(clock.deadline(), Some(t0 + ms(30_500)));
-        // A later call's answer replaces the lease, shorter or longer.
-        clock.set(t0 + ms(2_000), ms(10_000));
-        assert_eq!(clock.deadline(), Some(t0 + ms(12_000)));
-        clock.set(t0 + ms(3_000), ms(60_000));
-        assert_eq!(clock.deadline(), Some(t0 + ms(63_000)));
+        // A call sent before that answer came does not lift the cap.
+        clock.set(t0 + ms(2_000), ms(120_000));
+        assert_eq!(clock.deadline(), Some(t0 + ms(30_500)));
+        // One sent after it ran after it in Redis: its lease stands.
+        let later = Instant::now() + ms(1);
+        clock.set(later, ms(10_000));
+        assert_eq!(clock.deadline(), Some(later + ms(10_000)));
+        clock.set(later + ms(1_000), ms(60_000));
+        assert_eq!(clock.deadline(), Some(later + ms(61_000)));
+    }
+
+    /// A task waiting for the lost signal sleeps until the deadline it
+    /// read; a deadline moved earlier wakes it, so the signal fires when
+    /// the earlier lease runs out, not at the old deadline, after Redis let
+    /// the key go.
+    #[tokio::test]
+    async fn a_deadline_moved_earlier_wakes_the_lost_signal() {
+        let name = LockName::new("moved-deadline").expect("name");
+        let keys = LockKeys::new(&KeyPrefix::new("fairlock").expect("prefix"), &name);
+        let granted = Instant::now();
+        let held = Arc::new(HeldLock::new(
+            name,
+            Arc::new(keys),
+            "0123.ab.60000".to_owned(),
+            Grant {
+                token: 1,
+                ticket: None,
+                lease: Lease::Fixed(Duration::from_secs(60)),
+                lease_len: Duration::from_secs(60),
+                lease_from: granted,
+            },
+            LockTelemetry::default(),
+        ));
+        let waiting = tokio::spawn({
+            let held = Arc::clone(&held);
+            async move { held.lost().await }
+        });
+        tokio::task::yield_now().await;
+        // An extend to 2 minutes, then an older call of 200 ms answered.
+        held.lease_set(
+            granted + Duration::from_millis(10),
+            Duration::from_secs(120),
+        );
+        held.lease_set(granted, Duration::from_millis(200));
+        // Bounded far below the minute the waiter would otherwise sleep.
+        tokio::time::timeout(Duration::from_secs(20), waiting)
+            .await
+            .expect("the lost signal waited for the old deadline")
+            .expect("join");
+        assert!(held.is_lost());
     }
 }
