@@ -114,15 +114,20 @@ impl Troubles {
     }
 
     /// Forgets every node that `primaries` (fred's slot map) does not name
-    /// and that is not `connected` (open or opening). An empty slot map (not
-    /// read yet) forgets nothing.
+    /// and that is not `connected` (open or opening); a backoff only once
+    /// [`MAX_PAUSE`] has passed since it allowed the next connection, so a
+    /// node still tried now and then (one a `MOVED` names while fred's map
+    /// is stale) keeps backing off. An empty slot map (not read yet)
+    /// forgets nothing.
     fn forget_departed(&mut self, primaries: &[String], connected: impl Fn(&str) -> bool) {
         if primaries.is_empty() {
             return;
         }
         let keep = |address: &str| connected(address) || primaries.iter().any(|p| p == address);
         self.lost.retain(|address| keep(address));
-        self.backoff.retain(|address, _| keep(address));
+        let now = Instant::now();
+        self.backoff
+            .retain(|address, backoff| keep(address) || now < backoff.next_open + MAX_PAUSE);
     }
 }
 
@@ -548,21 +553,45 @@ mod tests {
         names
     }
 
-    /// A node that left fred's slot map and has no connection is forgotten;
-    /// one the map still names, or that is connected (or connecting), keeps
-    /// its lost mark and its backoff; before the map is read, all do.
+    /// A node that left fred's slot map and has no connection is forgotten
+    /// (its backoff once it has not been tried for a while); one the map
+    /// still names, or that is connected (or connecting), keeps its lost
+    /// mark and its backoff; before the map is read, all do.
     #[tokio::test]
     async fn nodes_gone_from_the_slot_map_are_forgotten() {
-        let mut troubles = Troubles::default();
-        for address in [
+        const NODES: [&str; 4] = [
             "10.0.0.1:7000",
             "10.0.0.2:7000",
             "10.0.0.3:7000",
             "10.0.0.4:7000",
-        ] {
+        ];
+        let mut troubles = Troubles::default();
+        for address in NODES {
             troubles.failed(address);
             troubles.failed(address);
             troubles.lost.insert(address.to_owned());
+        }
+        // A node tried lately (its backoff running, or just over) keeps
+        // its backoff, also when the map does not name it.
+        troubles.forget_departed(&["10.0.0.9:7000".to_owned()], |_| false);
+        assert!(
+            troubles.lost.is_empty(),
+            "lost marks of departed nodes kept"
+        );
+        assert_eq!(
+            troubles.backoff.len(),
+            4,
+            "a backoff under way was forgotten"
+        );
+        for address in NODES {
+            troubles.lost.insert(address.to_owned());
+        }
+        // Not tried since: every backoff ended over MAX_PAUSE ago.
+        let long_ago = Instant::now()
+            .checked_sub(MAX_PAUSE + FIRST_PAUSE)
+            .expect("an instant in the past");
+        for backoff in troubles.backoff.values_mut() {
+            backoff.next_open = long_ago;
         }
         troubles.forget_departed(&[], |_| false);
         assert_eq!(
