@@ -78,13 +78,6 @@ impl RedisConnection {
         if tokio::runtime::Handle::try_current().is_err() {
             return;
         }
-        {
-            let mut last = stalled.last.lock().unwrap_or_else(|p| p.into_inner());
-            if last.is_some_and(|at| at.elapsed() < self.command_timeout) {
-                return;
-            }
-            *last = Some(Instant::now());
-        }
         let mut reconnect = stalled.reconnect.lock().unwrap_or_else(|p| p.into_inner());
         // One at a time: a reconnect under way already asks the sentinels.
         // `closing` is read again under the lock, which `quit` takes after
@@ -92,6 +85,14 @@ impl RedisConnection {
         let closing = self.closing.load(std::sync::atomic::Ordering::SeqCst);
         if closing || reconnect.as_ref().is_some_and(BackgroundTask::is_running) {
             return;
+        }
+        {
+            // Taken only under `reconnect`: one lock order.
+            let mut last = stalled.last.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|at| at.elapsed() < self.command_timeout) {
+                return;
+            }
+            *last = Some(Instant::now());
         }
         tracing::warn!(
             "a call to fairlock's primary timed out: connecting again through the sentinels, \
