@@ -23,13 +23,11 @@
 //! `examples/seckill_load.sh` loads it with `ab` and checks for oversell.
 //! Stops on SIGINT or SIGTERM.
 
-use std::net::{Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 
-use fairlock_examples::seckill::http::{Service, ServiceConfig};
+use fairlock_examples::seckill::http::{listen, Service, ServiceConfig};
 use fairlock_examples::seckill::{env_or, BoxError, Variant};
 use fairlock_testkit::RedisTarget;
-use tokio::net::{TcpListener, TcpSocket};
 use tokio::signal::unix::{signal, SignalKind};
 
 #[tokio::main]
@@ -83,15 +81,4 @@ async fn run() -> Result<(), BoxError> {
     }
     service.close().await;
     Ok(())
-}
-
-/// Listens on 127.0.0.1:`port` with the deepest accept queue the kernel
-/// allows (it caps the backlog at `net.core.somaxconn`): a flash sale
-/// opens ten thousand connections at once, and a full queue drops SYNs
-/// that the clients only retry a whole second later.
-fn listen(port: u16) -> std::io::Result<TcpListener> {
-    let socket = TcpSocket::new_v4()?;
-    socket.set_reuseaddr(true)?;
-    socket.bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))?;
-    socket.listen(65535)
 }

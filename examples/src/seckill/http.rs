@@ -32,7 +32,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use fairlock::{LockClient, LockOptions, MAX_DURATION, MAX_PERMITS};
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::JoinHandle;
 
 use super::answer_times::AnswerTimes;
@@ -318,8 +318,9 @@ impl Service {
 
     /// Serves on a free port of 127.0.0.1 in the background (for tests);
     /// abort the task to stop it.
+    /// Its accept queue is as deep as the service's own (see [`listen`]).
     pub async fn spawn_local(&self) -> io::Result<(SocketAddr, JoinHandle<io::Result<()>>)> {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let listener = listen(0)?;
         let addr = listener.local_addr()?;
         let service = self.clone();
         let task =
@@ -664,4 +665,18 @@ async fn stats(State(service): State<Service>) -> Json<Value> {
             "atomic": service.inner.atomic_counts.times.summary(),
         },
     }))
+}
+
+/// Listens on 127.0.0.1:`port` (0: any free port) with the deepest accept
+/// queue the kernel allows (it caps the backlog at `net.core.somaxconn`):
+/// a flash sale opens thousands of connections at once, and a full queue
+/// drops SYNs that the clients only retry a whole second later, or, with
+/// SYN cookies, can reset them. `TcpListener::bind` asks for 128: `ab -c
+/// 500` against the test service filled it, the kernel logged "Possible
+/// SYN flooding" on its port and two requests failed (CI, 2026-11-29).
+pub fn listen(port: u16) -> io::Result<TcpListener> {
+    let socket = TcpSocket::new_v4()?;
+    socket.set_reuseaddr(true)?;
+    socket.bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))?;
+    socket.listen(65535)
 }
