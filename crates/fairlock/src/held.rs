@@ -509,14 +509,17 @@ mod tests {
     }
 
     /// A task waiting for the lost signal sleeps until the deadline it
-    /// read; a deadline moved earlier wakes it, so the signal fires when
-    /// the earlier lease runs out, not at the old deadline, after Redis let
-    /// the key go.
+    /// read; a deadline moved earlier (here into the past) wakes it, so the
+    /// signal fires when the earlier lease runs out, not at the old
+    /// deadline, after Redis let the key go. Checked without a clock: the
+    /// woken task has ended by the time this one is scheduled again.
     #[tokio::test]
     async fn a_deadline_moved_earlier_wakes_the_lost_signal() {
         let name = LockName::new("moved-deadline").expect("name");
         let keys = LockKeys::new(&KeyPrefix::new("fairlock").expect("prefix"), &name);
-        let granted = Instant::now();
+        let granted = Instant::now()
+            .checked_sub(Duration::from_secs(10))
+            .expect("an instant in the past");
         let held = Arc::new(HeldLock::new(
             name,
             Arc::new(keys),
@@ -535,17 +538,21 @@ mod tests {
             async move { held.lost().await }
         });
         tokio::task::yield_now().await;
-        // An extend to 2 minutes, then an older call of 200 ms answered.
+        assert!(!waiting.is_finished(), "lost before the lease ran out");
+        // An extend to 2 minutes, then an older call of 200 ms answered:
+        // its lease ended 9.8 s ago.
         held.lease_set(
             granted + Duration::from_millis(10),
             Duration::from_secs(120),
         );
         held.lease_set(granted, Duration::from_millis(200));
-        // Bounded far below the minute the waiter would otherwise sleep.
-        tokio::time::timeout(Duration::from_secs(20), waiting)
-            .await
-            .expect("the lost signal waited for the old deadline")
-            .expect("join");
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            waiting.is_finished(),
+            "the lost signal waited for the old deadline"
+        );
         assert!(held.is_lost());
     }
 }
