@@ -40,58 +40,80 @@ pub(crate) struct HeldLock {
 }
 
 /// A grant's lease by the local monotonic clock: the start of the call
-/// that set it last (the granting call, a renewal or an extend) and the
-/// length it set, which the watchdog renews from. Counted from before
-/// Redis set it, so local expiry is early, never late. A grant handed over
-/// from the queue is counted from the call that drew its ticket plus the
-/// server time from ticket to token (`acquire::handed_on_at`), early too
-/// while the server clock runs steadily.
+/// sent last of those that set it (the granting call, a renewal or an
+/// extend) and the length it set, which the watchdog renews from. Counted
+/// from before Redis set it, so local expiry is early, never late. A grant
+/// handed over from the queue is counted from the call that drew its
+/// ticket plus the server time from ticket to token
+/// (`acquire::handed_on_at`), early too while the server clock runs
+/// steadily.
 #[derive(Clone, Copy, Debug)]
 struct LeaseClock {
     from: Instant,
     len: Duration,
-    /// An earlier deadline left by a call sent before `from` but answered
-    /// after the call of `from` (see [`LeaseClock::set`]), and when its
-    /// answer came.
+    /// When the answer to the call of `from` came.
+    answered: Instant,
+    /// An earlier deadline left by calls that may have run last in Redis
+    /// though another was sent after them (see [`LeaseClock::set`]), and
+    /// when the last of their answers came.
     cap: Option<(Instant, Instant)>,
 }
 
 impl LeaseClock {
-    fn new(from: Instant, len: Duration) -> Self {
+    fn new(from: Instant, len: Duration, answered: Instant) -> Self {
         Self {
             from,
             len,
+            answered,
             cap: None,
         }
     }
 
-    /// A call sent at `at` that set the lease to `len` was answered held.
-    /// A call sent later than the last one replaces the lease. One sent
-    /// earlier but answered after it (sent again after its connection was
-    /// lost, or on another connection) may have run last in Redis, leaving
-    /// its own lease, which ends no earlier than `at + len`: the deadline
-    /// is capped there if that is earlier, never moved later, while the
-    /// length the watchdog renews from stays the later call's (an `extend`
-    /// to a longer lease keeps its length). A call sent after such an
-    /// answer came ran after it in Redis and lifts the cap. Before, the
-    /// earlier call's answer was ignored, and an `extend` to a long lease
-    /// overtaken in Redis by an older, shorter renewal left the holder
-    /// counting on the long one.
-    fn set(&mut self, at: Instant, len: Duration) {
+    /// A call sent at `at` that set the lease to `len` was answered held
+    /// at `answered`. Redis ran it after every call whose answer had come
+    /// when it was sent, and in either order with those still on their
+    /// way: any of those may have run last, leaving its own lease. So:
+    /// - a call sent later than the last one replaces the lease; if the
+    ///   last one's answer had not come when it was sent, the last one's
+    ///   end stays as a cap on the deadline;
+    /// - a call sent earlier (answered after a later one: sent again after
+    ///   its connection was lost, or on another connection) caps the
+    ///   deadline at its own end;
+    /// - a cap only moves the deadline earlier, never later, and the
+    ///   length the watchdog renews from stays the last-sent call's (an
+    ///   `extend` to a longer lease keeps its length);
+    /// - a call sent after the answers of every capping call came ran
+    ///   after them all, and lifts the cap.
+    ///
+    /// Before, a call's answer only counted if the call was sent last, so
+    /// an `extend` to a long lease overtaken in Redis by an older, shorter
+    /// renewal left the holder counting on the long one.
+    fn set(&mut self, at: Instant, len: Duration, answered: Instant) {
         if at >= self.from {
+            if at < self.answered {
+                self.cap_at(self.from.checked_add(self.len), self.answered);
+            }
             self.from = at;
             self.len = len;
+            self.answered = answered;
             if self.cap.is_some_and(|(_, answered)| at >= answered) {
                 self.cap = None;
             }
             return;
         }
-        let Some(end) = at.checked_add(len) else {
+        self.cap_at(at.checked_add(len), answered);
+    }
+
+    /// One more call may have run last, with its lease ending at `end`
+    /// (`None`: beyond the clock's range, no cap), answered at `answered`.
+    fn cap_at(&mut self, end: Option<Instant>, answered: Instant) {
+        let Some(end) = end else {
             return;
         };
-        if self.deadline().is_none_or(|deadline| end < deadline) {
-            self.cap = Some((end, Instant::now()));
-        }
+        self.cap = Some(match self.cap {
+            Some((cap, last)) => (cap.min(end), last.max(answered)),
+            None => (end, answered),
+        });
     }
 
     fn deadline(&self) -> Option<Instant> {
@@ -132,7 +154,11 @@ impl HeldLock {
             ticket: grant.ticket,
             lease: grant.lease,
             granted_at: Instant::now(),
-            lease_clock: Mutex::new(LeaseClock::new(grant.lease_from, grant.lease_len)),
+            lease_clock: Mutex::new(LeaseClock::new(
+                grant.lease_from,
+                grant.lease_len,
+                Instant::now(),
+            )),
             lost: watch::Sender::new(false),
             released: AtomicBool::new(false),
             client_closed: AtomicBool::new(false),
@@ -148,7 +174,7 @@ impl HeldLock {
         let earlier = {
             let mut clock = self.lease_clock();
             let before = clock.deadline();
-            clock.set(at, len);
+            clock.set(at, len, Instant::now());
             match (clock.deadline(), before) {
                 (Some(now), Some(before)) => now < before,
                 (Some(_), None) => true,
@@ -482,12 +508,12 @@ mod tests {
         let t0 = Instant::now()
             .checked_sub(ms(10_000))
             .expect("an instant in the past");
-        let mut clock = LeaseClock::new(t0, ms(30_000));
+        let mut clock = LeaseClock::new(t0, ms(30_000), t0);
         // An extend to two minutes, sent at 1 s.
-        clock.set(t0 + ms(1_000), ms(120_000));
+        clock.set(t0 + ms(1_000), ms(120_000), Instant::now());
         assert_eq!(clock.deadline(), Some(t0 + ms(121_000)));
         // A watchdog renewal of 30 s sent at 0.5 s, answered after it.
-        clock.set(t0 + ms(500), ms(30_000));
+        clock.set(t0 + ms(500), ms(30_000), Instant::now());
         assert_eq!(
             clock.deadline(),
             Some(t0 + ms(30_500)),
@@ -495,17 +521,52 @@ mod tests {
         );
         assert_eq!(clock.len, ms(120_000), "the extend's length was lost");
         // An older call whose lease would end later changes nothing.
-        clock.set(t0 + ms(200), ms(90_000));
+        clock.set(t0 + ms(200), ms(90_000), Instant::now());
         assert_eq!(clock.deadline(), Some(t0 + ms(30_500)));
         // A call sent before that answer came does not lift the cap.
-        clock.set(t0 + ms(2_000), ms(120_000));
+        clock.set(t0 + ms(2_000), ms(120_000), Instant::now());
         assert_eq!(clock.deadline(), Some(t0 + ms(30_500)));
         // One sent after it ran after it in Redis: its lease stands.
         let later = Instant::now() + ms(1);
-        clock.set(later, ms(10_000));
+        clock.set(later, ms(10_000), Instant::now());
         assert_eq!(clock.deadline(), Some(later + ms(10_000)));
-        clock.set(later + ms(1_000), ms(60_000));
+        clock.set(later + ms(1_000), ms(60_000), Instant::now());
         assert_eq!(clock.deadline(), Some(later + ms(61_000)));
+    }
+
+    /// Answers in the order the calls were sent, but the later call was
+    /// sent before the earlier one's answer came: Redis may have run
+    /// either last (two connections, whose answers cross on the way
+    /// back), so the deadline is the earlier of the two ends until a call
+    /// sent after both answers sets the lease again.
+    #[test]
+    fn calls_in_flight_together_keep_the_earlier_end() {
+        let ms = Duration::from_millis;
+        let t0 = Instant::now()
+            .checked_sub(ms(10_000))
+            .expect("an instant in the past");
+        let mut clock = LeaseClock::new(t0, ms(30_000), t0);
+        // A watchdog renewal of 30 s sent at 0.5 s, answered at 1.5 s.
+        clock.set(t0 + ms(500), ms(30_000), t0 + ms(1_500));
+        // An extend to two minutes sent at 1 s, before that answer came,
+        // answered at 2 s.
+        clock.set(t0 + ms(1_000), ms(120_000), t0 + ms(2_000));
+        assert_eq!(
+            clock.deadline(),
+            Some(t0 + ms(30_500)),
+            "the renewal may have run last in Redis, yet its shorter lease was dropped"
+        );
+        assert_eq!(clock.len, ms(120_000), "the extend's length was lost");
+        // A call sent at 1.8 s (before the extend's answer) does not
+        // settle it.
+        clock.set(t0 + ms(1_800), ms(120_000), t0 + ms(2_500));
+        assert_eq!(clock.deadline(), Some(t0 + ms(30_500)));
+        // One sent after every answer ran after them all.
+        clock.set(t0 + ms(3_000), ms(120_000), t0 + ms(3_500));
+        assert_eq!(clock.deadline(), Some(t0 + ms(123_000)));
+        // Calls one after the other change nothing of the above.
+        clock.set(t0 + ms(4_000), ms(60_000), t0 + ms(4_500));
+        assert_eq!(clock.deadline(), Some(t0 + ms(64_000)));
     }
 
     /// A task waiting for the lost signal sleeps until the deadline it

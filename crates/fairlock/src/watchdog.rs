@@ -113,18 +113,25 @@ fn watch_interval(state: &ClientState) -> Duration {
 /// The lease to set now for `lock`, or 0 to only check it. A watchdog
 /// lease is renewed once about a third of it has passed; one that `extend`
 /// set counts too: a shorter one is renewed before it runs out (and then
-/// gets the watchdog lease back), a longer one keeps its length.
+/// gets the watchdog lease back), a longer one keeps its length. A
+/// deadline moved earlier than the last call's lease (calls whose order in
+/// Redis is not known, `held.rs`) is renewed as if that much of the lease
+/// had passed.
 fn renewal_due(lock: &HeldLock, watchdog_lease: Duration, interval: Duration) -> u64 {
     let current = lock.current_lease();
+    let lease = current.min(watchdog_lease);
+    let used_by_deadline = || {
+        lock.lease_deadline().is_some_and(|deadline| {
+            let left = deadline.saturating_duration_since(Instant::now());
+            third_passed(lease.saturating_sub(left), lease, interval)
+        })
+    };
     match lock.lease {
         // A lost one's holder was told to stop: never extended again.
         Lease::Watchdog
             if !lock.is_lost()
-                && third_passed(
-                    lock.since_lease_set(),
-                    current.min(watchdog_lease),
-                    interval,
-                ) =>
+                && (third_passed(lock.since_lease_set(), lease, interval)
+                    || used_by_deadline()) =>
         {
             millis(current.max(watchdog_lease))
         }
@@ -258,15 +265,59 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
 
-    use super::third_passed;
+    use fairlock_core::{KeyPrefix, LockKeys, LockName};
+
+    use super::{renewal_due, third_passed};
+    use crate::config::Lease;
+    use crate::held::{Grant, HeldLock};
+    use crate::telemetry::LockTelemetry;
 
     /// A lease renewed every third: with rounds a third of the lease
     /// apart (a 3 s lease, 1 s rounds), the round that falls just before
     /// the third renews, not the one after it at two thirds; with rounds
     /// far apart from the third (a 30 s lease, 1 s rounds) the renewal
     /// comes within half a round of it.
+    /// A watchdog lease whose deadline was moved earlier (an older, short
+    /// `extend` may have run last in Redis) is renewed when that earlier
+    /// end nears, not only a third of a lease after the last call sent.
+    #[test]
+    fn a_deadline_moved_earlier_is_renewed_before_it() {
+        let name = LockName::new("capped").expect("name");
+        let keys = LockKeys::new(&KeyPrefix::new("fairlock").expect("prefix"), &name);
+        let granted = Instant::now();
+        let lease = Duration::from_secs(30);
+        let lock = HeldLock::new(
+            name,
+            Arc::new(keys),
+            "0123.ab.30000".to_owned(),
+            Grant {
+                token: 1,
+                ticket: None,
+                lease: Lease::Watchdog,
+                lease_len: lease,
+                lease_from: granted,
+            },
+            LockTelemetry::default(),
+        );
+        let second = Duration::from_secs(1);
+        assert_eq!(renewal_due(&lock, lease, second), 0, "renewed at once");
+        // An extend to 2 s, sent before the grant's lease was set and
+        // answered now: its lease ends in under 2 s.
+        let sent = granted
+            .checked_sub(Duration::from_millis(100))
+            .expect("an instant in the past");
+        lock.lease_set(sent, Duration::from_secs(2));
+        assert!(!lock.is_lost());
+        assert_eq!(
+            renewal_due(&lock, lease, second),
+            30_000,
+            "the watchdog waited for a third of the 30 s lease though it may end in 2 s"
+        );
+    }
+
     #[test]
     fn the_round_nearest_a_third_of_the_lease_renews() {
         let ms = Duration::from_millis;
