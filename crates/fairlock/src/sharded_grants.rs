@@ -256,7 +256,17 @@ impl Nodes {
                 });
             }
             ShardRequest::Silent { slot } => {
-                if let Some(address) = self.state.slot_node(slot) {
+                let Some(address) = self.state.slot_node(slot) else {
+                    return;
+                };
+                // The request that went unanswered may have been written
+                // on a connection since closed; the one open now is only
+                // silent if a requester gave up on it too.
+                let abandoned = self
+                    .links
+                    .get(&address)
+                    .is_some_and(|link| holds_an_abandoned_request(&link.awaiting));
+                if abandoned {
                     tracing::warn!(
                         %address,
                         "fairlock's pub/sub connection to a cluster node did not answer; opening it again"
@@ -543,6 +553,17 @@ fn resubscribe_where_slots_are(state: &Arc<ClientState>) {
     }));
 }
 
+/// Whether a connection has a subscription unanswered whose requester
+/// gave up waiting (its time ran out). A `PING` awaited does not count.
+fn holds_an_abandoned_request(awaiting: &Awaiting) -> bool {
+    awaiting
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .flatten()
+        .any(oneshot::Sender::is_closed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -551,6 +572,31 @@ mod tests {
         let mut names: Vec<&str> = addresses.map(String::as_str).collect();
         names.sort_unstable();
         names
+    }
+
+    /// A requester that timed out has the node's connection closed only if
+    /// its request is on that connection: a connection opened since, whose
+    /// requests are all still awaited (or only its keep-alive `PING`), is
+    /// left open. Before, whatever connection to the node was current was
+    /// closed.
+    #[test]
+    fn only_a_connection_holding_an_abandoned_request_is_silent() {
+        let awaiting = Awaiting::default();
+        assert!(!holds_an_abandoned_request(&awaiting), "an idle connection");
+        awaiting.lock().expect("awaiting").push_back(None);
+        let (waited, _requester) = oneshot::channel();
+        awaiting.lock().expect("awaiting").push_back(Some(waited));
+        assert!(
+            !holds_an_abandoned_request(&awaiting),
+            "a connection whose requesters all wait was taken for silent"
+        );
+        let (abandoned, requester) = oneshot::channel();
+        awaiting
+            .lock()
+            .expect("awaiting")
+            .push_back(Some(abandoned));
+        drop(requester);
+        assert!(holds_an_abandoned_request(&awaiting));
     }
 
     /// A node that left fred's slot map and has no connection is forgotten
