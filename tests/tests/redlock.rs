@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use fairlock::redlock::{RedLock, RedLockConfig, RedLockOptions};
 use fairlock::{Error, PrimaryFailureKind};
-use fairlock_testkit::{IndependentPrimaries, RedisServer};
+use fairlock_testkit::{IndependentPrimaries, RedisServer, Resp};
 use fairlock_tests::{redlock_config, redlock_connect};
 
 /// A hang guard for calls that must return on their own.
@@ -521,6 +521,56 @@ async fn an_unconfirmed_renewal_round_is_tried_again_within_the_validity() {
         .await
         .expect("no hang")
         .expect("release");
+}
+
+/// A release that a primary refuses or does not get (here: its user may
+/// no longer run scripts) is sent there again until that primary answers,
+/// within the lease: the vote there does not stay for the rest of a long
+/// lease, splitting other callers' votes. Before, the release ran once
+/// and the key stayed on that primary for its 60 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_missed_a_primary_is_sent_there_again() {
+    let servers = primaries(3);
+    let client = redlock_connect(config(&servers)).await;
+    let options = RedLockOptions::new().lease(Duration::from_secs(60));
+    let guard = tokio::time::timeout(HANG, client.lock_with("missed", options))
+        .await
+        .expect("no hang")
+        .expect("lock");
+    let key = "fairlock:redlock:{missed}:owner";
+    let exists = |server: &RedisServer| match server.cmd_ok(&["EXISTS", key]) {
+        Ok(Resp::Int(n)) => n,
+        other => panic!("EXISTS answered {other:?}"),
+    };
+    for server in servers.servers() {
+        assert_eq!(exists(server), 1, "the vote on {}", server.addr());
+    }
+    let refusing = &servers.servers()[2];
+    refusing
+        .cmd_ok(&["ACL", "SETUSER", "default", "-evalsha", "-eval"])
+        .expect("refuse scripts");
+    tokio::time::timeout(HANG, guard.release())
+        .await
+        .expect("no hang")
+        .expect("released on a majority");
+    assert_eq!(
+        exists(refusing),
+        1,
+        "the release ran on the refusing primary"
+    );
+    refusing
+        .cmd_ok(&["ACL", "SETUSER", "default", "+@all"])
+        .expect("allow scripts again");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while exists(refusing) == 1 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        exists(refusing),
+        0,
+        "the vote stayed on the primary the release missed"
+    );
+    client.close().await;
 }
 
 /// Waiters on many locks are not held up behind one another by a primary

@@ -108,7 +108,7 @@ async fn acquire_checked(
                 let token = match shared.check_open().and_then(|()| token_of(won.token)) {
                     Ok(token) => token,
                     Err(error) => {
-                        give_back_later(shared, &keys, &owner_id);
+                        give_back_later(shared, &keys, &owner_id, lease);
                         return Err(error);
                     }
                 };
@@ -249,6 +249,7 @@ fn hold(
         released: false,
         telemetry,
         granted_at: Instant::now(),
+        lease,
     }
 }
 

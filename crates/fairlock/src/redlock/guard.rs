@@ -54,6 +54,8 @@ pub struct RedLockGuard {
     pub(crate) released: bool,
     pub(crate) telemetry: LockTelemetry,
     pub(crate) granted_at: Instant,
+    /// The lease the keys are given (by the grant and each renewal).
+    pub(crate) lease: Duration,
 }
 
 impl std::fmt::Debug for RedLockGuard {
@@ -156,7 +158,7 @@ impl RedLockGuard {
             s.released = true;
         });
         let (answered, deleted, failures) =
-            release_everywhere(&self.shared, &self.keys, &self.owner_id, true).await;
+            release_everywhere(&self.shared, &self.keys, &self.owner_id, true, self.lease).await;
         self.released = true;
         self.telemetry.held_for(self.granted_at);
         let quorum = self.shared.config.quorum();
@@ -192,6 +194,7 @@ impl Drop for RedLockGuard {
         });
         let telemetry = std::mem::take(&mut self.telemetry);
         let granted_at = self.granted_at;
+        let lease = self.lease;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // No release without a runtime (the keys expire with the
             // lease); the hold ends here all the same.
@@ -208,7 +211,7 @@ impl Drop for RedLockGuard {
             if let Some(mut watchdog) = watchdog {
                 watchdog.shutdown().await;
             }
-            release_everywhere(&shared, &keys, &owner_id, true).await;
+            release_everywhere(&shared, &keys, &owner_id, true, lease).await;
             telemetry.held_for(granted_at);
         });
     }

@@ -65,6 +65,7 @@ mod fencing;
 mod guard;
 mod primaries;
 mod quorum;
+mod release_retries;
 mod renewal;
 mod shared;
 mod wakeups;
@@ -83,6 +84,7 @@ use crate::task::BackgroundTask;
 
 use acquire::{acquire, Mode};
 use primaries::Primaries;
+use release_retries::ReleaseRetries;
 use shared::Shared;
 use wakeups::Wakeups;
 
@@ -214,6 +216,7 @@ impl RedLock {
             wakeups,
             closed: AtomicBool::new(false),
             closing: tokio::sync::Notify::new(),
+            release_retries: ReleaseRetries::default(),
         });
         let reconnector = (connected < shared.primaries.len())
             .then(|| spawn_reconnector(Arc::downgrade(&shared)));
@@ -310,6 +313,7 @@ impl RedLock {
         if let Some(mut reconnector) = reconnector {
             reconnector.shutdown().await;
         }
+        self.inner.shared.release_retries.shutdown().await;
         self.inner.shared.wakeups.shutdown().await;
         for primary in self.inner.shared.primaries.all() {
             if let Some(connection) = primary.connection() {

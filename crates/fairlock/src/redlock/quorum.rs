@@ -29,6 +29,7 @@ use crate::error::PrimaryFailure;
 
 use super::fencing::{token_from_floors, write_back};
 use super::primaries::{call, restarted_recently};
+use super::release_retries::MissedRelease;
 use super::shared::Shared;
 
 /// A won majority.
@@ -73,7 +74,7 @@ pub(crate) async fn attempt(
     let config = &shared.config;
     let quorum = config.quorum();
     let started = Instant::now();
-    let mut cleanup = VoteCleanup::armed(shared, keys, owner_id);
+    let mut cleanup = VoteCleanup::armed(shared, keys, owner_id, lease);
 
     let lease_ms = millis(lease);
     let min_uptime_ms = millis(config.restart_delay);
@@ -173,12 +174,20 @@ pub(crate) async fn attempt(
 /// not win, and when the attempt's future is dropped half way.
 struct VoteCleanup {
     target: Option<(Arc<Shared>, Arc<RedLockKeys>, Arc<str>)>,
+    /// The lease the votes were asked with.
+    lease: Duration,
 }
 
 impl VoteCleanup {
-    fn armed(shared: &Arc<Shared>, keys: &Arc<RedLockKeys>, owner_id: &Arc<str>) -> Self {
+    fn armed(
+        shared: &Arc<Shared>,
+        keys: &Arc<RedLockKeys>,
+        owner_id: &Arc<str>,
+        lease: Duration,
+    ) -> Self {
         Self {
             target: Some((Arc::clone(shared), Arc::clone(keys), Arc::clone(owner_id))),
+            lease,
         }
     }
 
@@ -190,7 +199,7 @@ impl VoteCleanup {
     /// attempt had a majority, which blocked them).
     async fn give_back(&mut self, announce: bool) {
         if let Some((shared, keys, owner_id)) = self.target.take() {
-            release_everywhere(&shared, &keys, &owner_id, announce).await;
+            release_everywhere(&shared, &keys, &owner_id, announce, self.lease).await;
         }
     }
 }
@@ -198,9 +207,10 @@ impl VoteCleanup {
 impl Drop for VoteCleanup {
     fn drop(&mut self) {
         if let Some((shared, keys, owner_id)) = self.target.take() {
+            let lease = self.lease;
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
-                    release_everywhere(&shared, &keys, &owner_id, true).await;
+                    release_everywhere(&shared, &keys, &owner_id, true, lease).await;
                 });
             }
         }
@@ -209,13 +219,18 @@ impl Drop for VoteCleanup {
 
 /// Gives `owner_id`'s votes back on every primary in a task of its own: a
 /// won majority that no guard will hold.
-pub(crate) fn give_back_later(shared: &Arc<Shared>, keys: &Arc<RedLockKeys>, owner_id: &Arc<str>) {
+pub(crate) fn give_back_later(
+    shared: &Arc<Shared>,
+    keys: &Arc<RedLockKeys>,
+    owner_id: &Arc<str>,
+    lease: Duration,
+) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
     let (shared, keys, owner_id) = (Arc::clone(shared), Arc::clone(keys), Arc::clone(owner_id));
     runtime.spawn(async move {
-        release_everywhere(&shared, &keys, &owner_id, true).await;
+        release_everywhere(&shared, &keys, &owner_id, true, lease).await;
     });
 }
 
@@ -226,6 +241,7 @@ pub(crate) async fn release_everywhere(
     keys: &Arc<RedLockKeys>,
     owner_id: &Arc<str>,
     announce: bool,
+    lease: Duration,
 ) -> (usize, usize, Vec<PrimaryFailure>) {
     let answers = shared
         .primaries
@@ -255,13 +271,31 @@ pub(crate) async fn release_everywhere(
         }
     }
     if !failures.is_empty() {
-        // Not retried: the key on those primaries ends with its lease, and
-        // until then a minority's key can split other callers' votes.
+        // Until the key on those primaries is released or ends with its
+        // lease, a minority's key can split other callers' votes: the
+        // release is sent there again (`release_retries.rs`), except to a
+        // primary refused as another one's server.
         tracing::warn!(
             lock = keys.owner(),
             unreached = failures.len(),
             primaries = shared.primaries.len(),
-            "RedLock: a release did not reach every primary; the key there expires with its lease"
+            "RedLock: a release did not reach every primary; sending it there again"
+        );
+        let all = shared.primaries.all();
+        let missed = failures
+            .iter()
+            .map(|failure| failure.index)
+            .filter(|&index| all.get(index).is_some_and(|p| !p.is_refused()))
+            .collect();
+        shared.release_retries.start(
+            &shared.primaries,
+            MissedRelease {
+                keys: Arc::clone(keys),
+                owner_id: Arc::clone(owner_id),
+                announce,
+                missed,
+                lease,
+            },
         );
     }
     (answered, deleted, failures)

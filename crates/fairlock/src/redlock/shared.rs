@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 
 use super::config::RedLockConfig;
 use super::primaries::Primaries;
+use super::release_retries::ReleaseRetries;
 use super::wakeups::Wakeups;
 
 /// Shared by the client, its attempts, its guards and their watchdogs.
@@ -21,6 +22,8 @@ pub(crate) struct Shared {
     pub(crate) closed: AtomicBool,
     /// Wakes the waiters pausing before an attempt when the client closes.
     pub(crate) closing: Notify,
+    /// Releases sent again to the primaries a release round missed.
+    pub(crate) release_retries: ReleaseRetries,
 }
 
 impl Shared {
