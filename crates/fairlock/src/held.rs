@@ -146,6 +146,7 @@ impl HeldLock {
         grant: Grant,
         telemetry: LockTelemetry,
     ) -> Self {
+        let granted_at = Instant::now();
         Self {
             name,
             keys,
@@ -153,11 +154,11 @@ impl HeldLock {
             token: grant.token,
             ticket: grant.ticket,
             lease: grant.lease,
-            granted_at: Instant::now(),
+            granted_at,
             lease_clock: Mutex::new(LeaseClock::new(
                 grant.lease_from,
                 grant.lease_len,
-                Instant::now(),
+                granted_at,
             )),
             lost: watch::Sender::new(false),
             released: AtomicBool::new(false),
