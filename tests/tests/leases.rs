@@ -535,6 +535,39 @@ async fn extend_by_owner_id_moves_a_local_holders_deadline() {
     guard.release().await.expect("release");
 }
 
+/// An `extend` that fails without an answer (here: Redis paused past the
+/// command timeout, so the call times out and may still run once the pause
+/// ends) may have set its shorter lease: the guard's lost signal fires by
+/// that lease's end, not at the longer lease it had. Before, a failed
+/// extend left the local deadline where it was, and a holder whose extend
+/// to 2 s ran after its timeout counted on its 60 s lease while Redis let
+/// the lock go after 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_that_timed_out_may_have_shortened_the_lease() {
+    let server = server();
+    let mut config = fast_config(&server);
+    config.command_timeout = Duration::from_millis(500);
+    let client = LockClient::with_config(config).await.expect("connect");
+    let guard = client
+        .lock_with(
+            "extend-timed-out",
+            LockOptions::new().lease(Duration::from_secs(60)),
+        )
+        .await
+        .expect("lock");
+    server
+        .cmd_ok(&["CLIENT", "PAUSE", "1500"])
+        .expect("pause Redis");
+    let extended = guard.extend(Duration::from_secs(2)).await;
+    assert!(
+        matches!(extended, Err(Error::Timeout { .. })),
+        "the extend was answered: {extended:?}"
+    );
+    within("the lost signal of the shorter lease", guard.lost()).await;
+    assert!(guard.is_lost());
+    drop(guard);
+}
+
 /// A forced release that reaches a process before its waiting task has
 /// taken the grant it revokes (both messages sit in the socket while the
 /// process is busy: here its one runtime thread is blocked) still fires the

@@ -18,6 +18,7 @@ use crate::grant_connection::{spawn_grant_reader, GrantConnection};
 use crate::grants::spawn_router;
 use crate::guard::{FencingToken, LockGuard};
 use crate::heartbeat::spawn_heartbeat;
+use crate::held::LeaseCall;
 use crate::redis::{Lane, PubSub, RedisConnection};
 use crate::sharded_grants::spawn_sharded_grants;
 use crate::state::ClientState;
@@ -272,16 +273,20 @@ impl LockClient {
                 token: None,
             }],
         };
-        let sent_at = std::time::Instant::now();
-        match self.state().renew(&batch).await?.first() {
-            Some(RenewStatus::Held) => {
-                // A holder in this process counts its lease from here too
-                // (its lost signal fires by that local deadline).
-                if let Some(held) = self.state().held.get(owner_id) {
-                    held.lease_set(sent_at, lease);
-                }
-                Ok(())
+        // A holder in this process counts its lease from here too (its
+        // lost signal fires by that local deadline), also if the call
+        // fails or is dropped before its answer, when it may have run.
+        let held = self.state().held.get(owner_id);
+        let call = held.as_deref().map(|held| LeaseCall::start(held, lease));
+        let status = self.state().renew(&batch).await?.first().copied();
+        if let Some(call) = call {
+            match status {
+                Some(RenewStatus::Held) => call.set(),
+                _ => call.refused(),
             }
+        }
+        match status {
+            Some(RenewStatus::Held) => Ok(()),
             Some(RenewStatus::WrongType) => Err(Error::WrongType(format!(
                 "WRONGTYPE fairlock key {} holds a value of another type",
                 keys.owner()

@@ -3,14 +3,14 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fairlock_core::{LockName, OwnerId, RenewBatch, RenewItem, RenewStatus};
 
 use crate::config::{millis, LockOptions};
 use crate::error::{Error, Result};
-use crate::held::HeldLock;
 use crate::held::OwnerShared;
+use crate::held::{HeldLock, LeaseCall};
 use crate::state::ClientState;
 
 /// A fencing token: strictly increasing per lock name across all grants,
@@ -199,7 +199,6 @@ impl LockGuard {
     /// fires the lost signal) if the lock is no longer held.
     pub async fn extend(&self, lease: Duration) -> Result<()> {
         LockOptions::new().lease(lease).validate()?;
-        let sent_at = Instant::now();
         let batch = RenewBatch {
             items: vec![RenewItem {
                 owner_key: self.held.keys.owner(),
@@ -208,11 +207,15 @@ impl LockGuard {
                 token: None,
             }],
         };
-        match self.state.renew(&batch).await?.first() {
-            Some(RenewStatus::Held) => {
-                self.held.lease_set(sent_at, lease);
-                Ok(())
-            }
+        // Failed or dropped before its answer, it may have set the lease.
+        let call = LeaseCall::start(&self.held, lease);
+        let status = self.state.renew(&batch).await?.first().copied();
+        if let Some(RenewStatus::Held) = status {
+            call.set();
+            return Ok(());
+        }
+        call.refused();
+        match status {
             Some(RenewStatus::WrongType) => Err(Error::WrongType(format!(
                 "WRONGTYPE fairlock key {} holds a value of another type",
                 self.held.keys.owner()

@@ -47,17 +47,21 @@ pub(crate) struct HeldLock {
 /// ticket plus the server time from ticket to token
 /// (`acquire::handed_on_at`), early too while the server clock runs
 /// steadily.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct LeaseClock {
     from: Instant,
     len: Duration,
     /// When the answer to the call of `from` came.
     answered: Instant,
-    /// An earlier deadline left by calls that may have run last in Redis
-    /// though another was sent after them (see [`LeaseClock::set`]), and
-    /// when the last of their answers came.
-    cap: Option<(Instant, Instant)>,
+    /// Earlier calls that may have run last in Redis though another was
+    /// sent after them (see [`LeaseClock::set`]): where each one's lease
+    /// ends, and when its answer came (or its call failed).
+    caps: Vec<(Instant, Instant)>,
 }
+
+/// How many calls of unknown order a lease clock keeps apart; more are
+/// merged into one (the earliest end, the latest answer).
+const CAPS_KEPT: usize = 8;
 
 impl LeaseClock {
     fn new(from: Instant, len: Duration, answered: Instant) -> Self {
@@ -65,7 +69,7 @@ impl LeaseClock {
             from,
             len,
             answered,
-            cap: None,
+            caps: Vec::new(),
         }
     }
 
@@ -73,22 +77,23 @@ impl LeaseClock {
     /// at `answered`. Redis ran it after every call whose answer had come
     /// when it was sent, and in either order with those still on their
     /// way: any of those may have run last, leaving its own lease. So:
+    /// - the calls answered before `at` ran before this one: they no
+    ///   longer cap the deadline;
     /// - a call sent later than the last one replaces the lease; if the
     ///   last one's answer had not come when it was sent, the last one's
-    ///   end stays as a cap on the deadline;
+    ///   end caps the deadline;
     /// - a call sent earlier (answered after a later one: sent again after
     ///   its connection was lost, or on another connection) caps the
     ///   deadline at its own end;
     /// - a cap only moves the deadline earlier, never later, and the
     ///   length the watchdog renews from stays the last-sent call's (an
-    ///   `extend` to a longer lease keeps its length);
-    /// - a call sent after the answers of every capping call came ran
-    ///   after them all, and lifts the cap.
+    ///   `extend` to a longer lease keeps its length).
     ///
     /// Before, a call's answer only counted if the call was sent last, so
     /// an `extend` to a long lease overtaken in Redis by an older, shorter
     /// renewal left the holder counting on the long one.
     fn set(&mut self, at: Instant, len: Duration, answered: Instant) {
+        self.caps.retain(|&(_, cap_answered)| cap_answered > at);
         if at >= self.from {
             if at < self.answered {
                 self.cap_at(self.from.checked_add(self.len), self.answered);
@@ -96,12 +101,18 @@ impl LeaseClock {
             self.from = at;
             self.len = len;
             self.answered = answered;
-            if self.cap.is_some_and(|(_, answered)| at >= answered) {
-                self.cap = None;
-            }
             return;
         }
         self.cap_at(at.checked_add(len), answered);
+    }
+
+    /// A call sent at `at` to set the lease to `len` failed without an
+    /// answer (a timeout, a lost connection): it may have run in Redis,
+    /// so its end caps the deadline as an earlier call's would, until a
+    /// call sent after `failed` is answered; the lease and its length are
+    /// left as they were.
+    fn may_have_set(&mut self, at: Instant, len: Duration, failed: Instant) {
+        self.cap_at(at.checked_add(len), failed);
     }
 
     /// One more call may have run last, with its lease ending at `end`
@@ -110,18 +121,65 @@ impl LeaseClock {
         let Some(end) = end else {
             return;
         };
-        self.cap = Some(match self.cap {
-            Some((cap, last)) => (cap.min(end), last.max(answered)),
-            None => (end, answered),
-        });
+        self.caps.push((end, answered));
+        if self.caps.len() > CAPS_KEPT {
+            let merged = self
+                .caps
+                .iter()
+                .fold((end, answered), |(e, a), &(ce, ca)| (e.min(ce), a.max(ca)));
+            self.caps.clear();
+            self.caps.push(merged);
+        }
     }
 
     fn deadline(&self) -> Option<Instant> {
-        let set = self.from.checked_add(self.len);
-        match (set, self.cap) {
-            (Some(set), Some((cap, _))) => Some(set.min(cap)),
-            (None, Some((cap, _))) => Some(cap),
+        let cap = self.caps.iter().map(|&(end, _)| end).min();
+        match (self.from.checked_add(self.len), cap) {
+            (Some(set), Some(cap)) => Some(set.min(cap)),
+            (None, cap) => cap,
             (set, None) => set,
+        }
+    }
+}
+
+/// A call setting a grant's lease (an `extend`) on its way. Answered, it
+/// sets the lease clock or leaves it as it was; dropped unanswered (the
+/// call failed, or its future was dropped) it may have run in Redis, so
+/// its end caps the deadline ([`HeldLock::lease_may_have_been_set`]).
+pub(crate) struct LeaseCall<'a> {
+    held: &'a HeldLock,
+    sent: Instant,
+    len: Duration,
+    answered: bool,
+}
+
+impl<'a> LeaseCall<'a> {
+    /// A call to set `held`'s lease to `len`, sent now.
+    pub(crate) fn start(held: &'a HeldLock, len: Duration) -> Self {
+        Self {
+            held,
+            sent: Instant::now(),
+            len,
+            answered: false,
+        }
+    }
+
+    /// Redis answered that the lease was set.
+    pub(crate) fn set(mut self) {
+        self.answered = true;
+        self.held.lease_set(self.sent, self.len);
+    }
+
+    /// Redis answered without setting the lease (not held, wrong type).
+    pub(crate) fn refused(mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for LeaseCall<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.held.lease_may_have_been_set(self.sent, self.len);
         }
     }
 }
@@ -169,13 +227,25 @@ impl HeldLock {
 
     /// A renewal or extend that started at `at` set the lease to `len`
     /// (see [`LeaseClock::set`]).
-    /// A deadline moved earlier wakes whoever waits on [`Self::lost`],
-    /// which sleeps until the deadline it last read.
     pub(crate) fn lease_set(&self, at: Instant, len: Duration) {
+        self.adjust_lease(|clock| clock.set(at, len, Instant::now()));
+    }
+
+    /// An extend that started at `at` to set the lease to `len` failed
+    /// without an answer, and may have run (see
+    /// [`LeaseClock::may_have_set`]).
+    pub(crate) fn lease_may_have_been_set(&self, at: Instant, len: Duration) {
+        self.adjust_lease(|clock| clock.may_have_set(at, len, Instant::now()));
+    }
+
+    /// Changes the lease clock. A deadline moved earlier wakes whoever
+    /// waits on [`Self::lost`], which sleeps until the deadline it last
+    /// read.
+    fn adjust_lease(&self, change: impl FnOnce(&mut LeaseClock)) {
         let earlier = {
             let mut clock = self.lease_clock();
             let before = clock.deadline();
-            clock.set(at, len, Instant::now());
+            change(&mut clock);
             match (clock.deadline(), before) {
                 (Some(now), Some(before)) => now < before,
                 (Some(_), None) => true,
@@ -558,16 +628,66 @@ mod tests {
             "the renewal may have run last in Redis, yet its shorter lease was dropped"
         );
         assert_eq!(clock.len, ms(120_000), "the extend's length was lost");
-        // A call sent at 1.8 s (before the extend's answer) does not
+        // A call sent at 1.2 s (before the renewal's answer) does not
         // settle it.
-        clock.set(t0 + ms(1_800), ms(120_000), t0 + ms(2_500));
+        clock.set(t0 + ms(1_200), ms(120_000), t0 + ms(2_200));
         assert_eq!(clock.deadline(), Some(t0 + ms(30_500)));
+        // One sent at 1.8 s, after the renewal's answer, ran after it; the
+        // extend and the call at 1.2 s may still have run after it.
+        clock.set(t0 + ms(1_800), ms(120_000), t0 + ms(2_500));
+        assert_eq!(clock.deadline(), Some(t0 + ms(121_000)));
         // One sent after every answer ran after them all.
         clock.set(t0 + ms(3_000), ms(120_000), t0 + ms(3_500));
         assert_eq!(clock.deadline(), Some(t0 + ms(123_000)));
         // Calls one after the other change nothing of the above.
         clock.set(t0 + ms(4_000), ms(60_000), t0 + ms(4_500));
         assert_eq!(clock.deadline(), Some(t0 + ms(64_000)));
+    }
+
+    /// Calls that each overlap the one before (two tasks extending one
+    /// guard, a renewal beside them) keep only the calls still unordered
+    /// as caps: a call sent after another's answer ran after it, so that
+    /// one no longer caps the deadline, which moves on with the calls.
+    #[test]
+    fn a_cap_ends_once_a_call_sent_after_its_answer_is_answered() {
+        let ms = Duration::from_millis;
+        let t0 = Instant::now()
+            .checked_sub(ms(10_000))
+            .expect("an instant in the past");
+        let lease = ms(30_000);
+        let mut clock = LeaseClock::new(t0, lease, t0);
+        // (sent, answered): each sent before the previous one's answer.
+        for (sent, answered) in [(100, 1_000), (500, 1_500), (1_200, 2_000), (1_800, 2_500)] {
+            clock.set(t0 + ms(sent), lease, t0 + ms(answered));
+        }
+        // Only the call sent at 1.2 s (answered after the last one was
+        // sent) and the last one may have run last.
+        assert_eq!(
+            clock.deadline(),
+            Some(t0 + ms(31_200)),
+            "the first call's end stayed the deadline though later calls ran after it"
+        );
+        assert_eq!(clock.caps.len(), 1);
+    }
+
+    /// An extend that failed without an answer (a timeout) may have run in
+    /// Redis: its shorter lease caps the deadline, the length stays, and a
+    /// call sent after the failure, once answered, ends the cap.
+    #[test]
+    fn an_unanswered_call_caps_the_deadline_at_its_end() {
+        let ms = Duration::from_millis;
+        let t0 = Instant::now()
+            .checked_sub(ms(10_000))
+            .expect("an instant in the past");
+        let mut clock = LeaseClock::new(t0, ms(60_000), t0);
+        clock.may_have_set(t0 + ms(1_000), ms(2_000), t0 + ms(6_000));
+        assert_eq!(clock.deadline(), Some(t0 + ms(3_000)));
+        assert_eq!(clock.len, ms(60_000));
+        // Sent before the failure: it does not end the cap.
+        clock.set(t0 + ms(5_000), ms(60_000), t0 + ms(7_000));
+        assert_eq!(clock.deadline(), Some(t0 + ms(3_000)));
+        clock.set(t0 + ms(7_200), ms(60_000), t0 + ms(7_500));
+        assert_eq!(clock.deadline(), Some(t0 + ms(67_200)));
     }
 
     /// A task waiting for the lost signal sleeps until the deadline it

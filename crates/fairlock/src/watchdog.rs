@@ -275,11 +275,6 @@ mod tests {
     use crate::held::{Grant, HeldLock};
     use crate::telemetry::LockTelemetry;
 
-    /// A lease renewed every third: with rounds a third of the lease
-    /// apart (a 3 s lease, 1 s rounds), the round that falls just before
-    /// the third renews, not the one after it at two thirds; with rounds
-    /// far apart from the third (a 30 s lease, 1 s rounds) the renewal
-    /// comes within half a round of it.
     /// A watchdog lease whose deadline was moved earlier (an older, short
     /// `extend` may have run last in Redis) is renewed when that earlier
     /// end nears, not only a third of a lease after the last call sent.
@@ -318,6 +313,11 @@ mod tests {
         );
     }
 
+    /// A lease renewed every third: with rounds a third of the lease
+    /// apart (a 3 s lease, 1 s rounds), the round that falls just before
+    /// the third renews, not the one after it at two thirds; with rounds
+    /// far apart from the third (a 30 s lease, 1 s rounds) the renewal
+    /// comes within half a round of it.
     #[test]
     fn the_round_nearest_a_third_of_the_lease_renews() {
         let ms = Duration::from_millis;
