@@ -157,8 +157,14 @@ impl RedLockGuard {
             s.lost = true;
             s.released = true;
         });
-        let (answered, deleted, failures) =
-            release_everywhere(&self.shared, &self.keys, &self.owner_id, true, self.lease).await;
+        let (answered, deleted, failures) = release_everywhere(
+            &self.shared,
+            &self.keys,
+            &self.owner_id,
+            true,
+            Some(self.lease),
+        )
+        .await;
         self.released = true;
         self.telemetry.held_for(self.granted_at);
         let quorum = self.shared.config.quorum();
@@ -211,7 +217,7 @@ impl Drop for RedLockGuard {
             if let Some(mut watchdog) = watchdog {
                 watchdog.shutdown().await;
             }
-            release_everywhere(&shared, &keys, &owner_id, true, lease).await;
+            release_everywhere(&shared, &keys, &owner_id, true, Some(lease)).await;
             telemetry.held_for(granted_at);
         });
     }

@@ -196,10 +196,12 @@ impl VoteCleanup {
     }
 
     /// Gives the votes back now; `announce` wakes waiters (only when the
-    /// attempt had a majority, which blocked them).
+    /// attempt had a majority, which blocked them). Not sent again to a
+    /// primary it misses: the acquire may go on with another attempt under
+    /// the same owner id, whose vote there a late release would delete.
     async fn give_back(&mut self, announce: bool) {
         if let Some((shared, keys, owner_id)) = self.target.take() {
-            release_everywhere(&shared, &keys, &owner_id, announce, self.lease).await;
+            release_everywhere(&shared, &keys, &owner_id, announce, None).await;
         }
     }
 }
@@ -210,7 +212,8 @@ impl Drop for VoteCleanup {
             let lease = self.lease;
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
-                    release_everywhere(&shared, &keys, &owner_id, true, lease).await;
+                    // The acquire was dropped: its owner id votes no more.
+                    release_everywhere(&shared, &keys, &owner_id, true, Some(lease)).await;
                 });
             }
         }
@@ -230,18 +233,20 @@ pub(crate) fn give_back_later(
     };
     let (shared, keys, owner_id) = (Arc::clone(shared), Arc::clone(keys), Arc::clone(owner_id));
     runtime.spawn(async move {
-        release_everywhere(&shared, &keys, &owner_id, true, lease).await;
+        release_everywhere(&shared, &keys, &owner_id, true, Some(lease)).await;
     });
 }
 
 /// Runs `redlock_release.lua` for `owner_id` on every primary; returns how
-/// many primaries answered and how many deleted the owner id's key.
+/// many primaries answered and how many deleted the owner id's key. With
+/// `retry_for` (the keys' lease), the primaries it missed get it again
+/// later: only for an owner id that will never vote again.
 pub(crate) async fn release_everywhere(
     shared: &Shared,
     keys: &Arc<RedLockKeys>,
     owner_id: &Arc<str>,
     announce: bool,
-    lease: Duration,
+    retry_for: Option<Duration>,
 ) -> (usize, usize, Vec<PrimaryFailure>) {
     let answers = shared
         .primaries
@@ -271,23 +276,25 @@ pub(crate) async fn release_everywhere(
         }
     }
     if !failures.is_empty() {
-        // Until the key on those primaries is released or ends with its
-        // lease, a minority's key can split other callers' votes: the
-        // release is sent there again (`release_retries.rs`), except to a
-        // primary refused as another one's server.
         tracing::warn!(
             lock = keys.owner(),
             unreached = failures.len(),
             primaries = shared.primaries.len(),
-            "RedLock: a release did not reach every primary; sending it there again"
+            "RedLock: a release did not reach every primary"
         );
+    }
+    // Until the key on those primaries is released or ends with its lease,
+    // a minority's key can split other callers' votes: the release is sent
+    // there again (`release_retries.rs`), where `retry_for` (the keys'
+    // lease) is given, except to a primary refused as another one's server.
+    if let Some(lease) = retry_for {
         let all = shared.primaries.all();
         let missed = failures
             .iter()
             .map(|failure| failure.index)
             .filter(|&index| all.get(index).is_some_and(|p| !p.is_refused()))
             .collect();
-        shared.release_retries.start(
+        shared.release_retries.keep(
             &shared.primaries,
             MissedRelease {
                 keys: Arc::clone(keys),

@@ -3,16 +3,22 @@
 //! A release round runs on every primary once; a primary that is down,
 //! slower than the call timeout, or refuses the call keeps its vote until
 //! the key's lease ends, and until then that minority's key can split
-//! other callers' votes. Each such round leaves a task here that sends the
-//! release again to the primaries it missed, with a backoff, until each has
-//! answered or the lease has ended (the key is gone by then). A release
-//! sent again changes nothing where the first one ran: it deletes the key
-//! only if it still holds this owner id.
+//! other callers' votes. A guard's release (or a won majority given back
+//! because no guard will hold it) leaves its missed primaries here: one
+//! task per client sends the release to them again, with a backoff, until
+//! each has answered or the lease has ended (the key is gone by then). A
+//! release sent again changes nothing where the first one ran: it deletes
+//! the key only if it still holds this owner id, which no later grant
+//! reuses (an acquire's own attempts share one owner id, so the votes an
+//! attempt gives back are never retried: a retry could delete that
+//! acquire's next vote).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use fairlock_core::{RedLockKeys, RedlockRelease};
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::task::{BackgroundTask, ShutdownSignal};
@@ -23,8 +29,11 @@ use super::primaries::{call, Primaries};
 const FIRST_PAUSE: Duration = Duration::from_millis(100);
 /// The longest pause between two retries.
 const MAX_PAUSE: Duration = Duration::from_secs(2);
+/// The most releases kept for retrying at once; more are not retried
+/// (their keys end with their leases, as before the retries).
+const MAX_KEPT: usize = 10_000;
 
-/// What a retry needs of the release it repeats.
+/// A release to send again.
 pub(crate) struct MissedRelease {
     pub(crate) keys: Arc<RedLockKeys>,
     pub(crate) owner_id: Arc<str>,
@@ -37,99 +46,188 @@ pub(crate) struct MissedRelease {
     pub(crate) lease: Duration,
 }
 
-/// The retry tasks of one RedLock client, stopped by `RedLock::close`
-/// (and asked to stop when the client's shared state is dropped).
+/// A kept release and when it is tried next.
+struct Retry {
+    release: MissedRelease,
+    until: Instant,
+    next: Instant,
+    pause: Duration,
+}
+
+#[derive(Default)]
+struct Queue {
+    retries: Vec<Retry>,
+    /// Set by `shutdown`: nothing is kept after it.
+    closed: bool,
+}
+
+/// The releases one RedLock client sends again, and the task sending them
+/// (started with the first one, stopped by `RedLock::close` or when the
+/// client's shared state is dropped).
 #[derive(Default)]
 pub(crate) struct ReleaseRetries {
-    tasks: Mutex<Vec<BackgroundTask>>,
-    /// Set by `shutdown`: no retry starts after it.
-    closed: Mutex<bool>,
+    queue: Arc<Mutex<Queue>>,
+    kept: Arc<Notify>,
+    task: Mutex<Option<BackgroundTask>>,
 }
 
 impl ReleaseRetries {
-    /// Starts sending `release` again to the primaries it missed.
-    pub(crate) fn start(&self, primaries: &Arc<Primaries>, release: MissedRelease) {
+    /// Keeps `release` to send again to the primaries it missed.
+    pub(crate) fn keep(&self, primaries: &Arc<Primaries>, release: MissedRelease) {
         if release.missed.is_empty() {
             return;
         }
-        let closed = self.closed.lock().unwrap_or_else(|p| p.into_inner());
-        if *closed {
-            return;
+        {
+            let mut queue = lock(&self.queue);
+            if queue.closed {
+                return;
+            }
+            if queue.retries.len() >= MAX_KEPT {
+                tracing::warn!(
+                    lock = release.keys.owner(),
+                    "RedLock: too many releases waiting to be sent again; this one's keys end with their lease"
+                );
+                return;
+            }
+            let now = Instant::now();
+            queue.retries.push(Retry {
+                until: now + release.lease,
+                next: now + FIRST_PAUSE,
+                pause: FIRST_PAUSE,
+                release,
+            });
         }
-        let mut tasks = self.tasks();
-        tasks.retain(BackgroundTask::is_running);
-        let primaries = Arc::clone(primaries);
-        tasks.push(BackgroundTask::spawn(
-            "RedLock release retries",
-            move |shutdown| retry(primaries, release, shutdown),
-        ));
+        let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
+        // Checked under the task's lock, which `shutdown` takes after
+        // closing the queue: no task starts after it.
+        if task.is_none() && !lock(&self.queue).closed {
+            let (queue, kept) = (Arc::clone(&self.queue), Arc::clone(&self.kept));
+            let primaries = Arc::clone(primaries);
+            *task = Some(BackgroundTask::spawn(
+                "RedLock release retries",
+                move |shutdown| send_again(primaries, queue, kept, shutdown),
+            ));
+        }
+        drop(task);
+        self.kept.notify_one();
     }
 
-    /// Stops every retry under way; none starts after this.
+    /// Stops the retries; none is kept after this.
     pub(crate) async fn shutdown(&self) {
-        *self.closed.lock().unwrap_or_else(|p| p.into_inner()) = true;
-        let tasks = std::mem::take(&mut *self.tasks());
-        for mut task in tasks {
+        {
+            let mut queue = lock(&self.queue);
+            queue.closed = true;
+            queue.retries.clear();
+        }
+        let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(mut task) = task {
             task.shutdown().await;
         }
     }
+}
 
-    fn tasks(&self) -> MutexGuard<'_, Vec<BackgroundTask>> {
-        self.tasks.lock().unwrap_or_else(|p| p.into_inner())
+fn lock(queue: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
+    queue.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Sends each kept release again when due, all due ones at once, until
+/// shutdown is asked for.
+async fn send_again(
+    primaries: Arc<Primaries>,
+    queue: Arc<Mutex<Queue>>,
+    kept: Arc<Notify>,
+    mut shutdown: ShutdownSignal,
+) {
+    loop {
+        let next = lock(&queue).retries.iter().map(|r| r.next).min();
+        tokio::select! {
+            () = shutdown.requested() => return,
+            () = kept.notified() => continue,
+            () = sleep_until(next) => {}
+        }
+        let now = Instant::now();
+        let due: Vec<Retry> = {
+            let mut queue = lock(&queue);
+            let (due, later) = std::mem::take(&mut queue.retries)
+                .into_iter()
+                .partition(|r| r.next <= now);
+            queue.retries = later;
+            due
+        };
+        let mut calls = JoinSet::new();
+        for retry in due {
+            let primaries = Arc::clone(&primaries);
+            calls.spawn(async move { send_once(&primaries, retry).await });
+        }
+        let round = async {
+            let mut again = Vec::new();
+            while let Some(done) = calls.join_next().await {
+                if let Ok(Some(retry)) = done {
+                    again.push(retry);
+                }
+            }
+            again
+        };
+        let again = tokio::select! {
+            () = shutdown.requested() => return,
+            again = round => again,
+        };
+        let mut queue = lock(&queue);
+        if !queue.closed {
+            queue.retries.extend(again);
+        }
     }
 }
 
-/// Sends the release again to each missed primary until it answers, the
-/// lease ends, or shutdown is asked for.
-async fn retry(primaries: Arc<Primaries>, release: MissedRelease, mut shutdown: ShutdownSignal) {
-    let MissedRelease {
-        keys,
-        owner_id,
-        announce,
-        mut missed,
-        lease,
-    } = release;
-    let until = Instant::now() + lease;
-    let mut pause = FIRST_PAUSE;
-    while !missed.is_empty() {
-        let next = Instant::now() + pause;
-        if next >= until {
-            break;
-        }
-        tokio::select! {
-            () = shutdown.requested() => return,
-            () = tokio::time::sleep_until(next) => {}
-        }
-        let answers = primaries
-            .on(missed.iter().copied(), |primary| {
-                let (keys, owner_id) = (Arc::clone(&keys), Arc::clone(&owner_id));
-                async move {
-                    let channel = if announce { keys.channel() } else { "" };
-                    let call_args = RedlockRelease {
-                        owner_id: &owner_id,
-                        channel,
-                    };
-                    call(&primary, &[keys.owner()], &call_args).await
-                }
-            })
-            .await;
-        for (index, answer) in answers {
-            if answer.is_ok() {
-                missed.retain(|&m| m != index);
-            }
-        }
-        pause = (pause * 2).min(MAX_PAUSE);
+/// Sleeps until `next`, or for ever when nothing is kept.
+async fn sleep_until(next: Option<Instant>) {
+    match next {
+        Some(next) => tokio::time::sleep_until(next).await,
+        None => std::future::pending().await,
     }
-    if !missed.is_empty() {
+}
+
+/// Sends one release again to the primaries it still misses; gives it
+/// back to be tried again later unless every one answered or its lease
+/// will have ended by then.
+async fn send_once(primaries: &Primaries, mut retry: Retry) -> Option<Retry> {
+    let release = &retry.release;
+    let answers = primaries
+        .on(release.missed.iter().copied(), |primary| {
+            let (keys, owner_id) = (Arc::clone(&release.keys), Arc::clone(&release.owner_id));
+            let announce = release.announce;
+            async move {
+                let channel = if announce { keys.channel() } else { "" };
+                let args = RedlockRelease {
+                    owner_id: &owner_id,
+                    channel,
+                };
+                call(&primary, &[keys.owner()], &args).await
+            }
+        })
+        .await;
+    for (index, answer) in answers {
+        if answer.is_ok() {
+            retry.release.missed.retain(|&m| m != index);
+        }
+    }
+    let lock = retry.release.keys.owner();
+    if retry.release.missed.is_empty() {
         tracing::debug!(
-            lock = keys.owner(),
-            unreached = missed.len(),
-            "RedLock: a release still missed primaries when its lease ended"
-        );
-    } else {
-        tracing::debug!(
-            lock = keys.owner(),
+            lock,
             "RedLock: a release reached the primaries it had missed"
         );
+        return None;
     }
+    retry.pause = (retry.pause * 2).min(MAX_PAUSE);
+    retry.next = Instant::now() + retry.pause;
+    if retry.next >= retry.until {
+        tracing::debug!(
+            lock,
+            unreached = retry.release.missed.len(),
+            "RedLock: a release still missed primaries when its lease ended"
+        );
+        return None;
+    }
+    Some(retry)
 }
