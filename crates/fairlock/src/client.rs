@@ -276,7 +276,11 @@ impl LockClient {
         // A holder in this process counts its lease from here too (its
         // lost signal fires by that local deadline), also if the call
         // fails or is dropped before its answer, when it may have run.
-        let held = self.state().held.get(owner_id);
+        let held = self
+            .state()
+            .held
+            .get(owner_id)
+            .filter(|held| held.name == name);
         let call = held.as_deref().map(|held| LeaseCall::start(held, lease));
         let status = self.state().renew(&batch).await?.first().copied();
         if let Some(call) = call {

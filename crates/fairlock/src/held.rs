@@ -57,6 +57,10 @@ struct LeaseClock {
     /// sent after them (see [`LeaseClock::set`]): where each one's lease
     /// ends, and when its answer came (or its call failed).
     caps: Vec<(Instant, Instant)>,
+    /// Calls on their way (see [`LeaseClock::sent`]): an id and where the
+    /// lease each would set ends.
+    in_flight: Vec<(u64, Instant)>,
+    next_call: u64,
 }
 
 /// How many calls of unknown order a lease clock keeps apart; more are
@@ -70,6 +74,28 @@ impl LeaseClock {
             len,
             answered,
             caps: Vec::new(),
+            in_flight: Vec::new(),
+            next_call: 0,
+        }
+    }
+
+    /// A call to set the lease to `len` was sent at `at`. Redis may run it
+    /// before its answer comes (or never comes), so until then its end
+    /// caps the deadline too: an `extend` to a shorter lease counts at
+    /// once, not once answered. Returns the id [`LeaseClock::settled`]
+    /// takes.
+    fn sent(&mut self, at: Instant, len: Duration) -> Option<u64> {
+        let end = at.checked_add(len)?;
+        self.next_call += 1;
+        self.in_flight.push((self.next_call, end));
+        Some(self.next_call)
+    }
+
+    /// The call `id` was answered or failed (the caller applies what that
+    /// means): it no longer caps the deadline as a call on its way.
+    fn settled(&mut self, id: Option<u64>) {
+        if let Some(id) = id {
+            self.in_flight.retain(|&(call, _)| call != id);
         }
     }
 
@@ -133,7 +159,10 @@ impl LeaseClock {
     }
 
     fn deadline(&self) -> Option<Instant> {
-        let cap = self.caps.iter().map(|&(end, _)| end).min();
+        let capped = self.caps.iter().map(|&(end, _)| end);
+        let cap = capped
+            .chain(self.in_flight.iter().map(|&(_, end)| end))
+            .min();
         match (self.from.checked_add(self.len), cap) {
             (Some(set), Some(cap)) => Some(set.min(cap)),
             (None, cap) => cap,
@@ -142,44 +171,58 @@ impl LeaseClock {
     }
 }
 
-/// A call setting a grant's lease (an `extend`) on its way. Answered, it
-/// sets the lease clock or leaves it as it was; dropped unanswered (the
-/// call failed, or its future was dropped) it may have run in Redis, so
-/// its end caps the deadline ([`HeldLock::lease_may_have_been_set`]).
+/// A call setting a grant's lease (an `extend`) on its way. Sent, its end
+/// caps the deadline at once (Redis may run it before the answer comes);
+/// answered, it sets the lease clock or leaves it as it was; dropped
+/// unanswered (the call failed, or its future was dropped) it may have run
+/// in Redis, so its end keeps capping the deadline
+/// ([`HeldLock::lease_may_have_been_set`]).
 pub(crate) struct LeaseCall<'a> {
     held: &'a HeldLock,
     sent: Instant,
     len: Duration,
-    answered: bool,
+    /// Its id in the lease clock's calls on their way; `None` once settled.
+    id: Option<Option<u64>>,
 }
 
 impl<'a> LeaseCall<'a> {
     /// A call to set `held`'s lease to `len`, sent now.
     pub(crate) fn start(held: &'a HeldLock, len: Duration) -> Self {
+        let sent = Instant::now();
+        let mut id = None;
+        held.adjust_lease(|clock| id = clock.sent(sent, len));
         Self {
             held,
-            sent: Instant::now(),
+            sent,
             len,
-            answered: false,
+            id: Some(id),
         }
     }
 
     /// Redis answered that the lease was set.
     pub(crate) fn set(mut self) {
-        self.answered = true;
-        self.held.lease_set(self.sent, self.len);
+        let (id, at, len) = (self.id.take().flatten(), self.sent, self.len);
+        self.held.adjust_lease(|clock| {
+            clock.settled(id);
+            clock.set(at, len, Instant::now());
+        });
     }
 
     /// Redis answered without setting the lease (not held, wrong type).
     pub(crate) fn refused(mut self) {
-        self.answered = true;
+        let id = self.id.take().flatten();
+        self.held.adjust_lease(|clock| clock.settled(id));
     }
 }
 
 impl Drop for LeaseCall<'_> {
     fn drop(&mut self) {
-        if !self.answered {
-            self.held.lease_may_have_been_set(self.sent, self.len);
+        if let Some(id) = self.id.take() {
+            let (at, len) = (self.sent, self.len);
+            self.held.adjust_lease(|clock| {
+                clock.settled(id);
+                clock.may_have_set(at, len, Instant::now());
+            });
         }
     }
 }
@@ -562,7 +605,7 @@ mod tests {
 
     use fairlock_core::{KeyPrefix, LockKeys, LockName};
 
-    use super::{Grant, HeldLock, LeaseClock};
+    use super::{Grant, HeldLock, LeaseCall, LeaseClock};
     use crate::config::Lease;
     use crate::telemetry::LockTelemetry;
 
@@ -688,6 +731,50 @@ mod tests {
         assert_eq!(clock.deadline(), Some(t0 + ms(3_000)));
         clock.set(t0 + ms(7_200), ms(60_000), t0 + ms(7_500));
         assert_eq!(clock.deadline(), Some(t0 + ms(67_200)));
+    }
+
+    /// An `extend` to a shorter lease counts from when it is sent: Redis
+    /// may run it (and its reply be lost) long before an answer or a
+    /// timeout comes. Refused, it no longer counts; answered, its lease
+    /// stands.
+    #[test]
+    fn a_call_on_its_way_caps_the_deadline_until_it_is_answered() {
+        let name = LockName::new("in-flight").expect("name");
+        let keys = LockKeys::new(&KeyPrefix::new("fairlock").expect("prefix"), &name);
+        let granted = Instant::now();
+        let held = HeldLock::new(
+            name,
+            Arc::new(keys),
+            "0123.ab.60000".to_owned(),
+            Grant {
+                token: 1,
+                ticket: None,
+                lease: Lease::Fixed(Duration::from_secs(60)),
+                lease_len: Duration::from_secs(60),
+                lease_from: granted,
+            },
+            LockTelemetry::default(),
+        );
+        let long = granted + Duration::from_secs(60);
+        assert_eq!(held.lease_deadline(), Some(long));
+        let call = LeaseCall::start(&held, Duration::from_secs(2));
+        let deadline = held.lease_deadline().expect("a deadline");
+        assert!(
+            deadline <= Instant::now() + Duration::from_secs(2),
+            "an extend to 2 s on its way left the 60 s deadline"
+        );
+        call.refused();
+        assert_eq!(
+            held.lease_deadline(),
+            Some(long),
+            "a refused call still counts"
+        );
+        let call = LeaseCall::start(&held, Duration::from_secs(2));
+        call.set();
+        assert!(
+            held.lease_deadline().expect("a deadline") <= Instant::now() + Duration::from_secs(2)
+        );
+        assert_eq!(held.current_lease(), Duration::from_secs(2));
     }
 
     /// A task waiting for the lost signal sleeps until the deadline it

@@ -252,7 +252,12 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
                 .count();
             lease_renewals("error", watched);
             tracing::warn!(%error, locks = locks.len(), "fairlock lease check failed; retrying");
-            for lock in &locks {
+            for (lock, &lease_ms) in locks.iter().zip(&leases) {
+                if lease_ms > 0 {
+                    // It may have run (a timeout, a lost reply), after an
+                    // `extend` to a longer lease answered meanwhile.
+                    lock.lease_may_have_been_set(started, Duration::from_millis(lease_ms));
+                }
                 // Fires once the lease has run out by the local clock. A
                 // released grant stays tracked until its release has run.
                 if !lock.is_released() && lock.is_lost() {
