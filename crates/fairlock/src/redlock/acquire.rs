@@ -37,7 +37,7 @@ use crate::telemetry::LockTelemetry;
 
 use super::config::RedLockOptions;
 use super::guard::RedLockGuard;
-use super::quorum::{attempt, give_back_later, Attempt, Won};
+use super::quorum::{attempt, give_back_later, Attempt, LeftVotes, Won};
 use super::renewal::{HoldStatus, LeaseWatchdog};
 use super::shared::Shared;
 use super::wakeups::Subscription;
@@ -97,12 +97,15 @@ async fn acquire_checked(
     let deadline = options.wait_timeout.map(|timeout| began + timeout);
     let mut subscription: Option<Subscription> = None;
     let mut splits: u32 = 0;
+    let mut left = LeftVotes::new(shared, &keys, &owner_id, lease);
     loop {
         if shared.is_closed() {
             return Err(Error::Closed);
         }
-        let pause = match attempt(shared, &keys, &owner_id, lease).await {
+        let pause = match attempt(shared, &keys, &owner_id, lease, &mut left.missed).await {
             Attempt::Won(won) => {
+                // Its guard, or the give-back below, releases everywhere.
+                left.disarm();
                 // Won as the client closed: no guard of a closed client
                 // could renew or release it.
                 let token = match shared.check_open().and_then(|()| token_of(won.token)) {

@@ -19,7 +19,7 @@
 //! If the attempt is dropped half way (its future cancelled), a guard gives
 //! the votes back in the background.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -64,12 +64,14 @@ pub(crate) enum Attempt {
     },
 }
 
-/// Runs one attempt for `owner_id` with `lease`.
+/// Runs one attempt for `owner_id` with `lease`. The primaries its
+/// give-back did not reach are added to `missed` (see [`LeftVotes`]).
 pub(crate) async fn attempt(
     shared: &Arc<Shared>,
     keys: &Arc<RedLockKeys>,
     owner_id: &Arc<str>,
     lease: Duration,
+    missed: &mut BTreeSet<usize>,
 ) -> Attempt {
     let config = &shared.config;
     let quorum = config.quorum();
@@ -129,7 +131,7 @@ pub(crate) async fn attempt(
                 });
             }
             Some(_) => {
-                cleanup.give_back(true).await;
+                missed.extend(cleanup.give_back(true).await);
                 if answered.saturating_sub(lost.len()) < quorum {
                     failures.append(&mut lost);
                     return Attempt::NoQuorum { answered, failures };
@@ -137,7 +139,7 @@ pub(crate) async fn attempt(
                 return Attempt::Split;
             }
             None => {
-                cleanup.give_back(true).await;
+                missed.extend(cleanup.give_back(true).await);
                 return Attempt::NoValidity {
                     elapsed: started.elapsed(),
                 };
@@ -147,7 +149,7 @@ pub(crate) async fn attempt(
 
     // Not won: give back whatever this attempt took.
     if !granted.is_empty() || !failures.is_empty() {
-        cleanup.give_back(false).await;
+        missed.extend(cleanup.give_back(false).await);
     } else {
         cleanup.disarm();
     }
@@ -196,13 +198,16 @@ impl VoteCleanup {
     }
 
     /// Gives the votes back now; `announce` wakes waiters (only when the
-    /// attempt had a majority, which blocked them). Not sent again to a
-    /// primary it misses: the acquire may go on with another attempt under
-    /// the same owner id, whose vote there a late release would delete.
-    async fn give_back(&mut self, announce: bool) {
-        if let Some((shared, keys, owner_id)) = self.target.take() {
-            release_everywhere(&shared, &keys, &owner_id, announce, None).await;
-        }
+    /// attempt had a majority, which blocked them). Returns the primaries
+    /// it missed, not sent it again here: the acquire may go on with
+    /// another attempt under the same owner id, whose vote there a late
+    /// release would delete ([`LeftVotes`] sends it once the acquire ends).
+    async fn give_back(&mut self, announce: bool) -> Vec<usize> {
+        let Some((shared, keys, owner_id)) = self.target.take() else {
+            return Vec::new();
+        };
+        let (_, _, failures) = release_everywhere(&shared, &keys, &owner_id, announce, None).await;
+        missed_primaries(&shared, &failures)
     }
 }
 
@@ -288,12 +293,7 @@ pub(crate) async fn release_everywhere(
     // there again (`release_retries.rs`), where `retry_for` (the keys'
     // lease) is given, except to a primary refused as another one's server.
     if let Some(lease) = retry_for {
-        let all = shared.primaries.all();
-        let missed = failures
-            .iter()
-            .map(|failure| failure.index)
-            .filter(|&index| all.get(index).is_some_and(|p| !p.is_refused()))
-            .collect();
+        let missed = missed_primaries(shared, &failures);
         shared.release_retries.keep(
             &shared.primaries,
             MissedRelease {
@@ -306,6 +306,74 @@ pub(crate) async fn release_everywhere(
         );
     }
     (answered, deleted, failures)
+}
+
+/// The primaries of `failures` a release may still reach: not those
+/// refused as another one's server.
+fn missed_primaries(shared: &Shared, failures: &[PrimaryFailure]) -> Vec<usize> {
+    let all = shared.primaries.all();
+    failures
+        .iter()
+        .map(|failure| failure.index)
+        .filter(|&index| all.get(index).is_some_and(|p| !p.is_refused()))
+        .collect()
+}
+
+/// The primaries an acquire's attempts gave their votes back to without
+/// reaching them. Once the acquire ends without a guard (given up,
+/// refused, timed out, or its future dropped) its owner id votes no more,
+/// and the release is sent to them again (`release_retries.rs`); a won
+/// acquire's guard releases on every primary itself.
+pub(crate) struct LeftVotes {
+    shared: Arc<Shared>,
+    keys: Arc<RedLockKeys>,
+    owner_id: Arc<str>,
+    lease: Duration,
+    /// Cleared once the acquire won.
+    armed: bool,
+    /// The primaries missed so far.
+    pub(crate) missed: BTreeSet<usize>,
+}
+
+impl LeftVotes {
+    pub(crate) fn new(
+        shared: &Arc<Shared>,
+        keys: &Arc<RedLockKeys>,
+        owner_id: &Arc<str>,
+        lease: Duration,
+    ) -> Self {
+        Self {
+            shared: Arc::clone(shared),
+            keys: Arc::clone(keys),
+            owner_id: Arc::clone(owner_id),
+            lease,
+            armed: true,
+            missed: BTreeSet::new(),
+        }
+    }
+
+    /// The acquire won: its guard releases on every primary.
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for LeftVotes {
+    fn drop(&mut self) {
+        if !self.armed || self.missed.is_empty() {
+            return;
+        }
+        self.shared.release_retries.keep(
+            &self.shared.primaries,
+            MissedRelease {
+                keys: Arc::clone(&self.keys),
+                owner_id: Arc::clone(&self.owner_id),
+                announce: true,
+                missed: std::mem::take(&mut self.missed).into_iter().collect(),
+                lease: self.lease,
+            },
+        );
+    }
 }
 
 /// A duration in whole milliseconds, for a script.
