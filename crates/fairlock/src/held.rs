@@ -268,6 +268,28 @@ impl HeldLock {
         }
     }
 
+    /// A grant of lock `name` with `lease` (`len` long) set at `from`, for
+    /// unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_test(name: &str, lease: Lease, len: Duration, from: Instant) -> Self {
+        let name = LockName::new(name).expect("a valid name");
+        let prefix = fairlock_core::KeyPrefix::new("fairlock").expect("a valid prefix");
+        let keys = LockKeys::new(&prefix, &name);
+        Self::new(
+            name,
+            Arc::new(keys),
+            format!("0123.ab.{}", len.as_millis()),
+            Grant {
+                token: 1,
+                ticket: None,
+                lease,
+                lease_len: len,
+                lease_from: from,
+            },
+            LockTelemetry::default(),
+        )
+    }
+
     /// A renewal or extend that started at `at` set the lease to `len`
     /// (see [`LeaseClock::set`]).
     pub(crate) fn lease_set(&self, at: Instant, len: Duration) {
@@ -603,11 +625,8 @@ mod tests {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use fairlock_core::{KeyPrefix, LockKeys, LockName};
-
-    use super::{Grant, HeldLock, LeaseCall, LeaseClock};
+    use super::{HeldLock, LeaseCall, LeaseClock};
     use crate::config::Lease;
-    use crate::telemetry::LockTelemetry;
 
     /// Answers out of order: a later call's answer replaces the lease; an
     /// earlier call's answered after it (Redis may have run it last) caps
@@ -739,22 +758,9 @@ mod tests {
     /// stands.
     #[test]
     fn a_call_on_its_way_caps_the_deadline_until_it_is_answered() {
-        let name = LockName::new("in-flight").expect("name");
-        let keys = LockKeys::new(&KeyPrefix::new("fairlock").expect("prefix"), &name);
         let granted = Instant::now();
-        let held = HeldLock::new(
-            name,
-            Arc::new(keys),
-            "0123.ab.60000".to_owned(),
-            Grant {
-                token: 1,
-                ticket: None,
-                lease: Lease::Fixed(Duration::from_secs(60)),
-                lease_len: Duration::from_secs(60),
-                lease_from: granted,
-            },
-            LockTelemetry::default(),
-        );
+        let sixty = Duration::from_secs(60);
+        let held = HeldLock::for_test("in-flight", Lease::Fixed(sixty), sixty, granted);
         let long = granted + Duration::from_secs(60);
         assert_eq!(held.lease_deadline(), Some(long));
         let call = LeaseCall::start(&held, Duration::from_secs(2));
@@ -784,23 +790,15 @@ mod tests {
     /// woken task has ended by the time this one is scheduled again.
     #[tokio::test]
     async fn a_deadline_moved_earlier_wakes_the_lost_signal() {
-        let name = LockName::new("moved-deadline").expect("name");
-        let keys = LockKeys::new(&KeyPrefix::new("fairlock").expect("prefix"), &name);
         let granted = Instant::now()
             .checked_sub(Duration::from_secs(10))
             .expect("an instant in the past");
-        let held = Arc::new(HeldLock::new(
-            name,
-            Arc::new(keys),
-            "0123.ab.60000".to_owned(),
-            Grant {
-                token: 1,
-                ticket: None,
-                lease: Lease::Fixed(Duration::from_secs(60)),
-                lease_len: Duration::from_secs(60),
-                lease_from: granted,
-            },
-            LockTelemetry::default(),
+        let sixty = Duration::from_secs(60);
+        let held = Arc::new(HeldLock::for_test(
+            "moved-deadline",
+            Lease::Fixed(sixty),
+            sixty,
+            granted,
         ));
         let waiting = tokio::spawn({
             let held = Arc::clone(&held);

@@ -270,38 +270,20 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::time::{Duration, Instant};
-
-    use fairlock_core::{KeyPrefix, LockKeys, LockName};
 
     use super::{renewal_due, third_passed};
     use crate::config::Lease;
-    use crate::held::{Grant, HeldLock};
-    use crate::telemetry::LockTelemetry;
+    use crate::held::HeldLock;
 
     /// A watchdog lease whose deadline was moved earlier (an older, short
     /// `extend` may have run last in Redis) is renewed when that earlier
     /// end nears, not only a third of a lease after the last call sent.
     #[test]
     fn a_deadline_moved_earlier_is_renewed_before_it() {
-        let name = LockName::new("capped").expect("name");
-        let keys = LockKeys::new(&KeyPrefix::new("fairlock").expect("prefix"), &name);
-        let granted = Instant::now();
         let lease = Duration::from_secs(30);
-        let lock = HeldLock::new(
-            name,
-            Arc::new(keys),
-            "0123.ab.30000".to_owned(),
-            Grant {
-                token: 1,
-                ticket: None,
-                lease: Lease::Watchdog,
-                lease_len: lease,
-                lease_from: granted,
-            },
-            LockTelemetry::default(),
-        );
+        let granted = Instant::now();
+        let lock = HeldLock::for_test("capped", Lease::Watchdog, lease, granted);
         let second = Duration::from_secs(1);
         assert_eq!(renewal_due(&lock, lease, second), 0, "renewed at once");
         // An extend to 2 s, sent before the grant's lease was set and

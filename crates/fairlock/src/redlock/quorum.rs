@@ -23,13 +23,13 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fairlock_core::{RedLockKeys, RedlockAcquire, RedlockRelease, Vote};
+use fairlock_core::{RedLockKeys, RedlockAcquire, Vote};
 
 use crate::error::PrimaryFailure;
 
 use super::fencing::{token_from_floors, write_back};
 use super::primaries::{call, restarted_recently};
-use super::release_retries::MissedRelease;
+use super::release_retries::{release_on, MissedRelease};
 use super::shared::Shared;
 
 /// A won majority.
@@ -255,18 +255,7 @@ pub(crate) async fn release_everywhere(
 ) -> (usize, usize, Vec<PrimaryFailure>) {
     let answers = shared
         .primaries
-        .on_all(|primary| {
-            let keys = Arc::clone(keys);
-            let owner_id = Arc::clone(owner_id);
-            async move {
-                let channel = if announce { keys.channel() } else { "" };
-                let release = RedlockRelease {
-                    owner_id: &owner_id,
-                    channel,
-                };
-                call(&primary, &[keys.owner()], &release).await
-            }
-        })
+        .on_all(|primary| release_on(primary, Arc::clone(keys), Arc::clone(owner_id), announce))
         .await;
     let mut answered = 0;
     let mut deleted = 0;

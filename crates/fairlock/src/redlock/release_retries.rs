@@ -21,9 +21,10 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::error::PrimaryFailure;
 use crate::task::{BackgroundTask, ShutdownSignal};
 
-use super::primaries::{call, Primaries};
+use super::primaries::{call, Primaries, Primary};
 
 /// The pause before the first retry; it doubles up to [`MAX_PAUSE`].
 const FIRST_PAUSE: Duration = Duration::from_millis(100);
@@ -195,15 +196,7 @@ async fn send_once(primaries: &Primaries, mut retry: Retry) -> Option<Retry> {
     let answers = primaries
         .on(release.missed.iter().copied(), |primary| {
             let (keys, owner_id) = (Arc::clone(&release.keys), Arc::clone(&release.owner_id));
-            let announce = release.announce;
-            async move {
-                let channel = if announce { keys.channel() } else { "" };
-                let args = RedlockRelease {
-                    owner_id: &owner_id,
-                    channel,
-                };
-                call(&primary, &[keys.owner()], &args).await
-            }
+            release_on(primary, keys, owner_id, release.announce)
         })
         .await;
     for (index, answer) in answers {
@@ -230,4 +223,20 @@ async fn send_once(primaries: &Primaries, mut retry: Retry) -> Option<Retry> {
         return None;
     }
     Some(retry)
+}
+
+/// Runs `redlock_release.lua` for `owner_id` on one primary: whether it
+/// deleted the owner id's key.
+pub(crate) async fn release_on(
+    primary: Arc<Primary>,
+    keys: Arc<RedLockKeys>,
+    owner_id: Arc<str>,
+    announce: bool,
+) -> Result<bool, PrimaryFailure> {
+    let channel = if announce { keys.channel() } else { "" };
+    let release = RedlockRelease {
+        owner_id: &owner_id,
+        channel,
+    };
+    call(&primary, &[keys.owner()], &release).await
 }
