@@ -11,7 +11,7 @@ use fairlock_core::{Acquire, AcquireMode, AcquireReply, Timings};
 use fairlock_examples::seckill::{swarm, SwarmConfig, Variant};
 use fairlock_testkit::RedisCluster;
 use fairlock_tests::{
-    assert_swarm_passed, cluster_client, cluster_client_at, errors_answered, hand_over,
+    assert_swarm_passed, cluster_client, cluster_client_at, errors_answered, hand_over, keys,
     lock_names_on_every_primary, lock_slot, pubsub_only_client, raw, wait_for_queue_len, within,
 };
 
@@ -145,10 +145,28 @@ async fn waiters_survive(
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     disturb(cluster);
-    holder
-        .release()
-        .await
-        .expect("release after the disturbance");
+    if let Err(error) = holder.release().await {
+        // What the slot's primary holds now, to tell a lost write (no
+        // owner key), a lease run out, and a release that ran twice (the
+        // holder's id in the record of releases) apart.
+        let keys = keys(name);
+        let state = cluster
+            .slot_owner(lock_slot(name))
+            .and_then(|node| {
+                let node = cluster.node(&node)?;
+                let get = |key: &str| node.cmd(&["GET", key]);
+                Ok(format!(
+                    "on {}: owner {:?}, pttl {:?}, freed {:?}, queue {:?}",
+                    node.addr(),
+                    get(keys.owner())?,
+                    node.cmd(&["PTTL", keys.owner()])?,
+                    get(keys.freed())?,
+                    node.cmd(&["ZRANGE", keys.queue(), "0", "-1", "WITHSCORES"])?,
+                ))
+            })
+            .unwrap_or_else(|e| format!("unreadable: {e}"));
+        panic!("release after the disturbance: {error:?}; {state}");
+    }
     for waiter in waiters {
         tokio::time::timeout(LONG, waiter)
             .await
