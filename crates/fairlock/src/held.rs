@@ -82,21 +82,20 @@ impl LeaseClock {
     /// A call to set the lease to `len` was sent at `at`. Redis may run it
     /// before its answer comes (or never comes), so until then its end
     /// caps the deadline too: an `extend` to a shorter lease counts at
-    /// once, not once answered. Returns the id [`LeaseClock::settled`]
-    /// takes.
-    fn sent(&mut self, at: Instant, len: Duration) -> Option<u64> {
-        let end = at.checked_add(len)?;
+    /// once, not once answered (an end beyond the clock's range caps
+    /// nothing). Returns the id [`LeaseClock::settled`] takes.
+    fn sent(&mut self, at: Instant, len: Duration) -> u64 {
         self.next_call += 1;
-        self.in_flight.push((self.next_call, end));
-        Some(self.next_call)
+        if let Some(end) = at.checked_add(len) {
+            self.in_flight.push((self.next_call, end));
+        }
+        self.next_call
     }
 
     /// The call `id` was answered or failed (the caller applies what that
     /// means): it no longer caps the deadline as a call on its way.
-    fn settled(&mut self, id: Option<u64>) {
-        if let Some(id) = id {
-            self.in_flight.retain(|&(call, _)| call != id);
-        }
+    fn settled(&mut self, id: u64) {
+        self.in_flight.retain(|&(call, _)| call != id);
     }
 
     /// A call sent at `at` that set the lease to `len` was answered held
@@ -151,10 +150,9 @@ impl LeaseClock {
         if self.caps.len() > CAPS_KEPT {
             let merged = self
                 .caps
-                .iter()
-                .fold((end, answered), |(e, a), &(ce, ca)| (e.min(ce), a.max(ca)));
-            self.caps.clear();
-            self.caps.push(merged);
+                .drain(..)
+                .reduce(|(end, answered), (e, a)| (end.min(e), answered.max(a)));
+            self.caps.extend(merged);
         }
     }
 
@@ -182,14 +180,14 @@ pub(crate) struct LeaseCall<'a> {
     sent: Instant,
     len: Duration,
     /// Its id in the lease clock's calls on their way; `None` once settled.
-    id: Option<Option<u64>>,
+    id: Option<u64>,
 }
 
 impl<'a> LeaseCall<'a> {
     /// A call to set `held`'s lease to `len`, sent now.
     pub(crate) fn start(held: &'a HeldLock, len: Duration) -> Self {
         let sent = Instant::now();
-        let mut id = None;
+        let mut id = 0;
         held.adjust_lease(|clock| id = clock.sent(sent, len));
         Self {
             held,
@@ -201,17 +199,20 @@ impl<'a> LeaseCall<'a> {
 
     /// Redis answered that the lease was set.
     pub(crate) fn set(mut self) {
-        let (id, at, len) = (self.id.take().flatten(), self.sent, self.len);
-        self.held.adjust_lease(|clock| {
-            clock.settled(id);
-            clock.set(at, len, Instant::now());
-        });
+        let (at, len) = (self.sent, self.len);
+        if let Some(id) = self.id.take() {
+            self.held.adjust_lease(|clock| {
+                clock.settled(id);
+                clock.set(at, len, Instant::now());
+            });
+        }
     }
 
     /// Redis answered without setting the lease (not held, wrong type).
     pub(crate) fn refused(mut self) {
-        let id = self.id.take().flatten();
-        self.held.adjust_lease(|clock| clock.settled(id));
+        if let Some(id) = self.id.take() {
+            self.held.adjust_lease(|clock| clock.settled(id));
+        }
     }
 }
 

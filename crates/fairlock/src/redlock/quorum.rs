@@ -76,7 +76,9 @@ pub(crate) async fn attempt(
     let config = &shared.config;
     let quorum = config.quorum();
     let started = Instant::now();
-    let mut cleanup = VoteCleanup::armed(shared, keys, owner_id, lease);
+    let mut cleanup = VoteCleanup {
+        target: Some(Votes::new(shared, keys, owner_id, lease)),
+    };
 
     let lease_ms = millis(lease);
     let min_uptime_ms = millis(config.restart_delay);
@@ -172,27 +174,38 @@ pub(crate) async fn attempt(
     }
 }
 
-/// Gives an attempt's votes back unless disarmed: on every path that did
-/// not win, and when the attempt's future is dropped half way.
-struct VoteCleanup {
-    target: Option<(Arc<Shared>, Arc<RedLockKeys>, Arc<str>)>,
-    /// The lease the votes were asked with.
+/// An acquire's votes: the lock, the owner id they were cast for, and the
+/// lease they were asked with.
+struct Votes {
+    shared: Arc<Shared>,
+    keys: Arc<RedLockKeys>,
+    owner_id: Arc<str>,
     lease: Duration,
 }
 
-impl VoteCleanup {
-    fn armed(
+impl Votes {
+    fn new(
         shared: &Arc<Shared>,
         keys: &Arc<RedLockKeys>,
         owner_id: &Arc<str>,
         lease: Duration,
     ) -> Self {
         Self {
-            target: Some((Arc::clone(shared), Arc::clone(keys), Arc::clone(owner_id))),
+            shared: Arc::clone(shared),
+            keys: Arc::clone(keys),
+            owner_id: Arc::clone(owner_id),
             lease,
         }
     }
+}
 
+/// Gives an attempt's votes back unless disarmed: on every path that did
+/// not win, and when the attempt's future is dropped half way.
+struct VoteCleanup {
+    target: Option<Votes>,
+}
+
+impl VoteCleanup {
     fn disarm(&mut self) {
         self.target = None;
     }
@@ -203,21 +216,27 @@ impl VoteCleanup {
     /// another attempt under the same owner id, whose vote there a late
     /// release would delete ([`LeftVotes`] sends it once the acquire ends).
     async fn give_back(&mut self, announce: bool) -> Vec<usize> {
-        let Some((shared, keys, owner_id)) = self.target.take() else {
+        let Some(votes) = self.target.take() else {
             return Vec::new();
         };
-        let (_, _, failures) = release_everywhere(&shared, &keys, &owner_id, announce, None).await;
-        missed_primaries(&shared, &failures)
+        let (_, _, failures) =
+            release_everywhere(&votes.shared, &votes.keys, &votes.owner_id, announce, None).await;
+        missed_primaries(&votes.shared, &failures)
     }
 }
 
 impl Drop for VoteCleanup {
     fn drop(&mut self) {
-        if let Some((shared, keys, owner_id)) = self.target.take() {
-            let lease = self.lease;
+        if let Some(votes) = self.target.take() {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
                     // The acquire was dropped: its owner id votes no more.
+                    let Votes {
+                        shared,
+                        keys,
+                        owner_id,
+                        lease,
+                    } = votes;
                     release_everywhere(&shared, &keys, &owner_id, true, Some(lease)).await;
                 });
             }
@@ -314,10 +333,7 @@ fn missed_primaries(shared: &Shared, failures: &[PrimaryFailure]) -> Vec<usize> 
 /// and the release is sent to them again (`release_retries.rs`); a won
 /// acquire's guard releases on every primary itself.
 pub(crate) struct LeftVotes {
-    shared: Arc<Shared>,
-    keys: Arc<RedLockKeys>,
-    owner_id: Arc<str>,
-    lease: Duration,
+    votes: Votes,
     /// Cleared once the acquire won.
     armed: bool,
     /// The primaries missed so far.
@@ -332,10 +348,7 @@ impl LeftVotes {
         lease: Duration,
     ) -> Self {
         Self {
-            shared: Arc::clone(shared),
-            keys: Arc::clone(keys),
-            owner_id: Arc::clone(owner_id),
-            lease,
+            votes: Votes::new(shared, keys, owner_id, lease),
             armed: true,
             missed: BTreeSet::new(),
         }
@@ -352,14 +365,15 @@ impl Drop for LeftVotes {
         if !self.armed || self.missed.is_empty() {
             return;
         }
-        self.shared.release_retries.keep(
-            &self.shared.primaries,
+        let votes = &self.votes;
+        votes.shared.release_retries.keep(
+            &votes.shared.primaries,
             MissedRelease {
-                keys: Arc::clone(&self.keys),
-                owner_id: Arc::clone(&self.owner_id),
+                keys: Arc::clone(&votes.keys),
+                owner_id: Arc::clone(&votes.owner_id),
                 announce: true,
                 missed: std::mem::take(&mut self.missed).into_iter().collect(),
-                lease: self.lease,
+                lease: votes.lease,
             },
         );
     }
