@@ -141,8 +141,7 @@ struct Pending {
 struct Nodes {
     state: Arc<ClientState>,
     links: HashMap<String, Link>,
-    // The node each slot was last asked of (the one a requester's
-    // `ShardRequest::Silent` means) is kept in the client state
+    // The node each slot was last asked of is kept in the client state
     // (`ClientState::slot_node`), which acquire reads too.
     /// Connections being opened, and the subscriptions that wait for each.
     opening: HashMap<String, Vec<Pending>>,
@@ -255,18 +254,12 @@ impl Nodes {
                     (address, opened)
                 });
             }
-            ShardRequest::Silent { slot } => {
-                let Some(address) = self.state.slot_node(slot) else {
-                    return;
-                };
+            ShardRequest::Silent => {
                 // The request that went unanswered may have been written
-                // on a connection since closed; the one open now is only
-                // silent if a requester gave up on it too.
-                let abandoned = self
-                    .links
-                    .get(&address)
-                    .is_some_and(|link| holds_an_abandoned_request(&link.awaiting));
-                if abandoned {
+                // on a connection since closed, and the slot may have been
+                // asked of another node since: a connection is silent if
+                // a requester gave up on it, whichever node it goes to.
+                for address in silent_nodes(self.links.iter().map(|(a, l)| (a, &l.awaiting))) {
                     tracing::warn!(
                         %address,
                         "fairlock's pub/sub connection to a cluster node did not answer; opening it again"
@@ -553,15 +546,21 @@ fn resubscribe_where_slots_are(state: &Arc<ClientState>) {
     }));
 }
 
-/// Whether a connection has a subscription unanswered whose requester
-/// gave up waiting (its time ran out). A `PING` awaited does not count.
-fn holds_an_abandoned_request(awaiting: &Awaiting) -> bool {
-    awaiting
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .flatten()
-        .any(oneshot::Sender::is_closed)
+/// The nodes whose connection has a subscription unanswered whose
+/// requester gave up waiting (its time ran out). A `PING` awaited does not
+/// count.
+fn silent_nodes<'a>(links: impl Iterator<Item = (&'a String, &'a Awaiting)>) -> Vec<String> {
+    links
+        .filter(|(_, awaiting)| {
+            awaiting
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .flatten()
+                .any(oneshot::Sender::is_closed)
+        })
+        .map(|(address, _)| address.clone())
+        .collect()
 }
 
 #[cfg(test)]
@@ -574,29 +573,44 @@ mod tests {
         names
     }
 
-    /// A requester that timed out has the node's connection closed only if
-    /// its request is on that connection: a connection opened since, whose
-    /// requests are all still awaited (or only its keep-alive `PING`), is
-    /// left open. Before, whatever connection to the node was current was
-    /// closed.
+    /// A requester that timed out has a connection closed only if its
+    /// request is on that connection: a connection whose requests are all
+    /// still awaited (or only its keep-alive `PING`) is left open, and the
+    /// one holding the abandoned request is closed whichever node the slot
+    /// was asked of since. Before, the connection to the slot's last-asked
+    /// node was closed (or kept) whatever it held.
     #[test]
     fn only_a_connection_holding_an_abandoned_request_is_silent() {
-        let awaiting = Awaiting::default();
-        assert!(!holds_an_abandoned_request(&awaiting), "an idle connection");
-        awaiting.lock().expect("awaiting").push_back(None);
+        let (idle, pinged, waiting, gave_up) = (
+            "10.0.0.1:7000".to_owned(),
+            "10.0.0.2:7000".to_owned(),
+            "10.0.0.3:7000".to_owned(),
+            "10.0.0.4:7000".to_owned(),
+        );
+        let links: Vec<(String, Awaiting)> = [&idle, &pinged, &waiting, &gave_up]
+            .into_iter()
+            .map(|address| (address.clone(), Awaiting::default()))
+            .collect();
+        let awaiting = |address: &String| {
+            links
+                .iter()
+                .find(|(a, _)| a == address)
+                .map(|(_, awaiting)| awaiting.lock().expect("awaiting"))
+                .expect("a link")
+        };
+        let silent = || silent_nodes(links.iter().map(|(a, awaiting)| (a, awaiting)));
+        assert!(silent().is_empty(), "idle connections taken for silent");
+        awaiting(&pinged).push_back(None);
         let (waited, _requester) = oneshot::channel();
-        awaiting.lock().expect("awaiting").push_back(Some(waited));
+        awaiting(&waiting).push_back(Some(waited));
         assert!(
-            !holds_an_abandoned_request(&awaiting),
+            silent().is_empty(),
             "a connection whose requesters all wait was taken for silent"
         );
         let (abandoned, requester) = oneshot::channel();
-        awaiting
-            .lock()
-            .expect("awaiting")
-            .push_back(Some(abandoned));
+        awaiting(&gave_up).push_back(Some(abandoned));
         drop(requester);
-        assert!(holds_an_abandoned_request(&awaiting));
+        assert_eq!(silent(), std::slice::from_ref(&gave_up));
     }
 
     /// A node that left fred's slot map and has no connection is forgotten

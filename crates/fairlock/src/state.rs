@@ -74,9 +74,9 @@ pub(crate) enum ShardRequest {
         at: Option<String>,
         done: oneshot::Sender<std::result::Result<(), ShardRefusal>>,
     },
-    /// The node last asked for `slot` did not answer in time: close its
-    /// connection (the next request opens a new one).
-    Silent { slot: u16 },
+    /// A subscription was not answered in time: close the connections
+    /// holding a request given up on (the next request opens a new one).
+    Silent,
 }
 
 /// State shared by the client handles, guards and background tasks.
@@ -428,7 +428,7 @@ impl ClientState {
                 // The connection closed before answering.
                 Ok(Err(_)) => ShardRefusal::NoConnection("the node's connection closed".to_owned()),
                 Err(_) => {
-                    let _ = requests.send(ShardRequest::Silent { slot });
+                    let _ = requests.send(ShardRequest::Silent);
                     return Err(Error::Timeout {
                         operation: format!("SSUBSCRIBE {channel}"),
                         timeout,

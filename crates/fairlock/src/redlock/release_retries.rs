@@ -58,8 +58,36 @@ struct Retry {
 #[derive(Default)]
 struct Queue {
     retries: Vec<Retry>,
+    /// Retries taken out to be sent now: they come back unless answered,
+    /// so they count against [`MAX_KEPT`].
+    sending: usize,
     /// Set by `shutdown`: nothing is kept after it.
     closed: bool,
+}
+
+impl Queue {
+    /// Whether one more release may be kept.
+    fn has_room(&self) -> bool {
+        !self.closed && self.retries.len() + self.sending < MAX_KEPT
+    }
+
+    /// Takes out the retries due at `now` to be sent.
+    fn take_due(&mut self, now: Instant) -> Vec<Retry> {
+        let (due, later): (Vec<Retry>, Vec<Retry>) = std::mem::take(&mut self.retries)
+            .into_iter()
+            .partition(|r| r.next <= now);
+        self.retries = later;
+        self.sending += due.len();
+        due
+    }
+
+    /// Puts back what a round of `sent` retries left to try again.
+    fn put_back(&mut self, sent: usize, again: Vec<Retry>) {
+        self.sending -= sent;
+        if !self.closed {
+            self.retries.extend(again);
+        }
+    }
 }
 
 /// The releases one RedLock client sends again, and the task sending them
@@ -83,7 +111,7 @@ impl ReleaseRetries {
             if queue.closed {
                 return;
             }
-            if queue.retries.len() >= MAX_KEPT {
+            if !queue.has_room() {
                 tracing::warn!(
                     lock = release.keys.owner(),
                     "RedLock: too many releases waiting to be sent again; this one's keys end with their lease"
@@ -147,14 +175,8 @@ async fn send_again(
             () = sleep_until(next) => {}
         }
         let now = Instant::now();
-        let due: Vec<Retry> = {
-            let mut queue = lock(&queue);
-            let (due, later) = std::mem::take(&mut queue.retries)
-                .into_iter()
-                .partition(|r| r.next <= now);
-            queue.retries = later;
-            due
-        };
+        let due = lock(&queue).take_due(now);
+        let sent = due.len();
         let mut calls = JoinSet::new();
         for retry in due {
             let primaries = Arc::clone(&primaries);
@@ -173,10 +195,7 @@ async fn send_again(
             () = shutdown.requested() => return,
             again = round => again,
         };
-        let mut queue = lock(&queue);
-        if !queue.closed {
-            queue.retries.extend(again);
-        }
+        lock(&queue).put_back(sent, again);
     }
 }
 
@@ -239,4 +258,58 @@ pub(crate) async fn release_on(
         channel,
     };
     call(&primary, &[keys.owner()], &release).await
+}
+
+#[cfg(test)]
+mod tests {
+    use fairlock_core::{KeyPrefix, LockName};
+
+    use super::*;
+
+    fn retry(keys: &Arc<RedLockKeys>, next: Instant) -> Retry {
+        Retry {
+            release: MissedRelease {
+                keys: Arc::clone(keys),
+                owner_id: Arc::from("owner"),
+                announce: false,
+                missed: vec![0],
+                lease: Duration::from_secs(30),
+            },
+            until: next + Duration::from_secs(30),
+            next,
+            pause: FIRST_PAUSE,
+        }
+    }
+
+    /// Retries out being sent count against the bound until their round
+    /// is over: a full queue taken out to be sent leaves no room, and the
+    /// round's answered ones make room again. Before, the bound counted
+    /// only the retries waiting, and the queue could hold twice it.
+    #[test]
+    fn retries_being_sent_count_against_the_bound() {
+        let prefix = KeyPrefix::new("fairlock:redlock:").expect("prefix");
+        let keys = Arc::new(RedLockKeys::new(
+            &prefix,
+            &LockName::new("jobs").expect("name"),
+        ));
+        let now = Instant::now();
+        let mut queue = Queue {
+            retries: (0..MAX_KEPT).map(|_| retry(&keys, now)).collect(),
+            ..Queue::default()
+        };
+        queue
+            .retries
+            .push(retry(&keys, now + Duration::from_secs(1)));
+        assert!(!queue.has_room());
+        let due = queue.take_due(now);
+        assert_eq!((due.len(), queue.retries.len()), (MAX_KEPT, 1));
+        assert!(
+            !queue.has_room(),
+            "a release was kept while the bound's worth was being sent"
+        );
+        let again: Vec<Retry> = due.into_iter().take(10).collect();
+        queue.put_back(MAX_KEPT, again);
+        assert_eq!((queue.retries.len(), queue.sending), (11, 0));
+        assert!(queue.has_room());
+    }
 }
