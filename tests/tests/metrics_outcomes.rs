@@ -12,7 +12,7 @@ use std::time::Duration;
 use fairlock::{Error, LockClient, LockOptions};
 use fairlock_metrics::{
     ACQUIRE_TOTAL, HANDOFF_TOTAL, HOLD_SECONDS, LEASE_LOST_TOTAL, LEASE_RENEWALS_TOTAL,
-    WAIT_RECHECK_TOTAL, WAIT_SECONDS,
+    WAITERS_EVICTED_TOTAL, WAIT_RECHECK_TOTAL, WAIT_SECONDS,
 };
 use fairlock_tests::local_metrics::LocalMetrics;
 use fairlock_tests::*;
@@ -102,6 +102,52 @@ async fn an_unacknowledged_grant_is_an_error_not_a_hold() {
     );
     assert_eq!(metrics.value(ACQUIRE_TOTAL, &[("outcome", "error")]), 1.0);
     assert_eq!(metrics.total(&format!("{HOLD_SECONDS}_count")), 0.0);
+    client.shutdown().await;
+}
+
+/// A release that comes after its lease ran out is refused, yet hands the
+/// free lock on as a heartbeat would, past dead waiters: what it purged
+/// is counted, and the purge goes on until the queue is clean. Before,
+/// the refusal carried no purge counts: nothing was counted, and the dead
+/// waiters past the script's first batch stayed (nobody here waits, so no
+/// heartbeat came for them).
+#[tokio::test]
+async fn a_refused_release_counts_and_finishes_the_purge_it_began() {
+    const DEAD: usize = 200;
+    let metrics = LocalMetrics::install();
+    let server = server();
+    let client = client(&server).await;
+    let lease = LockOptions::new().lease(Duration::from_millis(300));
+    let holder = client.lock_with("late", lease).await.expect("holder");
+    let keys = keys("late");
+    // One dead process, its deadline long past, with DEAD waiters.
+    server
+        .cmd(&["ZADD", keys.alive(), "1", "00000000000000dd"])
+        .expect("dead process");
+    let entries: Vec<String> = (0..DEAD)
+        .flat_map(|i| {
+            [
+                (i + 1).to_string(),
+                format!("{i:032x}.00000000000000dd.30000"),
+            ]
+        })
+        .collect();
+    let mut zadd = vec!["ZADD", keys.queue()];
+    zadd.extend(entries.iter().map(String::as_str));
+    server.cmd(&zadd).expect("dead entries");
+    wait_for_owner(&server, "late", false).await;
+    let refused = holder.release().await;
+    assert!(
+        matches!(refused, Err(Error::NotOwner { .. })),
+        "{refused:?}"
+    );
+    within("the dead waiters to be purged", async {
+        while zcard(&server, keys.queue()) > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert_eq!(metrics.total(WAITERS_EVICTED_TOTAL), DEAD as f64);
     client.shutdown().await;
 }
 

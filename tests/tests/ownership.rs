@@ -884,7 +884,9 @@ async fn a_release_sent_again_after_later_holders_released_is_answered_released(
     let owner = owner_in_redis(&server, name);
     assert_eq!(
         raw(&server, name, &release(AA, &timings)),
-        ReleaseReply::NotOwner,
+        ReleaseReply::NotOwner {
+            purged: Default::default()
+        },
         "a plain release of AA is refused after 8 later releases"
     );
     // Redis's count of writes (what replication would carry).

@@ -20,11 +20,13 @@
 --                (whoever wakes it must set its lease); more: 1 if
 --                entries are left to look at (the client goes on with
 --                heartbeat calls)
---   {0}          refused: the caller holds no live permit and no release
+--   {0} or {0, dropped, more}
+--                refused: the caller holds no live permit and no release
 --                of it is remembered (its lease ran out, or it never
 --                held); permits that expired leases freed go to live
 --                waiters that now fit, woken by message, as a heartbeat
---                would
+--                would, and the dead waiters purged on the way are
+--                reported as above
 --
 -- Holder-only. Idempotent: a resent release (fred and the client send a
 -- call again when its connection dropped after it was written) finds the
@@ -97,7 +99,10 @@ if not deadline or tonumber(deadline) <= now_ms then
   -- go to the caller, and a resend of this release would then free it.
   if not redis.call('ZSCORE', KEYS[2], owner_id) then
     expire_holders(now_ms)
-    grant_waiting(now, tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), stored)
+    local _, dropped, more = grant_waiting(now, tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), stored)
+    if dropped > 0 or more then
+      return {0, dropped, more and 1 or 0}
+    end
   end
   return {0}
 end

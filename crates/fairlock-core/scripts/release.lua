@@ -29,10 +29,13 @@
 --                            `more` is 1 if dead waiters are left to purge
 --                            before a live one can be found (the client
 --                            goes on with heartbeat calls)
---   {0}                      refused: the caller does not own the lock;
+--   {0} or {0, dropped, more}
+--                            refused: the caller does not own the lock;
 --                            if nobody does (the caller's lease ran out),
 --                            the oldest live waiter is made the owner and
---                            woken by message, as a heartbeat would
+--                            woken by message, as a heartbeat would, and
+--                            the dead waiters purged on the way are
+--                            reported as above
 --
 -- Cost: 5 commands with nobody waiting (GET, ZRANGE, DEL, GET and SET
 -- freed); 10 for a handoff to a live head in another process (GET,
@@ -73,7 +76,10 @@ if holder ~= owner_id then
   -- the caller is itself queued (an owner id of a waiter): the lock would
   -- go to the caller, and a resend of this release would then free it.
   if not holder and not redis.call('ZSCORE', KEYS[2], owner_id) then
-    grant_next(ARGV[2], ARGV[3], tonumber(ARGV[4]), '')
+    local _, _, dropped, more = grant_next(ARGV[2], ARGV[3], tonumber(ARGV[4]), '')
+    if dropped > 0 or more then
+      return {0, dropped, more and 1 or 0}
+    end
   end
   return {0}
 end

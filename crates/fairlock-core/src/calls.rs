@@ -266,7 +266,10 @@ pub enum ReleaseReply {
     /// The caller does not own the lock. Nothing of the caller's changed;
     /// a lock nobody owns (the caller's lease ran out) went to its oldest
     /// live waiter, as at a heartbeat.
-    NotOwner,
+    NotOwner {
+        /// Dead waiters removed on the way to that waiter.
+        purged: Purged,
+    },
 }
 
 impl ScriptCall for Release<'_> {
@@ -290,7 +293,9 @@ impl ScriptCall for Release<'_> {
                     purged,
                 })
             }
-            0 => Ok(ReleaseReply::NotOwner),
+            0 => Ok(ReleaseReply::NotOwner {
+                purged: Purged::read_if_sent(&mut f),
+            }),
             other => Err(f.unknown_status(other)),
         }
     }

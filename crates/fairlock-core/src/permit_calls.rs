@@ -169,7 +169,10 @@ pub enum PermitReleaseReply {
     /// lease ran out, or it never held). Nothing of the caller's changed;
     /// permits that ran out went to the live waiters that now fit, as at a
     /// heartbeat.
-    NotHolder,
+    NotHolder {
+        /// Dead waiters removed on the way to those waiters.
+        purged: Purged,
+    },
 }
 
 impl crate::ScriptCall for PermitRelease<'_> {
@@ -193,7 +196,9 @@ impl crate::ScriptCall for PermitRelease<'_> {
                 }
                 Ok(PermitReleaseReply::Released { granted, purged })
             }
-            0 => Ok(PermitReleaseReply::NotHolder),
+            0 => Ok(PermitReleaseReply::NotHolder {
+                purged: Purged::read_if_sent(&mut f),
+            }),
             other => Err(f.unknown_status(other)),
         }
     }
@@ -379,7 +384,22 @@ mod tests {
         );
         assert_eq!(
             PermitRelease::decode(Reply::Array(vec![Reply::Int(0)])),
-            Ok(PermitReleaseReply::NotHolder)
+            Ok(PermitReleaseReply::NotHolder {
+                purged: Purged::default()
+            })
+        );
+        assert_eq!(
+            PermitRelease::decode(Reply::Array(vec![
+                Reply::Int(0),
+                Reply::Int(3),
+                Reply::Int(1)
+            ])),
+            Ok(PermitReleaseReply::NotHolder {
+                purged: Purged {
+                    dropped: 3,
+                    more: true
+                }
+            })
         );
     }
 

@@ -215,6 +215,43 @@ fn release_is_bounded_behind_ten_thousand_dead_waiters() {
     assert_granted_to_live_waiter(&crowd);
 }
 
+/// A release that comes after its lease ran out is refused, yet hands the
+/// free lock on as a heartbeat would: at 10,000 dead waiters it purges a
+/// bounded batch and says so (the dead waiters dropped, and that more are
+/// left), so that its client counts them and goes on with purge calls.
+/// Before, the refusal was a bare `{0}` and the purge it did went uncounted.
+#[test]
+fn a_late_release_reports_the_dead_waiters_it_purged() {
+    let crowd = crowd(false, DEAD);
+    let key_refs: Vec<&str> = crowd.keys.all().iter().map(String::as_str).collect();
+    let timings = timings();
+    let release = Release {
+        owner_id: &crowd.holder,
+        timings: &timings,
+        channel_prefix: CHANNEL_PREFIX,
+        reply_to: "",
+    };
+    let (reply, inside, _) = measured(&crowd.server, Release::SCRIPT, || {
+        run_script(&crowd.server, Release::SCRIPT, &key_refs, &release.args()).unwrap()
+    });
+    assert!(
+        inside <= MAX_COMMANDS_PER_CALL,
+        "release ran {inside} commands"
+    );
+    assert_eq!(
+        Release::decode(reply).unwrap(),
+        ReleaseReply::NotOwner {
+            purged: Purged {
+                dropped: SCANNED_PER_CALL,
+                more: true
+            }
+        }
+    );
+    let (_, dropped) = purge_until_granted(&crowd);
+    assert_eq!(SCANNED_PER_CALL + dropped, DEAD);
+    assert_granted_to_live_waiter(&crowd);
+}
+
 /// A newcomer's acquire on a lock whose holder vanished, at 10,000 dead
 /// waiters: bounded, no barging past the live waiter, and the purge calls
 /// grant that waiter.

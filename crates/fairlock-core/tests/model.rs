@@ -620,9 +620,13 @@ impl Model {
                 return Reply::Array(vec![int(1), int(0), int(0), text(""), int(0), int(0)]);
             }
             // Refused; a lock nobody holds (the caller's lease ran out)
-            // goes to the oldest live waiter, announced by a message.
+            // goes to the oldest live waiter, announced by a message, and
+            // the dead waiters purged on the way are reported.
             if self.state.owner.is_none() && !self.state.queue.iter().any(|(m, _)| m == owner_id) {
-                self.grant_next();
+                let (_, _, dropped, more) = self.grant_next();
+                if dropped > 0 || more {
+                    return Reply::Array(vec![int(0), int(dropped), flag(more)]);
+                }
             }
             return Reply::Array(vec![int(0)]);
         }

@@ -89,9 +89,14 @@ impl ClientState {
                 }
                 Ok(woke)
             }
-            PermitReleaseReply::NotHolder => Err(Error::NotOwner {
-                name: name.to_owned(),
-            }),
+            PermitReleaseReply::NotHolder { purged } => {
+                // Refused, yet permits freed by leases that ran out went
+                // on, maybe past dead waiters.
+                self.after_purge(keys, purged);
+                Err(Error::NotOwner {
+                    name: name.to_owned(),
+                })
+            }
         }
     }
 

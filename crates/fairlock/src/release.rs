@@ -199,9 +199,14 @@ impl ClientState {
                 }
                 Ok(Woke::NobodyHere)
             }
-            ReleaseReply::NotOwner => Err(Error::NotOwner {
-                name: name.to_owned(),
-            }),
+            ReleaseReply::NotOwner { purged } => {
+                // Refused, yet a lock freed by a lease that ran out went
+                // on, maybe past dead waiters.
+                self.after_purge(keys, purged);
+                Err(Error::NotOwner {
+                    name: name.to_owned(),
+                })
+            }
         }
     }
 
