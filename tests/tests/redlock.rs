@@ -573,6 +573,68 @@ async fn a_release_that_missed_a_primary_is_sent_there_again() {
     client.close().await;
 }
 
+/// The vote an acquire gave back without reaching its primary is sent
+/// there again once the acquire has ended without a guard. One primary
+/// lost the holder's key (as in a restart) and votes for a caller, whose
+/// try is refused by the other two; that primary runs the acquire script
+/// but refuses the release script, so the try's give-back misses it. Once
+/// it runs scripts again, the caller's vote there is deleted within the
+/// retries' backoff, not left for the 60 s lease. (While an acquire goes
+/// on, its give-backs are not retried: its next attempt votes under the
+/// same owner id, `quorum.rs::LeftVotes`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_that_missed_a_primary_is_sent_again_once_the_acquire_ends() {
+    let servers = primaries(3);
+    let holder = redlock_connect(config(&servers)).await;
+    let caller = redlock_connect(config(&servers)).await;
+    let options = RedLockOptions::new().lease(Duration::from_secs(60));
+    let guard = tokio::time::timeout(HANG, holder.lock_with("left", options))
+        .await
+        .expect("no hang")
+        .expect("lock");
+    let key = "fairlock:redlock:{left}:owner";
+    let owner = |server: &RedisServer| match server.cmd_ok(&["GET", key]) {
+        Ok(Resp::Bulk(value)) => value,
+        other => panic!("GET answered {other:?}"),
+    };
+    let voting = &servers.servers()[0];
+    let held = owner(voting).expect("the holder's vote");
+    voting.cmd_ok(&["DEL", key]).expect("the holder's key lost");
+    let acquire_only = format!("+evalsha|{}", fairlock_core::REDLOCK_ACQUIRE.sha1());
+    voting
+        .cmd_ok(&[
+            "ACL",
+            "SETUSER",
+            "default",
+            "-evalsha",
+            "-eval",
+            &acquire_only,
+        ])
+        .expect("run the acquire script only");
+    let tried = tokio::time::timeout(HANG, caller.try_lock_with("left", options))
+        .await
+        .expect("no hang")
+        .expect("a try answered by every primary");
+    assert!(tried.is_none(), "the holder keeps a majority");
+    let left = owner(voting).expect("the caller's vote, its give-back refused");
+    assert_ne!(left, held, "the primary voted for the caller");
+    voting
+        .cmd_ok(&["ACL", "SETUSER", "default", "+@all"])
+        .expect("allow scripts again");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while owner(voting).is_some() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        owner(voting),
+        None,
+        "the vote stayed on the primary the give-back missed"
+    );
+    guard.release().await.expect("release");
+    caller.close().await;
+    holder.close().await;
+}
+
 /// Waiters on many locks are not held up behind one another by a primary
 /// that stalls (CLIENT PAUSE: connected, answering nothing): each lock's
 /// first waiter subscribes to its release notices on every primary, which

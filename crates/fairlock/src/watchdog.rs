@@ -252,12 +252,8 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
                 .count();
             lease_renewals("error", watched);
             tracing::warn!(%error, locks = locks.len(), "fairlock lease check failed; retrying");
-            for (lock, &lease_ms) in locks.iter().zip(&leases) {
-                if lease_ms > 0 {
-                    // It may have run (a timeout, a lost reply), after an
-                    // `extend` to a longer lease answered meanwhile.
-                    lock.lease_may_have_been_set(started, Duration::from_millis(lease_ms));
-                }
+            may_have_renewed(&locks, &leases, started);
+            for lock in &locks {
                 // Fires once the lease has run out by the local clock. A
                 // released grant stays tracked until its release has run.
                 if !lock.is_released() && lock.is_lost() {
@@ -268,13 +264,69 @@ async fn renew_batch(state: &Arc<ClientState>, locks: Vec<Arc<HeldLock>>) {
     }
 }
 
+/// A renewal call sent at `started` failed: it may still have run (a
+/// timeout, a lost reply), maybe after an `extend` to a longer lease
+/// answered meanwhile, so each lock's lease may end at the renewal's end.
+fn may_have_renewed(locks: &[Arc<HeldLock>], leases: &[u64], started: Instant) {
+    for (lock, &lease_ms) in locks.iter().zip(leases) {
+        if lease_ms > 0 {
+            lock.lease_may_have_been_set(started, Duration::from_millis(lease_ms));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, Instant};
 
-    use super::{renewal_due, third_passed};
+    use std::sync::Arc;
+
+    use super::{may_have_renewed, renewal_due, third_passed};
     use crate::config::Lease;
     use crate::held::HeldLock;
+
+    /// A renewal that failed may still run in Redis after an `extend` to
+    /// a longer lease answered meanwhile: the lock's deadline is capped at
+    /// the renewal's end, while a lock the call only checked (lease 0) keeps its deadline. Before the
+    /// cap, a failed renewal left the extend's 60 s deadline standing.
+    #[test]
+    fn a_failed_renewal_caps_the_deadline_at_its_end() {
+        let watchdog_lease = Duration::from_secs(3);
+        let granted = Instant::now();
+        let renewed = Arc::new(HeldLock::for_test(
+            "renewed",
+            Lease::Watchdog,
+            watchdog_lease,
+            granted,
+        ));
+        let checked = Arc::new(HeldLock::for_test(
+            "checked",
+            Lease::Watchdog,
+            watchdog_lease,
+            granted,
+        ));
+        let started = Instant::now();
+        // An extend to 60 s, sent and answered while the renewal waited.
+        for lock in [&renewed, &checked] {
+            lock.lease_set(Instant::now(), Duration::from_secs(60));
+        }
+        may_have_renewed(
+            &[Arc::clone(&renewed), Arc::clone(&checked)],
+            &[3_000, 0],
+            started,
+        );
+        let deadline = renewed.lease_deadline().expect("a deadline");
+        assert!(
+            deadline <= started + watchdog_lease,
+            "the failed 3 s renewal may run last, yet the deadline stayed {:?} after it was sent",
+            deadline - started
+        );
+        let kept = checked.lease_deadline().expect("a deadline");
+        assert!(
+            kept > started + Duration::from_secs(50),
+            "a check capped the deadline"
+        );
+    }
 
     /// A watchdog lease whose deadline was moved earlier (an older, short
     /// `extend` may have run last in Redis) is renewed when that earlier
