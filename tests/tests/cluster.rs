@@ -127,6 +127,7 @@ async fn waiters_survive(
     disturb: impl FnOnce(&mut RedisCluster),
 ) {
     let holder = clients[0].lock(name).await.expect("holder");
+    let held_since = std::time::Instant::now();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
     for i in 0..n {
@@ -144,7 +145,9 @@ async fn waiters_survive(
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
+    let disturbed = std::time::Instant::now();
     disturb(cluster);
+    let outage = disturbed.elapsed();
     if let Err(error) = holder.release().await {
         // What the slot's primary holds now, to tell a lost write (no
         // owner key), a lease run out, and a release that ran twice (the
@@ -165,7 +168,10 @@ async fn waiters_survive(
                 ))
             })
             .unwrap_or_else(|e| format!("unreadable: {e}"));
-        panic!("release after the disturbance: {error:?}; {state}");
+        panic!(
+            "release after a disturbance of {outage:?} (held {:?}): {error:?}; {state}",
+            held_since.elapsed()
+        );
     }
     for waiter in waiters {
         tokio::time::timeout(LONG, waiter)
@@ -437,12 +443,13 @@ async fn waiters_are_granted_in_order_across_a_primary_failover() {
 async fn waiters_are_granted_in_order_across_a_primary_crash() {
     let mut cluster = RedisCluster::start().expect("cluster");
     // The holder's lease outlasts the outage (the kit's fast clients have
-    // 3 s watchdog leases; the release would answer `NotOwner`).
+    // 3 s watchdog leases; the release would answer `NotOwner`), also one
+    // as long as the kit's 30 s wait for the cluster to settle.
     let config = || {
         let mut config = ClientConfig::new(cluster.url());
         config.heartbeat_interval = Duration::from_millis(200);
         config.waiter_timeout = Duration::from_secs(6);
-        config.watchdog_lease = Duration::from_secs(15);
+        config.watchdog_lease = Duration::from_secs(40);
         config
     };
     let clients = [
