@@ -24,9 +24,10 @@
 --                refused: the caller holds no live permit and no release
 --                of it is remembered (its lease ran out, or it never
 --                held); permits that expired leases freed go to live
---                waiters that now fit, woken by message, as a heartbeat
---                would, and the dead waiters purged on the way are
---                reported as above
+--                waiters that now fit (those found within the scan
+--                bound), woken by message, as a heartbeat would, and the
+--                dead waiters purged looking for them are reported as
+--                above
 --
 -- Holder-only. Idempotent: a resent release (fred and the client send a
 -- call again when its connection dropped after it was written) finds the

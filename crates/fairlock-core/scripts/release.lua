@@ -32,10 +32,11 @@
 --   {0} or {0, dropped, more}
 --                            refused: the caller does not own the lock;
 --                            if nobody does (the caller's lease ran out),
---                            the oldest live waiter is made the owner and
---                            woken by message, as a heartbeat would, and
---                            the dead waiters purged on the way are
---                            reported as above
+--                            the oldest live waiter found within the scan
+--                            bound is made the owner and woken by
+--                            message, as a heartbeat would, and the dead
+--                            waiters purged looking for it are reported
+--                            as above (`more`: none found yet)
 --
 -- Cost: 5 commands with nobody waiting (GET, ZRANGE, DEL, GET and SET
 -- freed); 10 for a handoff to a live head in another process (GET,

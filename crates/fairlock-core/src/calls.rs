@@ -58,8 +58,9 @@ pub struct Purged {
 }
 
 impl Purged {
-    /// The purge fields a grant reply carries only when it purged: an
-    /// uncontended grant is `{1, token}`, so the hot path sends no more.
+    /// The purge fields a reply carries only when it purged: an
+    /// uncontended grant is `{1, token}`, so the hot path sends no more,
+    /// and a refused release is `{0}` unless it handed a free lock on.
     pub(crate) fn read_if_sent(f: &mut Fields) -> Self {
         f.optional(Self::read).unwrap_or_default()
     }
@@ -265,9 +266,11 @@ pub enum ReleaseReply {
     },
     /// The caller does not own the lock. Nothing of the caller's changed;
     /// a lock nobody owns (the caller's lease ran out) went to its oldest
-    /// live waiter, as at a heartbeat.
+    /// live waiter, as at a heartbeat, if one was found within the
+    /// script's scan bound (else `purged.more` is set and purge calls go
+    /// on).
     NotOwner {
-        /// Dead waiters removed on the way to that waiter.
+        /// Dead waiters removed while looking for that waiter.
         purged: Purged,
     },
 }
@@ -762,6 +765,27 @@ mod tests {
 
     fn array(items: &[i64]) -> Reply {
         Reply::Array(items.iter().map(|&i| Reply::Int(i)).collect())
+    }
+
+    /// A refused release carries the purge fields only when it handed a
+    /// free lock on past dead waiters.
+    #[test]
+    fn refused_release_replies_decode() {
+        assert_eq!(
+            Release::decode(array(&[0])),
+            Ok(ReleaseReply::NotOwner {
+                purged: Purged::default()
+            })
+        );
+        assert_eq!(
+            Release::decode(array(&[0, 128, 1])),
+            Ok(ReleaseReply::NotOwner {
+                purged: Purged {
+                    dropped: 128,
+                    more: true
+                }
+            })
+        );
     }
 
     #[test]

@@ -170,7 +170,9 @@ pub enum PermitReleaseReply {
     /// permits that ran out went to the live waiters that now fit, as at a
     /// heartbeat.
     NotHolder {
-        /// Dead waiters removed on the way to those waiters.
+        /// Dead waiters removed while looking for those waiters (with
+        /// `more` set when the scan bound stopped the search: purge calls
+        /// go on).
         purged: Purged,
     },
 }
