@@ -58,8 +58,9 @@ use crate::task::{BackgroundTask, ShutdownSignal};
 type Answer = oneshot::Sender<Result<(), ShardRefusal>>;
 
 /// Answers awaited on one connection, in the order their requests went:
-/// a subscription's, or (`None`) a keep-alive `PING`'s.
-type Awaiting = Arc<Mutex<VecDeque<Option<Answer>>>>;
+/// a subscription's (with its request's id), or (`None`) a keep-alive
+/// `PING`'s.
+type Awaiting = Arc<Mutex<VecDeque<Option<(u64, Answer)>>>>;
 
 /// One node's connection.
 struct Link {
@@ -134,6 +135,7 @@ impl Troubles {
 /// A subscription waiting for its node's connection to open.
 struct Pending {
     channel: String,
+    id: u64,
     done: Answer,
 }
 
@@ -211,6 +213,7 @@ impl Nodes {
                 slot,
                 channel,
                 at,
+                id,
                 done,
             } => {
                 let Some(address) = at.or_else(|| self.state.redis.node_of_slot(slot)) else {
@@ -220,10 +223,10 @@ impl Nodes {
                 };
                 self.state.note_slot_node(slot, &address);
                 if self.links.contains_key(&address) {
-                    self.subscribe(&address, &channel, done).await;
+                    self.subscribe(&address, &channel, id, done).await;
                     return;
                 }
-                let pending = Pending { channel, done };
+                let pending = Pending { channel, id, done };
                 if let Some(waiting) = self.opening.get_mut(&address) {
                     waiting.push(pending);
                     return;
@@ -254,12 +257,13 @@ impl Nodes {
                     (address, opened)
                 });
             }
-            ShardRequest::Silent => {
-                // The request that went unanswered may have been written
-                // on a connection since closed, and the slot may have been
-                // asked of another node since: a connection is silent if
-                // a requester gave up on it, whichever node it goes to.
-                for address in silent_nodes(self.links.iter().map(|(a, l)| (a, &l.awaiting))) {
+            ShardRequest::Silent { id } => {
+                // The connection the request was written on, if it is
+                // still open: not one opened since, nor one that only
+                // holds requests whose callers went away (a dropped
+                // `lock()`), whichever node the slot is asked of now.
+                let links = self.links.iter().map(|(a, l)| (a, &l.awaiting));
+                if let Some(address) = node_holding(links, id) {
                     tracing::warn!(
                         %address,
                         "fairlock's pub/sub connection to a cluster node did not answer; opening it again"
@@ -277,8 +281,8 @@ impl Nodes {
         match opened {
             Ok(connection) => {
                 self.start(connection);
-                for Pending { channel, done } in waiting {
-                    self.subscribe(&address, &channel, done).await;
+                for Pending { channel, id, done } in waiting {
+                    self.subscribe(&address, &channel, id, done).await;
                 }
             }
             Err(error) => {
@@ -293,7 +297,7 @@ impl Nodes {
     }
 
     /// Writes `SSUBSCRIBE channel` on the open connection to `address`.
-    async fn subscribe(&mut self, address: &str, channel: &str, done: Answer) {
+    async fn subscribe(&mut self, address: &str, channel: &str, id: u64, done: Answer) {
         let Some(link) = self.links.get_mut(address) else {
             let why = format!("the connection to {address} closed");
             let _ = done.send(Err(ShardRefusal::NoConnection(why)));
@@ -304,7 +308,7 @@ impl Nodes {
         link.awaiting
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push_back(Some(done));
+            .push_back(Some((id, done)));
         let timeout = self.state.config.command_timeout;
         let write = async {
             link.writer.write_all(&frame).await?;
@@ -518,7 +522,7 @@ fn answer(state: &Arc<ClientState>, awaiting: &Awaiting, frame: Frame<'_>) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .pop_front();
-    if let Some(Some(done)) = next {
+    if let Some(Some((_, done))) = next {
         let _ = done.send(reply);
     }
 }
@@ -546,21 +550,21 @@ fn resubscribe_where_slots_are(state: &Arc<ClientState>) {
     }));
 }
 
-/// The nodes whose connection has a subscription unanswered whose
-/// requester gave up waiting (its time ran out). A `PING` awaited does not
-/// count.
-fn silent_nodes<'a>(links: impl Iterator<Item = (&'a String, &'a Awaiting)>) -> Vec<String> {
+/// The node whose connection holds subscription request `id` unanswered.
+fn node_holding<'a>(
+    mut links: impl Iterator<Item = (&'a String, &'a Awaiting)>,
+    id: u64,
+) -> Option<String> {
     links
-        .filter(|(_, awaiting)| {
+        .find(|(_, awaiting)| {
             awaiting
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .iter()
                 .flatten()
-                .any(oneshot::Sender::is_closed)
+                .any(|(held, _)| *held == id)
         })
         .map(|(address, _)| address.clone())
-        .collect()
 }
 
 #[cfg(test)]
@@ -573,44 +577,42 @@ mod tests {
         names
     }
 
-    /// A requester that timed out has a connection closed only if its
-    /// request is on that connection: a connection whose requests are all
-    /// still awaited (or only its keep-alive `PING`) is left open, and the
-    /// one holding the abandoned request is closed whichever node the slot
-    /// was asked of since. Before, the connection to the slot's last-asked
-    /// node was closed (or kept) whatever it held.
+    /// A requester that timed out has the connection its request was
+    /// written on closed, whichever node the slot was asked of since, and
+    /// no other: not an idle one, not one with only a keep-alive `PING`
+    /// out, not one whose requests all still wait, and not one holding a
+    /// request whose caller went away (a dropped `lock()`), which a
+    /// healthy node answers in time. Before, the connection to the slot's
+    /// last-asked node was closed whatever it held.
     #[test]
-    fn only_a_connection_holding_an_abandoned_request_is_silent() {
-        let (idle, pinged, waiting, gave_up) = (
-            "10.0.0.1:7000".to_owned(),
-            "10.0.0.2:7000".to_owned(),
-            "10.0.0.3:7000".to_owned(),
-            "10.0.0.4:7000".to_owned(),
-        );
-        let links: Vec<(String, Awaiting)> = [&idle, &pinged, &waiting, &gave_up]
-            .into_iter()
-            .map(|address| (address.clone(), Awaiting::default()))
+    fn only_the_connection_holding_the_timed_out_request_is_silent() {
+        let nodes = [
+            "10.0.0.1:7000",
+            "10.0.0.2:7000",
+            "10.0.0.3:7000",
+            "10.0.0.4:7000",
+        ];
+        let links: Vec<(String, Awaiting)> = nodes
+            .iter()
+            .map(|address| (address.to_string(), Awaiting::default()))
             .collect();
-        let awaiting = |address: &String| {
-            links
-                .iter()
-                .find(|(a, _)| a == address)
-                .map(|(_, awaiting)| awaiting.lock().expect("awaiting"))
-                .expect("a link")
+        let push = |node: usize, entry: Option<(u64, Answer)>| {
+            links[node].1.lock().expect("awaiting").push_back(entry);
         };
-        let silent = || silent_nodes(links.iter().map(|(a, awaiting)| (a, awaiting)));
-        assert!(silent().is_empty(), "idle connections taken for silent");
-        awaiting(&pinged).push_back(None);
+        let holding = |id: u64| node_holding(links.iter().map(|(a, w)| (a, w)), id);
+        // Node 0 idle; node 1 a PING out; node 2 request 7 waited for;
+        // node 3 request 8 whose caller went away, then request 9.
+        push(1, None);
         let (waited, _requester) = oneshot::channel();
-        awaiting(&waiting).push_back(Some(waited));
-        assert!(
-            silent().is_empty(),
-            "a connection whose requesters all wait was taken for silent"
-        );
-        let (abandoned, requester) = oneshot::channel();
-        awaiting(&gave_up).push_back(Some(abandoned));
+        push(2, Some((7, waited)));
+        let (dropped, requester) = oneshot::channel();
         drop(requester);
-        assert_eq!(silent(), std::slice::from_ref(&gave_up));
+        push(3, Some((8, dropped)));
+        let (timed_out, _requester) = oneshot::channel();
+        push(3, Some((9, timed_out)));
+        assert_eq!(holding(9).as_deref(), Some(nodes[3]));
+        assert_eq!(holding(7).as_deref(), Some(nodes[2]));
+        assert_eq!(holding(5), None, "a request no connection holds");
     }
 
     /// A node that left fred's slot map and has no connection is forgotten

@@ -14,7 +14,7 @@
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -72,12 +72,18 @@ pub(crate) enum ShardRequest {
         slot: u16,
         channel: String,
         at: Option<String>,
+        /// Names the request in a later [`ShardRequest::Silent`].
+        id: u64,
         done: oneshot::Sender<std::result::Result<(), ShardRefusal>>,
     },
-    /// A subscription was not answered in time: close the connections
-    /// holding a request given up on (the next request opens a new one).
-    Silent,
+    /// Subscription `id` was not answered in time: close the connection
+    /// it was written on, if still open (the next request opens a new
+    /// one).
+    Silent { id: u64 },
 }
+
+/// Numbers subscription requests, for [`ShardRequest::Silent`].
+static SHARD_REQUESTS: AtomicU64 = AtomicU64::new(0);
 
 /// State shared by the client handles, guards and background tasks.
 pub(crate) struct ClientState {
@@ -415,10 +421,12 @@ impl ClientState {
         let mut at = None;
         loop {
             let (done, answer) = oneshot::channel();
+            let id = SHARD_REQUESTS.fetch_add(1, Ordering::Relaxed);
             let request = ShardRequest::Subscribe {
                 slot,
                 channel: channel.clone(),
                 at: at.take(),
+                id,
                 done,
             };
             requests.send(request).map_err(|_| Error::Closed)?;
@@ -428,7 +436,7 @@ impl ClientState {
                 // The connection closed before answering.
                 Ok(Err(_)) => ShardRefusal::NoConnection("the node's connection closed".to_owned()),
                 Err(_) => {
-                    let _ = requests.send(ShardRequest::Silent);
+                    let _ = requests.send(ShardRequest::Silent { id });
                     return Err(Error::Timeout {
                         operation: format!("SSUBSCRIBE {channel}"),
                         timeout,
