@@ -7,8 +7,10 @@
 //! One module per job: [`setup`] (servers and clients), [`raw_calls`]
 //! (scripts straight on the server), [`redis_state`] (reading it),
 //! [`waits`] (bounded waits), [`metrics`], [`lost_grants`] (faults made by
-//! hand), [`verdicts`] shared by several test files, and the two proxies.
+//! hand), [`verdicts`] shared by several test files, [`cluster_waiters`]
+//! (waiters across a cluster disturbance), and the two proxies.
 
+pub mod cluster_waiters;
 pub mod local_metrics;
 pub mod lost_grants;
 pub mod metrics;
@@ -20,6 +22,7 @@ pub mod switch_proxy;
 pub mod verdicts;
 pub mod waits;
 
+pub use cluster_waiters::*;
 pub use fairlock_testkit::{RedisServer, Resp};
 pub use lost_grants::*;
 pub use metrics::*;

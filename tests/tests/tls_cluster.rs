@@ -8,7 +8,10 @@
 use std::time::Duration;
 
 use fairlock_testkit::{RedisCluster, TlsFiles};
-use fairlock_tests::{hand_over, lock_names_on_every_primary, lock_slot, pubsub_only_client};
+use fairlock_tests::{
+    cluster_client_at, hand_over, lock_names_on_every_primary, lock_slot, pubsub_only_client,
+    waiters_survive,
+};
 
 /// A grant reaches a waiter of a [`pubsub_only_client`] within this bound
 /// only on a pub/sub connection. Not a speed assertion.
@@ -27,11 +30,13 @@ fn tls_owner(cluster: &RedisCluster, name: &str) -> String {
 /// Locks on every primary hand over between two clients over TLS, each
 /// grant arriving on fairlock's own TLS connection to the node serving
 /// the lock's slot; after a slot moves to another primary the waiter's
-/// subscription follows it there, over TLS too.
+/// subscription follows it there, over TLS too; and waiters queued over
+/// TLS across a primary's fail-over follow the promoted replica and are
+/// granted in ticket order with increasing tokens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grants_come_over_tls_from_each_slots_node() {
     let files = TlsFiles::generate().expect("a CA and a server certificate");
-    let cluster = RedisCluster::start_tls(&files).expect("cluster with TLS");
+    let mut cluster = RedisCluster::start_tls(&files).expect("cluster with TLS");
     let url = cluster.tls_url().expect("TLS ports");
     // The only test of this binary, before any client exists.
     files.trust();
@@ -73,4 +78,25 @@ async fn grants_come_over_tls_from_each_slots_node() {
     );
     holder_client.shutdown().await;
     waiter_client.shutdown().await;
+
+    // A manual fail-over of another lock's primary while waiters of two
+    // clients (fast test timings) are queued over TLS.
+    let clients = [
+        cluster_client_at(url.clone()).await,
+        cluster_client_at(url.clone()).await,
+    ];
+    let name = &names[1];
+    let primary = cluster.slot_owner(lock_slot(name)).expect("slot owner");
+    waiters_survive(&mut cluster, &clients, name, 6, |cluster| {
+        cluster.failover(&primary).expect("fail-over");
+    })
+    .await;
+    assert_ne!(
+        cluster.slot_owner(lock_slot(name)).expect("slot owner"),
+        primary,
+        "the replica took the slot over"
+    );
+    for client in clients {
+        client.shutdown().await;
+    }
 }
