@@ -1,5 +1,5 @@
 //! Faults a test makes by hand: subscribers cut off (grants published to
-//! nobody) and lost queue entries.
+//! nobody), lost queue entries, and dead waiters planted in a queue.
 
 use std::time::Duration;
 
@@ -108,4 +108,27 @@ pub async fn lose_entry_and_see_it_rejoin(
         ticket,
         "{member} is queued again with its own ticket"
     );
+}
+
+/// Queues `count` waiters of one dead process (its deadline long past) on
+/// the lock whose keys are `keys`, with tickets 1 to `count`: what a
+/// crashed process leaves behind.
+pub fn plant_dead_waiters(server: &RedisServer, keys: &fairlock_core::LockKeys, count: usize) {
+    server
+        .cmd(&["ZADD", keys.alive(), "1", "00000000000000dd"])
+        .expect("dead process");
+    for chunk in (0..count).collect::<Vec<_>>().chunks(1_000) {
+        let entries: Vec<String> = chunk
+            .iter()
+            .flat_map(|i| {
+                [
+                    (i + 1).to_string(),
+                    format!("{i:032x}.00000000000000dd.30000"),
+                ]
+            })
+            .collect();
+        let mut cmd = vec!["ZADD", keys.queue()];
+        cmd.extend(entries.iter().map(String::as_str));
+        server.cmd(&cmd).expect("dead entries");
+    }
 }

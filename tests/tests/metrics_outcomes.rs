@@ -120,21 +120,7 @@ async fn a_refused_release_counts_and_finishes_the_purge_it_began() {
     let lease = LockOptions::new().lease(Duration::from_millis(300));
     let holder = client.lock_with("late", lease).await.expect("holder");
     let keys = keys("late");
-    // One dead process, its deadline long past, with DEAD waiters.
-    server
-        .cmd(&["ZADD", keys.alive(), "1", "00000000000000dd"])
-        .expect("dead process");
-    let entries: Vec<String> = (0..DEAD)
-        .flat_map(|i| {
-            [
-                (i + 1).to_string(),
-                format!("{i:032x}.00000000000000dd.30000"),
-            ]
-        })
-        .collect();
-    let mut zadd = vec!["ZADD", keys.queue()];
-    zadd.extend(entries.iter().map(String::as_str));
-    server.cmd(&zadd).expect("dead entries");
+    plant_dead_waiters(&server, &keys, DEAD);
     wait_for_owner(&server, "late", false).await;
     let refused = holder.release().await;
     assert!(

@@ -632,23 +632,7 @@ async fn ten_thousand_dead_waiters_are_purged_in_bounded_steps() {
     let holder = client.lock("crowd").await.expect("holder");
     let keys = keys("crowd");
     // One dead process, its deadline long past, with 10,000 entries.
-    server
-        .cmd(&["ZADD", keys.alive(), "1", "00000000000000dd"])
-        .expect("dead process");
-    for chunk in (0..DEAD).collect::<Vec<_>>().chunks(1_000) {
-        let entries: Vec<String> = chunk
-            .iter()
-            .flat_map(|i| {
-                [
-                    (i + 1).to_string(),
-                    format!("{i:032x}.00000000000000dd.30000"),
-                ]
-            })
-            .collect();
-        let mut cmd = vec!["ZADD", keys.queue()];
-        cmd.extend(entries.iter().map(String::as_str));
-        server.cmd(&cmd).expect("dead entries");
-    }
+    plant_dead_waiters(&server, &keys, DEAD);
     let live = spawn_lock(&client, "crowd");
     wait_for_queue_len(&client, "crowd", DEAD as u64 + 1).await;
     server.cmd(&["SLOWLOG", "RESET"]).expect("slowlog");

@@ -162,6 +162,22 @@ fn purge_until_granted(crowd: &Crowd) -> (u64, u64) {
     (calls, dropped)
 }
 
+/// The crowd's holder releases: the reply, the commands run inside the
+/// script and its server µs.
+fn release_by_holder(crowd: &Crowd) -> (Reply, u64, u64) {
+    let key_refs: Vec<&str> = crowd.keys.all().iter().map(String::as_str).collect();
+    let timings = timings();
+    let release = Release {
+        owner_id: &crowd.holder,
+        timings: &timings,
+        channel_prefix: CHANNEL_PREFIX,
+        reply_to: "",
+    };
+    measured(&crowd.server, Release::SCRIPT, || {
+        run_script(&crowd.server, Release::SCRIPT, &key_refs, &release.args()).unwrap()
+    })
+}
+
 fn assert_granted_to_live_waiter(crowd: &Crowd) {
     let owner = crowd.server.cmd(&["GET", crowd.keys.owner()]).unwrap();
     let owner = owner.as_str().unwrap();
@@ -184,17 +200,7 @@ fn assert_granted_to_live_waiter(crowd: &Crowd) {
 #[test]
 fn release_is_bounded_behind_ten_thousand_dead_waiters() {
     let crowd = crowd(true, DEAD);
-    let key_refs: Vec<&str> = crowd.keys.all().iter().map(String::as_str).collect();
-    let timings = timings();
-    let release = Release {
-        owner_id: &crowd.holder,
-        timings: &timings,
-        channel_prefix: CHANNEL_PREFIX,
-        reply_to: "",
-    };
-    let (reply, inside, usec) = measured(&crowd.server, Release::SCRIPT, || {
-        run_script(&crowd.server, Release::SCRIPT, &key_refs, &release.args()).unwrap()
-    });
+    let (reply, inside, usec) = release_by_holder(&crowd);
     println!("release at {DEAD} dead waiters: {inside} commands inside the script, {usec} usec");
     assert!(
         inside <= MAX_COMMANDS_PER_CALL,
@@ -223,17 +229,7 @@ fn release_is_bounded_behind_ten_thousand_dead_waiters() {
 #[test]
 fn a_late_release_reports_the_dead_waiters_it_purged() {
     let crowd = crowd(false, DEAD);
-    let key_refs: Vec<&str> = crowd.keys.all().iter().map(String::as_str).collect();
-    let timings = timings();
-    let release = Release {
-        owner_id: &crowd.holder,
-        timings: &timings,
-        channel_prefix: CHANNEL_PREFIX,
-        reply_to: "",
-    };
-    let (reply, inside, _) = measured(&crowd.server, Release::SCRIPT, || {
-        run_script(&crowd.server, Release::SCRIPT, &key_refs, &release.args()).unwrap()
-    });
+    let (reply, inside, _) = release_by_holder(&crowd);
     assert!(
         inside <= MAX_COMMANDS_PER_CALL,
         "release ran {inside} commands"
