@@ -635,6 +635,43 @@ async fn a_give_back_that_missed_a_primary_is_sent_again_once_the_acquire_ends()
     holder.close().await;
 }
 
+/// A grant's validity is `lease - elapsed - drift` from when the grant
+/// returns (RedLock's rule, and what the README and `validity()` say): the
+/// keys were set no earlier than the attempt's start, so the lock is held
+/// until `start + lease - drift`. A primary paused 700 ms makes the
+/// attempt slow. Checked as an inequality on the test's own clock
+/// readings (no timing assumed): validity read + time since before the
+/// call >= lease - drift. Before, the deadline was `start + (lease -
+/// elapsed - drift)`, taking the attempt's time off twice: a grant that
+/// took over half its lease came back already expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_grants_validity_counts_its_time_once() {
+    let servers = primaries(3);
+    let config = config(&servers);
+    let lease = Duration::from_secs(2);
+    let drift = lease.mul_f64(config.drift_factor) + config.drift_floor;
+    let client = redlock_connect(config).await;
+    servers.servers()[2]
+        .cmd_ok(&["CLIENT", "PAUSE", "700"])
+        .expect("pause a primary");
+    let before = Instant::now();
+    let guard = tokio::time::timeout(
+        HANG,
+        client.lock_with("slow", RedLockOptions::new().lease(lease)),
+    )
+    .await
+    .expect("no hang")
+    .expect("a majority within the lease");
+    let validity = guard.validity();
+    let since = before.elapsed();
+    assert!(
+        validity + since >= lease - drift,
+        "validity {validity:?} after {since:?}: the grant's time was taken off twice (lease {lease:?}, drift {drift:?})"
+    );
+    guard.release().await.expect("release");
+    client.close().await;
+}
+
 /// Waiters on many locks are not held up behind one another by a primary
 /// that stalls (CLIENT PAUSE: connected, answering nothing): each lock's
 /// first waiter subscribes to its release notices on every primary, which

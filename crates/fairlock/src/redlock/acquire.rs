@@ -224,7 +224,7 @@ fn hold(
 ) -> RedLockGuard {
     let status = Arc::new(
         watch::channel(HoldStatus {
-            deadline: won.started + won.validity,
+            deadline: won.deadline,
             lost: false,
             released: false,
             lost_counted: false,

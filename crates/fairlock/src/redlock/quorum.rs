@@ -8,10 +8,11 @@
 //!    restarted less than the restart delay ago refuses to vote.
 //! 2. With a majority of votes, take the fencing token over that majority
 //!    and write it back to it ([`super::fencing`]).
-//! 3. The validity is `lease - elapsed - drift`, elapsed counted from step
-//!    1 to the end of step 2, drift = `lease * drift_factor + drift_floor`.
-//!    The lock is held only if the validity is positive; the holder must
-//!    finish before it ends (the guard's `validity()`).
+//! 3. The validity is `lease - elapsed - drift` from the end of step 2,
+//!    elapsed counted from step 1, drift = `lease * drift_factor +
+//!    drift_floor`: the lock is held until `start + lease - drift`, only
+//!    if the validity is positive; the holder must finish before it ends
+//!    (the guard's `validity()`).
 //! 4. Otherwise give every vote back, on every primary (a vote whose reply
 //!    was lost may still have landed). Only an attempt that had won a
 //!    majority announces the release: a minority blocked nobody.
@@ -37,10 +38,9 @@ use super::shared::Shared;
 pub(crate) struct Won {
     /// The grant's fencing token.
     pub(crate) token: u64,
-    /// When the attempt began: the lease runs from here.
-    pub(crate) started: Instant,
-    /// How long from `started` the lock is safely held.
-    pub(crate) validity: Duration,
+    /// Until when the lock is safely held: the attempt's start plus the
+    /// lease less the drift allowance (every key was set after the start).
+    pub(crate) deadline: Instant,
 }
 
 /// How an attempt ended.
@@ -119,18 +119,10 @@ pub(crate) async fn attempt(
         let token = token_from_floors(granted.iter().map(|(_, floor)| *floor));
         let indexes: Vec<usize> = granted.iter().map(|(index, _)| *index).collect();
         let (confirmed, mut lost) = write_back(&shared.primaries, &indexes, keys, token).await;
-        let validity = lease
-            .checked_sub(started.elapsed())
-            .and_then(|left| left.checked_sub(config.drift(lease)))
-            .filter(|left| !left.is_zero());
-        match validity {
-            Some(validity) if confirmed.len() >= quorum => {
+        match deadline_left(started, lease, config.drift(lease)) {
+            Some(deadline) if confirmed.len() >= quorum => {
                 cleanup.disarm();
-                return Attempt::Won(Won {
-                    token,
-                    started,
-                    validity,
-                });
+                return Attempt::Won(Won { token, deadline });
             }
             Some(_) => {
                 missed.extend(cleanup.give_back(true).await);
@@ -377,6 +369,16 @@ impl Drop for LeftVotes {
             },
         );
     }
+}
+
+/// The end of a lock's validity for keys set (or renewed) with `lease` by
+/// a round that began at `started` and has just been answered: `started +
+/// lease - drift` (no key was set before `started`), if any of it is left
+/// now (RedLock's `lease - elapsed - drift` still positive).
+pub(crate) fn deadline_left(started: Instant, lease: Duration, drift: Duration) -> Option<Instant> {
+    let validity = lease.checked_sub(drift)?;
+    let deadline = started + validity;
+    (deadline > Instant::now()).then_some(deadline)
 }
 
 /// A duration in whole milliseconds, for a script.

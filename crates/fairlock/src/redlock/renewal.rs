@@ -35,7 +35,7 @@ use crate::task::BackgroundTask;
 use crate::telemetry::{lease_renewals, LockTelemetry};
 
 use super::primaries::call;
-use super::quorum::millis;
+use super::quorum::{deadline_left, millis};
 use super::shared::Shared;
 
 /// How soon an unconfirmed renewal round is tried again.
@@ -257,12 +257,8 @@ async fn renew(
             Round::Unanswered
         };
     }
-    let validity = lease
-        .checked_sub(started.elapsed())
-        .and_then(|left| left.checked_sub(shared.config.drift(lease)))
-        .filter(|validity| !validity.is_zero());
-    match validity {
-        Some(validity) => Round::Confirmed(started + validity),
+    match deadline_left(started, lease, shared.config.drift(lease)) {
+        Some(deadline) => Round::Confirmed(deadline),
         None => Round::Late,
     }
 }
