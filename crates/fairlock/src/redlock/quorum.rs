@@ -376,6 +376,8 @@ impl Drop for LeftVotes {
 /// lease - drift` (no key was set before `started`), if any of it is left
 /// now (RedLock's `lease - elapsed - drift` still positive).
 pub(crate) fn deadline_left(started: Instant, lease: Duration, drift: Duration) -> Option<Instant> {
+    // The lease as the scripts set it, in whole milliseconds.
+    let lease = Duration::from_millis(millis(lease));
     let validity = lease.checked_sub(drift)?;
     let deadline = started + validity;
     (deadline > Instant::now()).then_some(deadline)

@@ -5,8 +5,10 @@
 //! A fixed lease never moves its deadline. A watchdog lease is renewed every
 //! third of the lease by [`LeaseWatchdog`]: `redlock_renew.lua` on every
 //! primary at once (it also takes the key back on a primary where it is
-//! missing and free, so a holder survives the loss of a minority); when a majority confirmed in time, the deadline moves to
-//! `round start + lease - elapsed - drift`, as for an acquire. A round
+//! missing and free, so a holder survives the loss of a minority); when a
+//! majority confirmed in time, the deadline moves to `round start + lease -
+//! drift` (if the round left `lease - elapsed - drift` of it), as for an
+//! acquire. A round
 //! confirmed by fewer than a majority (primaries down or slow) is tried
 //! again every [`RETRY_PAUSE`] while the validity lasts: until it ends
 //! nobody else can hold a majority, so a retry is as safe as the round.
