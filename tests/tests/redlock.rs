@@ -635,6 +635,68 @@ async fn a_give_back_that_missed_a_primary_is_sent_again_once_the_acquire_ends()
     holder.close().await;
 }
 
+/// An acquire dropped half way (its caller's timeout) gives its votes
+/// back in the background, and a primary that give-back did not reach
+/// gets it again: here one primary runs the acquire script but refuses the
+/// release script, and another is paused so that the attempt is still
+/// waiting for its vote when the caller gives up. Once the refusing
+/// primary runs scripts again, the dropped acquire's vote there is deleted
+/// within the retries' backoff, not left for the 60 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_acquires_votes_are_given_back_where_first_missed() {
+    let servers = primaries(3);
+    // The paused primary's vote is waited for far longer than the caller
+    // waits: the attempt is surely under way when it is dropped.
+    let mut config = config(&servers);
+    config.call_timeout = Duration::from_secs(3);
+    config.watchdog_lease = Duration::from_secs(30);
+    let caller = redlock_connect(config).await;
+    let key = "fairlock:redlock:{dropped}:owner";
+    let owner = |server: &RedisServer| match server.cmd_ok(&["GET", key]) {
+        Ok(Resp::Bulk(value)) => value,
+        other => panic!("GET answered {other:?}"),
+    };
+    let refusing = &servers.servers()[0];
+    let acquire_only = format!("+evalsha|{}", fairlock_core::REDLOCK_ACQUIRE.sha1());
+    refusing
+        .cmd_ok(&[
+            "ACL",
+            "SETUSER",
+            "default",
+            "-evalsha",
+            "-eval",
+            &acquire_only,
+        ])
+        .expect("run the acquire script only");
+    servers.servers()[2]
+        .cmd_ok(&["CLIENT", "PAUSE", "3500"])
+        .expect("pause a primary");
+    let options = RedLockOptions::new().lease(Duration::from_secs(60));
+    let acquire = caller.lock_with("dropped", options);
+    let dropped = tokio::time::timeout(Duration::from_millis(500), acquire).await;
+    assert!(
+        dropped.is_err(),
+        "the attempt waited for the paused primary"
+    );
+    assert!(
+        owner(refusing).is_some(),
+        "the refusing primary voted for the dropped acquire"
+    );
+    refusing
+        .cmd_ok(&["ACL", "SETUSER", "default", "+@all"])
+        .expect("allow scripts again");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while owner(refusing).is_some() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        owner(refusing),
+        None,
+        "the dropped acquire's vote stayed on the primary its give-back missed"
+    );
+    caller.close().await;
+}
+
 /// A grant's validity is `lease - elapsed - drift` from when the grant
 /// returns (RedLock's rule, and what the README and `validity()` say): the
 /// keys were set no earlier than the attempt's start, so the lock is held
