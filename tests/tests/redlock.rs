@@ -523,6 +523,45 @@ async fn an_unconfirmed_renewal_round_is_tried_again_within_the_validity() {
         .expect("release");
 }
 
+/// The owner id a primary's vote on RedLock lock `name` holds, if any.
+fn vote_on(server: &RedisServer, name: &str) -> Option<Vec<u8>> {
+    let key = format!("fairlock:redlock:{{{name}}}:owner");
+    match server.cmd_ok(&["GET", &key]) {
+        Ok(Resp::Bulk(value)) => value,
+        other => panic!("GET answered {other:?}"),
+    }
+}
+
+/// Lets `server`'s default user run the vote script only: a primary that
+/// votes and refuses every release (ACL first-argument rule).
+fn refuse_releases(server: &RedisServer) {
+    let acquire_only = format!("+evalsha|{}", fairlock_core::REDLOCK_ACQUIRE.sha1());
+    server
+        .cmd_ok(&[
+            "ACL",
+            "SETUSER",
+            "default",
+            "-evalsha",
+            "-eval",
+            &acquire_only,
+        ])
+        .expect("run the acquire script only");
+}
+
+/// Lets `server` run every script again, then waits (bounded: 15 s, far
+/// past the retries' 2 s longest pause, far short of the tests' 60 s
+/// leases) until its vote on `name` is gone; fails with `stayed` if not.
+async fn vote_released_once_scripts_run(server: &RedisServer, name: &str, stayed: &str) {
+    server
+        .cmd_ok(&["ACL", "SETUSER", "default", "+@all"])
+        .expect("allow scripts again");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while vote_on(server, name).is_some() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(vote_on(server, name), None, "{stayed}");
+}
+
 /// A release that a primary refuses or does not get (here: its user may
 /// no longer run scripts) is sent there again until that primary answers,
 /// within the lease: the vote there does not stay for the rest of a long
@@ -537,13 +576,12 @@ async fn a_release_that_missed_a_primary_is_sent_there_again() {
         .await
         .expect("no hang")
         .expect("lock");
-    let key = "fairlock:redlock:{missed}:owner";
-    let exists = |server: &RedisServer| match server.cmd_ok(&["EXISTS", key]) {
-        Ok(Resp::Int(n)) => n,
-        other => panic!("EXISTS answered {other:?}"),
-    };
     for server in servers.servers() {
-        assert_eq!(exists(server), 1, "the vote on {}", server.addr());
+        assert!(
+            vote_on(server, "missed").is_some(),
+            "the vote on {}",
+            server.addr()
+        );
     }
     let refusing = &servers.servers()[2];
     refusing
@@ -553,23 +591,16 @@ async fn a_release_that_missed_a_primary_is_sent_there_again() {
         .await
         .expect("no hang")
         .expect("released on a majority");
-    assert_eq!(
-        exists(refusing),
-        1,
+    assert!(
+        vote_on(refusing, "missed").is_some(),
         "the release ran on the refusing primary"
     );
-    refusing
-        .cmd_ok(&["ACL", "SETUSER", "default", "+@all"])
-        .expect("allow scripts again");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while exists(refusing) == 1 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(
-        exists(refusing),
-        0,
-        "the vote stayed on the primary the release missed"
-    );
+    vote_released_once_scripts_run(
+        refusing,
+        "missed",
+        "the vote stayed on the primary the release missed",
+    )
+    .await;
     client.close().await;
 }
 
@@ -592,44 +623,25 @@ async fn a_give_back_that_missed_a_primary_is_sent_again_once_the_acquire_ends()
         .await
         .expect("no hang")
         .expect("lock");
-    let key = "fairlock:redlock:{left}:owner";
-    let owner = |server: &RedisServer| match server.cmd_ok(&["GET", key]) {
-        Ok(Resp::Bulk(value)) => value,
-        other => panic!("GET answered {other:?}"),
-    };
     let voting = &servers.servers()[0];
-    let held = owner(voting).expect("the holder's vote");
-    voting.cmd_ok(&["DEL", key]).expect("the holder's key lost");
-    let acquire_only = format!("+evalsha|{}", fairlock_core::REDLOCK_ACQUIRE.sha1());
+    let held = vote_on(voting, "left").expect("the holder's vote");
     voting
-        .cmd_ok(&[
-            "ACL",
-            "SETUSER",
-            "default",
-            "-evalsha",
-            "-eval",
-            &acquire_only,
-        ])
-        .expect("run the acquire script only");
+        .cmd_ok(&["DEL", "fairlock:redlock:{left}:owner"])
+        .expect("the holder's key lost");
+    refuse_releases(voting);
     let tried = tokio::time::timeout(HANG, caller.try_lock_with("left", options))
         .await
         .expect("no hang")
         .expect("a try answered by every primary");
     assert!(tried.is_none(), "the holder keeps a majority");
-    let left = owner(voting).expect("the caller's vote, its give-back refused");
+    let left = vote_on(voting, "left").expect("the caller's vote, its give-back refused");
     assert_ne!(left, held, "the primary voted for the caller");
-    voting
-        .cmd_ok(&["ACL", "SETUSER", "default", "+@all"])
-        .expect("allow scripts again");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while owner(voting).is_some() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(
-        owner(voting),
-        None,
-        "the vote stayed on the primary the give-back missed"
-    );
+    vote_released_once_scripts_run(
+        voting,
+        "left",
+        "the vote stayed on the primary the give-back missed",
+    )
+    .await;
     guard.release().await.expect("release");
     caller.close().await;
     holder.close().await;
@@ -651,23 +663,8 @@ async fn a_dropped_acquires_votes_are_given_back_where_first_missed() {
     config.call_timeout = Duration::from_secs(3);
     config.watchdog_lease = Duration::from_secs(30);
     let caller = redlock_connect(config).await;
-    let key = "fairlock:redlock:{dropped}:owner";
-    let owner = |server: &RedisServer| match server.cmd_ok(&["GET", key]) {
-        Ok(Resp::Bulk(value)) => value,
-        other => panic!("GET answered {other:?}"),
-    };
     let refusing = &servers.servers()[0];
-    let acquire_only = format!("+evalsha|{}", fairlock_core::REDLOCK_ACQUIRE.sha1());
-    refusing
-        .cmd_ok(&[
-            "ACL",
-            "SETUSER",
-            "default",
-            "-evalsha",
-            "-eval",
-            &acquire_only,
-        ])
-        .expect("run the acquire script only");
+    refuse_releases(refusing);
     servers.servers()[2]
         .cmd_ok(&["CLIENT", "PAUSE", "3500"])
         .expect("pause a primary");
@@ -679,21 +676,15 @@ async fn a_dropped_acquires_votes_are_given_back_where_first_missed() {
         "the attempt waited for the paused primary"
     );
     assert!(
-        owner(refusing).is_some(),
+        vote_on(refusing, "dropped").is_some(),
         "the refusing primary voted for the dropped acquire"
     );
-    refusing
-        .cmd_ok(&["ACL", "SETUSER", "default", "+@all"])
-        .expect("allow scripts again");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while owner(refusing).is_some() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(
-        owner(refusing),
-        None,
-        "the dropped acquire's vote stayed on the primary its give-back missed"
-    );
+    vote_released_once_scripts_run(
+        refusing,
+        "dropped",
+        "the dropped acquire's vote stayed on the primary its give-back missed",
+    )
+    .await;
     caller.close().await;
 }
 
