@@ -11,8 +11,8 @@ use fairlock_core::{Acquire, AcquireMode, AcquireReply, Timings};
 use fairlock_examples::seckill::{swarm, SwarmConfig, Variant};
 use fairlock_testkit::RedisCluster;
 use fairlock_tests::{
-    assert_swarm_passed, cluster_client, cluster_client_at, errors_answered, hand_over,
-    lock_names_on_every_primary, lock_slot, pubsub_only_client, raw, wait_for_queue_len,
+    assert_swarm_passed, cluster_client, cluster_client_at, crash_clients, errors_answered,
+    hand_over, lock_names_on_every_primary, lock_slot, pubsub_only_client, raw, wait_for_queue_len,
     waiters_survive, within,
 };
 
@@ -372,20 +372,7 @@ async fn waiters_are_granted_in_order_across_a_primary_failover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_are_granted_in_order_across_a_primary_crash() {
     let mut cluster = RedisCluster::start().expect("cluster");
-    // The holder's lease outlasts the outage (the kit's fast clients have
-    // 3 s watchdog leases; the release would answer `NotOwner`), also one
-    // as long as the kit's 30 s wait for the cluster to settle.
-    let config = || {
-        let mut config = ClientConfig::new(cluster.url());
-        config.heartbeat_interval = Duration::from_millis(200);
-        config.waiter_timeout = Duration::from_secs(6);
-        config.watchdog_lease = Duration::from_secs(40);
-        config
-    };
-    let clients = [
-        LockClient::with_config(config()).await.expect("connect"),
-        LockClient::with_config(config()).await.expect("connect"),
-    ];
+    let clients = crash_clients(&cluster.url()).await;
     let name = "crashing";
     let primary = cluster.slot_owner(lock_slot(name)).expect("owner");
     waiters_survive(&mut cluster, &clients, name, 6, |cluster| {

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use fairlock_testkit::{RedisCluster, TlsFiles};
 use fairlock_tests::{
-    cluster_client_at, hand_over, lock_names_on_every_primary, lock_slot, pubsub_only_client,
-    waiters_survive,
+    cluster_client_at, crash_clients, hand_over, lock_names_on_every_primary, lock_slot,
+    pubsub_only_client, waiters_survive,
 };
 
 /// A grant reaches a waiter of a [`pubsub_only_client`] within this bound
@@ -31,8 +31,9 @@ fn tls_owner(cluster: &RedisCluster, name: &str) -> String {
 /// grant arriving on fairlock's own TLS connection to the node serving
 /// the lock's slot; after a slot moves to another primary the waiter's
 /// subscription follows it there, over TLS too; and waiters queued over
-/// TLS across a primary's fail-over follow the promoted replica and are
-/// granted in ticket order with increasing tokens.
+/// TLS across a primary's fail-over, and then across another primary's
+/// crash (SIGKILL), follow the promoted replica and are granted in ticket
+/// order with increasing tokens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grants_come_over_tls_from_each_slots_node() {
     let files = TlsFiles::generate().expect("a CA and a server certificate");
@@ -89,6 +90,25 @@ async fn grants_come_over_tls_from_each_slots_node() {
     let primary = cluster.slot_owner(lock_slot(name)).expect("slot owner");
     waiters_survive(&mut cluster, &clients, name, 6, |cluster| {
         cluster.failover(&primary).expect("fail-over");
+    })
+    .await;
+    assert_ne!(
+        cluster.slot_owner(lock_slot(name)).expect("slot owner"),
+        primary,
+        "the replica took the slot over"
+    );
+    for client in clients {
+        client.shutdown().await;
+    }
+
+    // A third lock's primary killed (SIGKILL, no `CLUSTER FAILOVER`) while
+    // waiters of two clients are queued over TLS: their TLS connections to
+    // it are refused until the slot map names the promoted replica.
+    let clients = crash_clients(&url).await;
+    let name = &names[2];
+    let primary = cluster.slot_owner(lock_slot(name)).expect("slot owner");
+    waiters_survive(&mut cluster, &clients, name, 6, |cluster| {
+        cluster.kill_primary(&primary).expect("kill the primary");
     })
     .await;
     assert_ne!(
