@@ -197,11 +197,11 @@ impl LockWaiters {
     }
 }
 
-/// The waiters of one lock here.
+/// The waiters of one lock here, each in one of two sets.
 struct ByLock {
     keys: Arc<LockKeys>,
-    /// Every waiter of the lock, queued or not.
-    owner_ids: HashSet<Arc<str>>,
+    /// Those not queued yet (their acquire is on its way).
+    unqueued: HashSet<Arc<str>>,
     /// The queued ones by ticket: a heartbeat round finds each lock's
     /// oldest, newest and next in turn here in a few steps, where a walk
     /// over every waiter held the registry's lock, which every grant is
@@ -266,17 +266,32 @@ struct State {
 }
 
 impl State {
-    /// Takes `owner_id`, queued with `ticket` on the lock of `keys` (or
-    /// not queued), out of the queued count and that lock's tickets.
-    fn unqueue(&mut self, owner_id: &str, ticket: Option<u64>, keys: &LockKeys) {
-        let Some(ticket) = ticket else {
+    /// Takes `owner_id`'s `waiter` (just removed from `waiters`, or
+    /// replaced there) out of its lock's waiters and the queued count; a
+    /// lock left without waiters is forgotten.
+    fn leave(&mut self, owner_id: &str, waiter: &Waiter) {
+        if waiter.ticket.is_some() {
+            self.queued -= 1;
+        }
+        let lock = waiter.keys.owner();
+        let Some(entry) = self.by_lock.get_mut(lock) else {
             return;
         };
-        self.queued -= 1;
-        if let Some(lock) = self.by_lock.get_mut(keys.owner()) {
-            if lock.queued.get(&ticket).is_some_and(|id| &**id == owner_id) {
-                lock.queued.remove(&ticket);
+        match waiter.ticket {
+            Some(ticket)
+                if entry
+                    .queued
+                    .get(&ticket)
+                    .is_some_and(|id| &**id == owner_id) =>
+            {
+                entry.queued.remove(&ticket);
             }
+            _ => {
+                entry.unqueued.remove(owner_id);
+            }
+        }
+        if entry.unqueued.is_empty() && entry.queued.is_empty() {
+            self.by_lock.remove(lock);
         }
     }
 }
@@ -316,18 +331,18 @@ impl WaiterRegistry {
         );
         // Owner ids are unique per acquire; kept right all the same.
         if let Some(replaced) = replaced {
-            state.unqueue(&owner_id, replaced.ticket, &replaced.keys);
+            state.leave(&owner_id, &replaced);
         }
         // The lock's entry usually exists already (its other waiters):
         // its key is copied only when the entry is made.
         match state.by_lock.get_mut(keys.owner()) {
             Some(lock) => {
-                lock.owner_ids.insert(owner_id);
+                lock.unqueued.insert(owner_id);
             }
             None => {
                 let lock = ByLock {
                     keys: Arc::clone(keys),
-                    owner_ids: HashSet::from([owner_id]),
+                    unqueued: HashSet::from([owner_id]),
                     queued: BTreeMap::new(),
                     turn: 0,
                 };
@@ -341,31 +356,42 @@ impl WaiterRegistry {
     pub(crate) fn deregister(&self, owner_id: &str) {
         let mut state = self.state();
         if let Some(waiter) = state.waiters.remove(owner_id) {
-            state.unqueue(owner_id, waiter.ticket, &waiter.keys);
-            let lock = waiter.keys.owner();
-            if let Some(entry) = state.by_lock.get_mut(lock) {
-                entry.owner_ids.remove(owner_id);
-                if entry.owner_ids.is_empty() {
-                    state.by_lock.remove(lock);
-                }
-            }
+            state.leave(owner_id, &waiter);
         }
     }
 
     /// Records that `owner_id` is queued with `ticket`, so heartbeats cover it.
     pub(crate) fn mark_queued(&self, owner_id: &str, ticket: u64) {
         let state = &mut *self.state();
-        let Some((owner_id, waiter)) = state.waiters.get_key_value(owner_id) else {
+        let Some(waiter) = state.waiters.get_mut(owner_id) else {
             return;
         };
-        let (owner_id, keys) = (Arc::clone(owner_id), Arc::clone(&waiter.keys));
-        state.unqueue(&owner_id, waiter.ticket, &keys);
-        if let Some(waiter) = state.waiters.get_mut(&owner_id) {
-            waiter.ticket = Some(ticket);
+        let before = waiter.ticket.replace(ticket);
+        if before.is_none() {
+            state.queued += 1;
         }
-        state.queued += 1;
-        if let Some(lock) = state.by_lock.get_mut(keys.owner()) {
-            lock.queued.insert(ticket, owner_id);
+        let Some(lock) = state.by_lock.get_mut(waiter.keys.owner()) else {
+            return;
+        };
+        // The owner id as the lock keeps it (one allocation per waiter).
+        let kept = match before {
+            Some(before) if lock.queued.get(&before).is_some_and(|id| &**id == owner_id) => {
+                lock.queued.remove(&before)
+            }
+            _ => lock.unqueued.take(owner_id),
+        };
+        let Some(owner_id) = kept.or_else(|| {
+            state
+                .waiters
+                .get_key_value(owner_id)
+                .map(|(id, _)| Arc::clone(id))
+        }) else {
+            return;
+        };
+        // Another waiter with the same ticket (not from fairlock's
+        // scripts) stays known to the lock, unprobed.
+        if let Some(displaced) = lock.queued.insert(ticket, owner_id) {
+            lock.unqueued.insert(displaced);
         }
     }
 
@@ -416,8 +442,9 @@ impl WaiterRegistry {
                 .by_lock
                 .get(owner_key)
                 .map(|lock| {
-                    lock.owner_ids
+                    lock.unqueued
                         .iter()
+                        .chain(lock.queued.values())
                         .filter_map(|m| state.waiters.get(m).map(|w| Arc::clone(&w.slot)))
                         .collect()
                 })
@@ -621,8 +648,9 @@ mod tests {
     /// The probes follow the waiters' tickets as they change: a waiter
     /// queued again with a new ticket (a rejoin) is probed by that one, a
     /// waiter that left or was registered again (not yet queued) is probed
-    /// no more, and a lock whose queued waiters all left has no probes
-    /// while an unqueued waiter stays registered on it.
+    /// no more, a lock whose queued waiters all left has no probes while
+    /// an unqueued waiter stays registered on it, and a re-check of a lock
+    /// reaches its queued and unqueued waiters.
     #[test]
     fn probes_follow_tickets_as_they_change() {
         let registry = WaiterRegistry::default();
@@ -644,18 +672,25 @@ mod tests {
         // m3 leaves; m2 is registered again (a new acquire, no ticket yet)
         // on another lock.
         registry.deregister("m3");
-        let _slot = registry.register("m2", &b);
+        let m2 = registry.register("m2", &b);
         assert_eq!(probes(&registry), ["m1"]);
         assert!(registry.waiting_lock(b.owner()).is_none(), "m2 not queued");
         assert_eq!(registry.queued(), 1);
         // The last queued waiter leaves; one registered, unqueued, stays.
-        let _slot = registry.register("m4", &a);
+        let m4 = registry.register("m4", &a);
         registry.deregister("m1");
         assert!(probes(&registry).is_empty());
         assert!(registry.waiting_locks().is_empty());
         registry.mark_queued("m4", 50);
         assert_eq!(probes(&registry), ["m4"]);
         assert_eq!(registry.queued(), 1);
+        // A re-check of the lock reaches its queued and unqueued waiters
+        // alike, and no waiter of another lock.
+        let m5 = registry.register("m5", &a);
+        registry.recheck_lock(a.owner());
+        assert_eq!(m4.take(), Some(WaiterEvent::Recheck));
+        assert_eq!(m5.take(), Some(WaiterEvent::Recheck));
+        assert_eq!(m2.take(), None);
     }
 
     /// One grant can reach its waiter twice (a heartbeat that found it, and
