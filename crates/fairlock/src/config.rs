@@ -239,7 +239,8 @@ pub struct ClientConfig {
     /// Cluster, where one window for all nodes would let calls to a node
     /// that is failing over hold up the calls to the others.
     pub max_in_flight: Option<usize>,
-    /// Whether a lock's acquire and release calls go on a socket of
+    /// Whether a lock's acquire and release calls (and its waiters'
+    /// heartbeat) go on a socket of
     /// fairlock's own that the calling task writes and reads itself (on
     /// by default; used on a single server, behind Sentinel, where it
     /// connects only to a server that answers `ROLE` as the primary, and

@@ -398,6 +398,14 @@ impl RedisConnection {
             .map_or([false; 2], |pair| pair.each_ref().map(|s| s.is_connected()))
     }
 
+    /// How many calls each lane's script socket, `[waiters, holders]`,
+    /// has taken (0 without sockets).
+    #[cfg(test)]
+    pub(crate) fn socket_calls(&self) -> [u64; 2] {
+        self.first_pair()
+            .map_or([0; 2], |pair| pair.each_ref().map(|s| s.calls_taken()))
+    }
+
     /// Where each lane's script socket, `[waiters, holders]`, is
     /// connected now (`None` while not connected, and without sockets).
     #[cfg(test)]

@@ -1,6 +1,7 @@
 //! A command socket of fairlock's own for the hot path's script calls (the
-//! acquire and release of a lock, a semaphore and a read-write lock),
-//! written and read by the calling tasks themselves.
+//! acquire and release of a lock, a semaphore and a read-write lock, and
+//! a lock's waiter heartbeat), written and read by the calling tasks
+//! themselves.
 //!
 //! A call through fred crosses tasks twice: the caller hands it to fred's
 //! connection task, which writes it, reads the reply and hands that back.
@@ -596,5 +597,11 @@ impl ScriptSocket {
     #[cfg(test)]
     pub(crate) fn most_in_flight(&self) -> u64 {
         self.lock().most_in_flight
+    }
+
+    /// How many calls were ever taken onto the socket (for tests).
+    #[cfg(test)]
+    pub(crate) fn calls_taken(&self) -> u64 {
+        self.lock().next_call()
     }
 }
