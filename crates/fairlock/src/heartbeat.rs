@@ -247,7 +247,7 @@ fn after_heartbeat(state: &Arc<ClientState>, lock: &LockWaiters, reply: Heartbea
     state.waiters.checked(lock);
     let holder = reply.holder.as_ref().map(|(holder, _)| holder.as_str());
     let lost: Vec<usize> = (0..lock.probes.len())
-        .filter(|&i| !reply.queued.get(i) && holder != Some(lock.probes[i].as_str()))
+        .filter(|&i| !reply.queued.get(i) && holder != Some(&*lock.probes[i]))
         .collect();
     if let Some((holder, token)) = reply.holder {
         if state.is_ours(&holder) {

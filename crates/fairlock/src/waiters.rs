@@ -154,7 +154,7 @@ pub(crate) struct LockWaiters {
     /// replica that missed the latest enqueues loses the newest, a purge
     /// (the process was taken for dead) or a lost key the oldest. The
     /// turn covers any other loss within a few intervals.
-    pub(crate) probes: Vec<String>,
+    pub(crate) probes: Vec<Arc<str>>,
     /// How many of `probes` are the oldest and the newest (1 or 2).
     pub(crate) edges: usize,
     /// Where the turn goes on once this call has answered.
@@ -164,7 +164,7 @@ pub(crate) struct LockWaiters {
 impl LockWaiters {
     /// The probes as a heartbeat call takes them.
     pub(crate) fn probe_refs(&self) -> Vec<&str> {
-        self.probes.iter().map(String::as_str).collect()
+        self.probes.iter().map(|probe| &**probe).collect()
     }
 
     /// Acts on the probes (indices into `probes`) that a heartbeat found
@@ -221,9 +221,11 @@ impl ByLock {
     fn probes(&self) -> Option<LockWaiters> {
         let oldest = self.queued.first_key_value()?;
         let newest = self.queued.last_key_value()?;
-        let mut probes = vec![oldest.1.to_string()];
+        // The owner ids shared, not copied: a round takes every lock's.
+        let mut probes = Vec::with_capacity(2 + ROTATING_PROBES);
+        probes.push(Arc::clone(oldest.1));
         if newest.0 != oldest.0 {
-            probes.push(newest.1.to_string());
+            probes.push(Arc::clone(newest.1));
         }
         let edges = probes.len();
         // The lowest tickets above the turn but the oldest and the newest.
@@ -239,7 +241,7 @@ impl ByLock {
             Some(&(&t, _)) if turn.len() == ROTATING_PROBES => t,
             _ => 0,
         };
-        probes.extend(turn.iter().map(|(_, owner_id)| owner_id.to_string()));
+        probes.extend(turn.iter().map(|&(_, owner_id)| Arc::clone(owner_id)));
         Some(LockWaiters {
             keys: Arc::clone(&self.keys),
             probes,
@@ -587,8 +589,8 @@ mod tests {
         registry.mark_queued("m2", 10);
         let locks = registry.waiting_locks();
         assert_eq!(locks.len(), 1);
-        assert_eq!(locks[0].probes[0], "m2");
-        assert_eq!(locks[0].probes, ["m2", "m1"]);
+        assert_eq!(&*locks[0].probes[0], "m2");
+        assert_eq!(locks[0].probe_refs(), ["m2", "m1"]);
         assert_eq!(locks[0].edges, 2);
         registry.deregister("m1");
         registry.deregister("m2");
@@ -610,8 +612,9 @@ mod tests {
             let _slot = registry.register(owner_id.as_str(), &keys);
             registry.mark_queued(&owner_id, ticket);
         }
-        let names =
-            |tickets: &[u64]| -> Vec<String> { tickets.iter().map(|t| format!("m{t}")).collect() };
+        let names = |tickets: &[u64]| -> Vec<Arc<str>> {
+            tickets.iter().map(|t| format!("m{t}").into()).collect()
+        };
         let mut seen = Vec::new();
         for _ in 0..4 {
             let locks = registry.waiting_locks();
@@ -662,7 +665,7 @@ mod tests {
         let probes = |registry: &WaiterRegistry| -> Vec<String> {
             registry
                 .waiting_lock(a.owner())
-                .map(|lock| lock.probes)
+                .map(|lock| lock.probe_refs().iter().map(|p| p.to_string()).collect())
                 .unwrap_or_default()
         };
         assert_eq!(probes(&registry), ["m1", "m3", "m2"]);
