@@ -7,9 +7,9 @@
 //! a bounded few of them per call (see [`LockWaiters`]), and it remembers
 //! cancels that failed, so the heartbeat retries them.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ops::Bound;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
 use fairlock_core::{Handoff, LockKeys};
@@ -207,9 +207,11 @@ struct ByLock {
     /// over every waiter held the registry's lock, which every grant is
     /// routed through, for a hash lookup per waiter (about 4% of the
     /// client's CPU in the benchmark's 1,000-lock cell, and a pause in
-    /// routing grants that grew with the waiters). A lock's tickets are
-    /// unique (each is drawn from its sequence).
-    queued: BTreeMap<u64, Arc<str>>,
+    /// routing grants that grew with the waiters). Keyed by ticket and
+    /// owner id: a lock's tickets are unique while the server's clock
+    /// does not go back, which a fail-over to a server whose clock is
+    /// behind can break, so two waiters with one ticket are both kept.
+    queued: BTreeSet<(u64, Arc<str>)>,
     /// The heartbeat checks waiters between the oldest and the newest in
     /// turn: those with tickets above this one come next.
     turn: u64,
@@ -219,29 +221,32 @@ impl ByLock {
     /// The lock's waiters a heartbeat call checks (see
     /// [`LockWaiters::probes`]); `None` if none is queued.
     fn probes(&self) -> Option<LockWaiters> {
-        let oldest = self.queued.first_key_value()?;
-        let newest = self.queued.last_key_value()?;
+        let oldest = self.queued.first()?;
+        let newest = self.queued.last()?;
         // The owner ids shared, not copied: a round takes every lock's.
         let mut probes = Vec::with_capacity(2 + ROTATING_PROBES);
-        probes.push(Arc::clone(oldest.1));
-        if newest.0 != oldest.0 {
-            probes.push(Arc::clone(newest.1));
+        probes.push(Arc::clone(&oldest.1));
+        if newest != oldest {
+            probes.push(Arc::clone(&newest.1));
         }
         let edges = probes.len();
-        // The lowest tickets above the turn but the oldest and the newest.
-        let turn: Vec<(&u64, &Arc<str>)> = self
+        // The lowest tickets above the turn but the oldest and the newest
+        // (the empty owner id sorts first).
+        static NO_ID: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from(""));
+        let from = (self.turn.saturating_add(1), Arc::clone(&NO_ID));
+        let turn: Vec<&(u64, Arc<str>)> = self
             .queued
-            .range((Bound::Excluded(self.turn), Bound::Unbounded))
-            .filter(|&(t, _)| t != oldest.0 && t != newest.0)
+            .range((Bound::Included(from), Bound::Unbounded))
+            .filter(|&entry| entry.0 > self.turn && entry != oldest && entry != newest)
             .take(ROTATING_PROBES)
             .collect();
         // A full turn may have more after it; a short one reached
         // the newest, and the next call starts over.
         let next_turn = match turn.last() {
-            Some(&(&t, _)) if turn.len() == ROTATING_PROBES => t,
+            Some(&&(t, _)) if turn.len() == ROTATING_PROBES => t,
             _ => 0,
         };
-        probes.extend(turn.iter().map(|&(_, owner_id)| Arc::clone(owner_id)));
+        probes.extend(turn.iter().map(|(_, owner_id)| Arc::clone(owner_id)));
         Some(LockWaiters {
             keys: Arc::clone(&self.keys),
             probes,
@@ -271,7 +276,7 @@ impl State {
     /// Takes `owner_id`'s `waiter` (just removed from `waiters`, or
     /// replaced there) out of its lock's waiters and the queued count; a
     /// lock left without waiters is forgotten.
-    fn leave(&mut self, owner_id: &str, waiter: &Waiter) {
+    fn leave(&mut self, owner_id: &Arc<str>, waiter: &Waiter) {
         if waiter.ticket.is_some() {
             self.queued -= 1;
         }
@@ -279,18 +284,11 @@ impl State {
         let Some(entry) = self.by_lock.get_mut(lock) else {
             return;
         };
-        match waiter.ticket {
-            Some(ticket)
-                if entry
-                    .queued
-                    .get(&ticket)
-                    .is_some_and(|id| &**id == owner_id) =>
-            {
-                entry.queued.remove(&ticket);
-            }
-            _ => {
-                entry.unqueued.remove(owner_id);
-            }
+        let was_queued = waiter
+            .ticket
+            .is_some_and(|ticket| entry.queued.remove(&(ticket, Arc::clone(owner_id))));
+        if !was_queued {
+            entry.unqueued.remove(&**owner_id);
         }
         if entry.unqueued.is_empty() && entry.queued.is_empty() {
             self.by_lock.remove(lock);
@@ -345,7 +343,7 @@ impl WaiterRegistry {
                 let lock = ByLock {
                     keys: Arc::clone(keys),
                     unqueued: HashSet::from([owner_id]),
-                    queued: BTreeMap::new(),
+                    queued: BTreeSet::new(),
                     turn: 0,
                 };
                 state.by_lock.insert(keys.owner().to_owned(), lock);
@@ -357,8 +355,8 @@ impl WaiterRegistry {
     /// Forgets `owner_id`; later grants for it are handed back.
     pub(crate) fn deregister(&self, owner_id: &str) {
         let mut state = self.state();
-        if let Some(waiter) = state.waiters.remove(owner_id) {
-            state.leave(owner_id, &waiter);
+        if let Some((owner_id, waiter)) = state.waiters.remove_entry(owner_id) {
+            state.leave(&owner_id, &waiter);
         }
     }
 
@@ -377,23 +375,18 @@ impl WaiterRegistry {
         };
         // The owner id as the lock keeps it (one allocation per waiter).
         let kept = match before {
-            Some(before) if lock.queued.get(&before).is_some_and(|id| &**id == owner_id) => {
-                lock.queued.remove(&before)
-            }
-            _ => lock.unqueued.take(owner_id),
+            Some(before) => lock
+                .queued
+                .take(&(before, Arc::from(owner_id)))
+                .map(|(_, id)| id),
+            None => lock.unqueued.take(owner_id),
         };
-        let Some(owner_id) = kept.or_else(|| {
-            state
-                .waiters
-                .get_key_value(owner_id)
-                .map(|(id, _)| Arc::clone(id))
-        }) else {
-            return;
-        };
-        // Another waiter with the same ticket (not from fairlock's
-        // scripts) stays known to the lock, unprobed.
-        if let Some(displaced) = lock.queued.insert(ticket, owner_id) {
-            lock.unqueued.insert(displaced);
+        let kept = kept.or_else(|| {
+            let (id, _) = state.waiters.get_key_value(owner_id)?;
+            Some(Arc::clone(id))
+        });
+        if let Some(owner_id) = kept {
+            lock.queued.insert((ticket, owner_id));
         }
     }
 
@@ -446,7 +439,7 @@ impl WaiterRegistry {
                 .map(|lock| {
                     lock.unqueued
                         .iter()
-                        .chain(lock.queued.values())
+                        .chain(lock.queued.iter().map(|(_, id)| id))
                         .filter_map(|m| state.waiters.get(m).map(|w| Arc::clone(&w.slot)))
                         .collect()
                 })
@@ -474,8 +467,8 @@ impl WaiterRegistry {
     }
 
     /// Every lock with queued waiters here, with the waiters a heartbeat
-    /// checks (see [`LockWaiters::probes`]). One pass over each lock's
-    /// waiters, as finding the oldest takes anyway.
+    /// checks (see [`LockWaiters::probes`]): a few steps per lock in its
+    /// waiters ordered by ticket.
     pub(crate) fn waiting_locks(&self) -> Vec<LockWaiters> {
         let state = self.state();
         state.by_lock.values().filter_map(ByLock::probes).collect()
@@ -694,6 +687,34 @@ mod tests {
         assert_eq!(m4.take(), Some(WaiterEvent::Recheck));
         assert_eq!(m5.take(), Some(WaiterEvent::Recheck));
         assert_eq!(m2.take(), None);
+    }
+
+    /// Two waiters with one ticket (a fail-over to a server whose clock is
+    /// behind can draw a ticket again) are both probed, and one of them
+    /// queued again with a new ticket leaves the other probed by the old
+    /// one. Keyed by ticket alone, the second pushed the first out of the
+    /// probes for good.
+    #[test]
+    fn waiters_sharing_a_ticket_are_both_probed() {
+        let registry = WaiterRegistry::default();
+        let keys = keys_of("same");
+        for (owner_id, ticket) in [("x", 10), ("y", 10), ("z", 20)] {
+            let _slot = registry.register(owner_id, &keys);
+            registry.mark_queued(owner_id, ticket);
+        }
+        let probes = || {
+            let lock = registry.waiting_lock(keys.owner()).expect("queued");
+            lock.probe_refs()
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(probes(), ["x", "z", "y"]);
+        registry.mark_queued("y", 30);
+        assert_eq!(probes(), ["x", "y", "z"]);
+        registry.deregister("x");
+        assert_eq!(probes(), ["z", "y"]);
+        assert_eq!(registry.queued(), 2);
     }
 
     /// One grant can reach its waiter twice (a heartbeat that found it, and

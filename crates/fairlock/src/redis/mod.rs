@@ -6,8 +6,9 @@
 //! swapped by rewriting this module alone. Three connections per process:
 //! two command lanes and one subscriber that carries the process's single
 //! pub/sub channel; on a single server and behind Sentinel two more, the
-//! lanes' script sockets, on which the hot path's calls (a lock's acquire
-//! and release) are written and read by the calling tasks
+//! lanes' script sockets, on which the hot path's calls (the acquire and
+//! release of a lock and of a permit set, and a lock's waiter heartbeat)
+//! are written and read by the calling tasks
 //! (`script_socket/`), and on a cluster two per node called
 //! (`sockets.rs`). On a single server, on a Sentinel-managed primary
 //! and on a cluster's nodes, over plain TCP or TLS, that subscriber is not

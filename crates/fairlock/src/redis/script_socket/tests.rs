@@ -494,8 +494,10 @@ async fn a_dropped_acquires_cancel_goes_behind_it_on_the_socket() {
 }
 
 /// A lock's waiter heartbeat goes on the waiters' socket, as the
-/// waiter's acquire did: with a holder and a queued waiter idle, the
-/// waiters' socket takes calls, one per heartbeat round. Before, the
+/// waiter's acquire did, and keeps the waiter alive from there: with a
+/// holder and a queued waiter idle past the waiter timeout, the waiters'
+/// socket takes calls (one per heartbeat round) and the waiter's process
+/// is still alive on the lock when the holder releases. Before, the
 /// heartbeat went through fred, cloning its batch's keys and arguments
 /// into fred's types (a few percent of the client's CPU where a process
 /// waits on many locks), and the socket took none.
@@ -516,10 +518,37 @@ async fn a_heartbeat_goes_on_the_waiters_socket() {
     };
     wait_until("the waiter is queued", || client.stats().queued == 1).await;
     let before = state.redis.socket_calls()[0];
-    wait_until("a heartbeat call on the waiters' socket", || {
+    wait_until("heartbeat calls on the waiters' socket", || {
         state.redis.socket_calls()[0] >= before + 2
     })
     .await;
+    // Two waiter timeouts more without a word from the waiter itself.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The process's deadline on the lock is ahead of the server's clock:
+    // the heartbeats sent there ran.
+    let deadline = server
+        .cmd(&["ZRANGE", "fairlock:{beat}:alive", "0", "-1", "WITHSCORES"])
+        .expect("ZRANGE");
+    let deadline: u64 = match deadline.as_array() {
+        Some([_, score]) => score.as_str().and_then(|s| s.parse().ok()),
+        _ => None,
+    }
+    .unwrap_or_else(|| panic!("one live process on the lock: {deadline:?}"));
+    let time = server.cmd(&["TIME"]).expect("TIME");
+    let now_ms = match time.as_array() {
+        Some([seconds, micros]) => {
+            let number = |v: &fairlock_testkit::Resp| v.as_str()?.parse::<u64>().ok();
+            Some(
+                number(seconds).expect("seconds") * 1_000 + number(micros).expect("micros") / 1_000,
+            )
+        }
+        _ => None,
+    }
+    .expect("TIME");
+    assert!(
+        deadline > now_ms,
+        "the waiter's process was let lapse: {deadline} <= {now_ms}"
+    );
     holder.release().await.expect("release");
     waiter.await.expect("task").expect("the waiter is granted");
     client.shutdown().await;
