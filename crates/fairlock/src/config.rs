@@ -240,7 +240,7 @@ pub struct ClientConfig {
     /// that is failing over hold up the calls to the others.
     pub max_in_flight: Option<usize>,
     /// Whether a lock's acquire and release calls (and its waiters'
-    /// heartbeat) go on a socket of
+    /// heartbeat; a permit set's likewise) go on a socket of
     /// fairlock's own that the calling task writes and reads itself (on
     /// by default; used on a single server, behind Sentinel, where it
     /// connects only to a server that answers `ROLE` as the primary, and

@@ -150,7 +150,8 @@ impl ClientState {
             timings: &self.timings,
             channel_prefix: &channel_prefix,
         };
-        match self.run(&lock.keys, &call).await {
+        // On the waiters' script socket where it is clear, as a lock's.
+        match self.run_on_waiters_socket(&lock.keys, &call).await {
             Ok(reply) => {
                 self.after_purge(&lock.keys, reply.purged);
                 self.waiters.checked(&lock);

@@ -511,6 +511,20 @@ impl ClientState {
         Box::pin(self.redis.run_via(Lane::Waiters, via, keys, call)).await
     }
 
+    /// Runs a lock or permit script call on the waiters' lane, on its
+    /// script socket if that owes no reply, else through fred: for a call
+    /// nothing has to run behind (a heartbeat), which through fred cost a
+    /// copy of its keys and arguments into fred's types.
+    pub(crate) async fn run_on_waiters_socket<C: ScriptCall>(
+        &self,
+        keys: &LockKeys,
+        call: &C,
+    ) -> Result<C::Output> {
+        self.check_open()?;
+        let via = Via::Socket(Order::IfClear, None);
+        Box::pin(self.redis.run_via(Lane::Waiters, via, keys, call)).await
+    }
+
     /// Runs a lock script call on `lane` (see [`Lane`]).
     pub(crate) async fn run_on<C: ScriptCall>(
         &self,

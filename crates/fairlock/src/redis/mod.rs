@@ -7,7 +7,7 @@
 //! two command lanes and one subscriber that carries the process's single
 //! pub/sub channel; on a single server and behind Sentinel two more, the
 //! lanes' script sockets, on which the hot path's calls (the acquire and
-//! release of a lock and of a permit set, and a lock's waiter heartbeat)
+//! release of a lock and of a permit set, and their waiter heartbeats)
 //! are written and read by the calling tasks
 //! (`script_socket/`), and on a cluster two per node called
 //! (`sockets.rs`). On a single server, on a Sentinel-managed primary

@@ -1,6 +1,6 @@
 //! A command socket of fairlock's own for the hot path's script calls (the
 //! acquire and release of a lock, a semaphore and a read-write lock, and
-//! a lock's waiter heartbeat), written and read by the calling tasks
+//! their waiter heartbeats), written and read by the calling tasks
 //! themselves.
 //!
 //! A call through fred crosses tasks twice: the caller hands it to fred's

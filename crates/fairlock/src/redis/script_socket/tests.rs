@@ -493,62 +493,94 @@ async fn a_dropped_acquires_cancel_goes_behind_it_on_the_socket() {
     client.shutdown().await;
 }
 
-/// A lock's waiter heartbeat goes on the waiters' socket, as the
-/// waiter's acquire did, and keeps the waiter alive from there: with a
-/// holder and a queued waiter idle past the waiter timeout, the waiters'
-/// socket takes calls (one per heartbeat round) and the waiter's process
-/// is still alive on the lock when the holder releases. Before, the
-/// heartbeat went through fred, cloning its batch's keys and arguments
-/// into fred's types (a few percent of the client's CPU where a process
-/// waits on many locks), and the socket took none.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_heartbeat_goes_on_the_waiters_socket() {
-    let server = RedisServer::start().expect("redis-server");
-    let mut config = crate::ClientConfig::new(server.url());
-    config.heartbeat_interval = Duration::from_millis(100);
-    config.waiter_timeout = Duration::from_secs(1);
-    let client = crate::LockClient::with_config(config)
-        .await
-        .expect("client");
-    let state = client.state().clone();
-    let holder = client.lock("beat").await.expect("holder");
-    let waiter = {
-        let client = client.clone();
-        tokio::spawn(async move { client.lock("beat").await.map(|guard| guard.token()) })
-    };
-    wait_until("the waiter is queued", || client.stats().queued == 1).await;
+/// With a waiter of `state`'s client queued and idle on the lock or permit
+/// set whose liveness zset is `alive`: its heartbeats go on the waiters'
+/// socket (which takes calls, one per round) and keep the waiter alive
+/// from there past two waiter timeouts (its process's deadline on the
+/// lock is ahead of the server's clock).
+async fn assert_heartbeats_on_the_waiters_socket(
+    server: &RedisServer,
+    state: &crate::state::ClientState,
+    alive: &str,
+) {
     let before = state.redis.socket_calls()[0];
     wait_until("heartbeat calls on the waiters' socket", || {
         state.redis.socket_calls()[0] >= before + 2
     })
     .await;
     // Two waiter timeouts more without a word from the waiter itself.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    // The process's deadline on the lock is ahead of the server's clock:
-    // the heartbeats sent there ran.
-    let deadline = server
-        .cmd(&["ZRANGE", "fairlock:{beat}:alive", "0", "-1", "WITHSCORES"])
+    tokio::time::sleep(state.config.waiter_timeout * 2).await;
+    let entries = server
+        .cmd(&["ZRANGE", alive, "0", "-1", "WITHSCORES"])
         .expect("ZRANGE");
-    let deadline: u64 = match deadline.as_array() {
+    let deadline: u64 = match entries.as_array() {
         Some([_, score]) => score.as_str().and_then(|s| s.parse().ok()),
         _ => None,
     }
-    .unwrap_or_else(|| panic!("one live process on the lock: {deadline:?}"));
+    .unwrap_or_else(|| panic!("one live process on {alive}: {entries:?}"));
     let time = server.cmd(&["TIME"]).expect("TIME");
+    let number = |v: &fairlock_testkit::Resp| v.as_str()?.parse::<u64>().ok();
     let now_ms = match time.as_array() {
-        Some([seconds, micros]) => {
-            let number = |v: &fairlock_testkit::Resp| v.as_str()?.parse::<u64>().ok();
-            Some(
-                number(seconds).expect("seconds") * 1_000 + number(micros).expect("micros") / 1_000,
-            )
-        }
+        Some([seconds, micros]) => number(seconds).zip(number(micros)),
         _ => None,
     }
+    .map(|(seconds, micros)| seconds * 1_000 + micros / 1_000)
     .expect("TIME");
     assert!(
         deadline > now_ms,
         "the waiter's process was let lapse: {deadline} <= {now_ms}"
     );
+}
+
+/// A client whose waiter heartbeat runs every 100 ms, a waiter taken for
+/// dead after a second without one.
+async fn beating_client(server: &RedisServer) -> crate::LockClient {
+    let mut config = crate::ClientConfig::new(server.url());
+    config.heartbeat_interval = Duration::from_millis(100);
+    config.waiter_timeout = Duration::from_secs(1);
+    crate::LockClient::with_config(config)
+        .await
+        .expect("client")
+}
+
+/// A lock's waiter heartbeat goes on the waiters' socket, as the
+/// waiter's acquire did, and keeps the waiter alive from there. Before,
+/// the heartbeat went through fred, cloning its batch's keys and
+/// arguments into fred's types (a few percent of the client's CPU where a
+/// process waits on many locks), and the socket took none. (With the
+/// heartbeat's keys sent in the wrong order the waiter lapsed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_goes_on_the_waiters_socket() {
+    let server = RedisServer::start().expect("redis-server");
+    let client = beating_client(&server).await;
+    let holder = client.lock("beat").await.expect("holder");
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move { client.lock("beat").await.map(|guard| guard.token()) })
+    };
+    wait_until("the waiter is queued", || client.stats().queued == 1).await;
+    assert_heartbeats_on_the_waiters_socket(&server, client.state(), "fairlock:{beat}:alive").await;
+    holder.release().await.expect("release");
+    waiter.await.expect("task").expect("the waiter is granted");
+    client.shutdown().await;
+}
+
+/// A semaphore's waiter heartbeat goes on the waiters' socket too, and
+/// keeps its waiter alive from there (before, through fred: the socket
+/// took no call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_heartbeat_goes_on_the_waiters_socket() {
+    let server = RedisServer::start().expect("redis-server");
+    let client = beating_client(&server).await;
+    let semaphore = client.semaphore("beat", 1).expect("semaphore");
+    let holder = semaphore.acquire().await.expect("holder");
+    let waiter = {
+        let semaphore = semaphore.clone();
+        tokio::spawn(async move { semaphore.acquire().await.map(|permit| permit.token()) })
+    };
+    wait_until("the waiter is queued", || client.stats().queued == 1).await;
+    assert_heartbeats_on_the_waiters_socket(&server, client.state(), "fairlock:{beat}:sem:alive")
+        .await;
     holder.release().await.expect("release");
     waiter.await.expect("task").expect("the waiter is granted");
     client.shutdown().await;
