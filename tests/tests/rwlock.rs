@@ -387,6 +387,13 @@ async fn readers_whose_grant_messages_were_lost_are_found_by_one_heartbeat() {
     let (writer, readers) =
         readers_behind_a_writer(&server, &writer_client, &readers_client, name, READERS).await;
     proxy.silence_subscribers();
+    // The heartbeat script loaded: each heartbeat call is then one
+    // `EVALSHA` in the log (the first call's load would add two, one
+    // refused `NOSCRIPT` on the script socket and one through fred).
+    let heartbeat = <fairlock_core::PermitHeartbeat as fairlock_core::ScriptCall>::SCRIPT;
+    server
+        .cmd_ok(&["SCRIPT", "LOAD", heartbeat.source()])
+        .expect("SCRIPT LOAD");
     log_every_command(&server);
     writer.release().await.expect("release");
     let mut permits = Vec::new();
@@ -394,7 +401,7 @@ async fn readers_whose_grant_messages_were_lost_are_found_by_one_heartbeat() {
         let permit = granted_read(reader).await;
         permits.push(permit);
     }
-    let heartbeat = <fairlock_core::PermitHeartbeat as fairlock_core::ScriptCall>::SCRIPT.sha1();
+    let heartbeat = heartbeat.sha1();
     let acquire = <fairlock_core::PermitAcquire as fairlock_core::ScriptCall>::SCRIPT.sha1();
     let scripts: Vec<&str> = commands_run(&server)
         .iter()
