@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use fairlock::LockClient;
 use fairlock_testkit::{RedisCluster, TlsFiles};
 use fairlock_tests::{
     cluster_client_at, crash_clients, hand_over, lock_names_on_every_primary, lock_slot,
@@ -86,29 +87,33 @@ async fn grants_come_over_tls_from_each_slots_node() {
         cluster_client_at(url.clone()).await,
         cluster_client_at(url.clone()).await,
     ];
-    let name = &names[1];
-    let primary = cluster.slot_owner(lock_slot(name)).expect("slot owner");
-    waiters_survive(&mut cluster, &clients, name, 6, |cluster| {
-        cluster.failover(&primary).expect("fail-over");
+    waiters_follow_the_slot(&mut cluster, clients, &names[1], |cluster, primary| {
+        cluster.failover(primary).expect("fail-over");
     })
     .await;
-    assert_ne!(
-        cluster.slot_owner(lock_slot(name)).expect("slot owner"),
-        primary,
-        "the replica took the slot over"
-    );
-    for client in clients {
-        client.shutdown().await;
-    }
 
     // A third lock's primary killed (SIGKILL, no `CLUSTER FAILOVER`) while
     // waiters of two clients are queued over TLS: their TLS connections to
     // it are refused until the slot map names the promoted replica.
     let clients = crash_clients(&url).await;
-    let name = &names[2];
+    waiters_follow_the_slot(&mut cluster, clients, &names[2], |cluster, primary| {
+        cluster.kill_primary(primary).expect("kill the primary");
+    })
+    .await;
+}
+
+/// Waiters of `clients` queued on lock `name` across `disturb` of the
+/// primary serving its slot (see [`waiters_survive`]); the slot ends on
+/// another node. The clients are shut down.
+async fn waiters_follow_the_slot(
+    cluster: &mut RedisCluster,
+    clients: [LockClient; 2],
+    name: &str,
+    disturb: impl FnOnce(&mut RedisCluster, &str),
+) {
     let primary = cluster.slot_owner(lock_slot(name)).expect("slot owner");
-    waiters_survive(&mut cluster, &clients, name, 6, |cluster| {
-        cluster.kill_primary(&primary).expect("kill the primary");
+    waiters_survive(cluster, &clients, name, 6, |cluster| {
+        disturb(cluster, &primary)
     })
     .await;
     assert_ne!(
